@@ -1,0 +1,52 @@
+"""Installs xlmeta_jax: cross-lingual language model meta-pretraining in JAX/Flax."""
+
+import setuptools
+
+_RUNTIME = [
+    # jax[cpu] by default; the `tpu` / `cuda` extras below pick accelerator builds.
+    "jax>=0.10",
+    "flax>=0.10",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "gin-config>=0.5",
+    # seqio brings TensorFlow and tensorflow-text; 0.0.20 works with TF 2.21 on Python 3.11.
+    "seqio==0.0.20",
+    "tensorflow-datasets>=4.9",
+    "sentencepiece>=0.2",
+    "clu>=0.0.12",
+    "tensorboard>=2.15",
+    "safetensors>=0.4",
+    "numpy",
+    # Real text for the demo that exists on a fresh machine without internet (UDHR samples).
+    "gflanguages>=0.7",
+    "matplotlib",
+]
+
+_TEST = [
+    "pytest>=8",
+    "pytest-xdist>=3.5",
+    # CPU build; other torch releases pull multi-GB CUDA builds.
+    "torch==2.13.0",
+    "transformers>=4.45",
+    "ruff>=0.6",
+]
+
+setuptools.setup(
+    name="xlmeta_jax",
+    version="0.1.0",
+    description="Cross-lingual language model meta-pretraining (XLM-R-style MLM) in JAX/Flax",
+    packages=setuptools.find_packages(include=["xlmeta_jax", "xlmeta_jax.*", "tasks", "tasks.*"]),
+    package_data={"": ["*.gin"]},
+    python_requires=">=3.10",
+    install_requires=_RUNTIME,
+    extras_require={
+        "test": _TEST,
+        "tpu": ["jax[tpu]"],
+        "cuda": ["jax[cuda12]"],
+    },
+    entry_points={
+        "console_scripts": [
+            "xlmeta-train=xlmeta_jax.train:run",
+        ],
+    },
+)

@@ -1,0 +1,33 @@
+"""Test-wide settings: 8 fake CPU devices and the shared-data location.
+
+XLA_FLAGS must be set before jax is imported anywhere, hence at conftest import.
+"""
+
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow must not grab the accelerators JAX uses (and is CPU-only here anyway).
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = pathlib.Path(
+    os.environ.get("XLMETA_SHARED_DATA", REPO.parent / "shared" / "data")
+)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+    """../shared/data, or a skip (with the reason) in a user's clone without it.
+
+    In CI (CI=true) the data must be present: a missing folder fails instead of skipping.
+    """
+    if not SHARED_DATA.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI expects the shared data folder at {SHARED_DATA}")
+        pytest.skip(f"shared data folder {SHARED_DATA} is absent (set XLMETA_SHARED_DATA)")
+    return SHARED_DATA

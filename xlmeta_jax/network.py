@@ -1,0 +1,441 @@
+"""The XLM-R / RoBERTa masked-LM encoder as a pure Flax (linen) network.
+
+The architecture follows Hugging Face's ``XLMRobertaForMaskedLM`` exactly so that
+published weights load (see ``xlmeta_jax.hf``):
+
+* word embeddings + learned absolute positions (RoBERTa's padding-index offset:
+  position ids start at ``pad_token_id + 1`` and padding tokens get ``pad_token_id``)
+  + one token-type embedding, then LayerNorm and dropout;
+* post-LN Transformer layers (``LN(x + Attn(x))``, ``LN(x + MLP(x))``), exact GELU;
+* MLM head: dense -> GELU -> LayerNorm -> decoder tied to the word embeddings + bias.
+
+Every parameter and the main activations carry t5x logical axis names
+(``batch, length, embed, mlp, heads, kv, vocab``, plus ``layers`` for scanned
+stacks and ``abspos`` for position tables); ``xlmeta_jax.partitioning`` maps them
+to mesh axes. The network never imports TensorFlow or seqio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+Array = jax.Array
+DType = Any
+
+_REMAT_POLICIES = {
+    # Recompute everything in the backward pass (least memory).
+    "full": None,
+    # Keep matmul outputs without batch dims (weights-stationary); recompute the rest.
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # Save all activations named by `checkpoint_name` in this file.
+    "save_named": jax.checkpoint_policies.save_only_these_names(
+        "attn_out", "mlp_out", "qkv"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Sizes and numerics of the encoder. Use :func:`get_config` for named sizes."""
+
+    # Vocabulary size, including special tokens (XLM-R: 250002).
+    vocab_size: int = 250002
+    # Width of the residual stream ("embed" axis).
+    hidden_size: int = 768
+    # Number of Transformer layers.
+    num_layers: int = 12
+    # Number of attention heads; hidden_size must be divisible by it.
+    num_heads: int = 12
+    # Width of the feed-forward layer ("mlp" axis).
+    mlp_dim: int = 3072
+    # Rows of the learned position table. RoBERTa reserves pad_token_id + 1 rows,
+    # so 514 rows allow sequences of 512 tokens when pad_token_id == 1.
+    max_position_embeddings: int = 514
+    # Rows of the token-type table (XLM-R has exactly one type).
+    type_vocab_size: int = 1
+    # Token id that marks padding; also the RoBERTa position offset. XLM-R's
+    # fairseq vocabulary uses 1; our SentencePiece vocabulary (seqio ids) uses 0.
+    pad_token_id: int = 1
+    # Epsilon of every LayerNorm (RoBERTa: 1e-5).
+    layer_norm_eps: float = 1e-5
+    # Dropout on embeddings, attention output and MLP output.
+    dropout_rate: float = 0.1
+    # Dropout on the attention probabilities.
+    attention_dropout_rate: float = 0.1
+    # Standard deviation of the normal initializer (RoBERTa: 0.02).
+    initializer_range: float = 0.02
+    # Dtype in which activations and matmuls are computed (bf16 for training).
+    dtype: str = "float32"
+    # Dtype in which parameters are stored (fp32 master weights).
+    param_dtype: str = "float32"
+    # Stack the layers with nn.scan (one compiled layer body, faster compiles).
+    scan_layers: bool = False
+    # Rematerialisation policy for each layer: "none", "full", "dots",
+    # "dots_no_batch" or "save_named".
+    remat_policy: str = "none"
+    # Attention kernel: "xla" (portable einsum + softmax), "cudnn" (flash attention
+    # through jax.nn.dot_product_attention on NVIDIA GPUs) or "auto" (cudnn on GPU,
+    # xla elsewhere).
+    attention_impl: str = "xla"
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"EncoderConfig: hidden_size={self.hidden_size} is not divisible by "
+                f"num_heads={self.num_heads}"
+            )
+        if self.remat_policy not in ("none", *_REMAT_POLICIES):
+            raise ValueError(
+                f"EncoderConfig: unknown remat_policy={self.remat_policy!r}; expected one "
+                f"of {['none', *_REMAT_POLICIES]}"
+            )
+        if self.attention_impl not in ("xla", "cudnn", "auto"):
+            raise ValueError(
+                f"EncoderConfig: unknown attention_impl={self.attention_impl!r}; "
+                "expected 'xla', 'cudnn' or 'auto'"
+            )
+        for field in ("dtype", "param_dtype"):
+            try:
+                jnp.dtype(getattr(self, field))
+            except TypeError as e:
+                raise ValueError(f"EncoderConfig: bad {field}={getattr(self, field)!r}") from e
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def max_length(self) -> int:
+        """Longest sequence the position table supports."""
+        return self.max_position_embeddings - self.pad_token_id - 1
+
+    def replace(self, **kwargs) -> "EncoderConfig":
+        return dataclasses.replace(self, **kwargs)
+
+
+# Named sizes. `tiny` is for tests; base/large are XLM-R's published shapes.
+_SIZES = {
+    # Divisible by 8 everywhere it matters, so tests can shard it on 8 devices.
+    "tiny": dict(
+        vocab_size=1024, hidden_size=64, num_layers=2, num_heads=8, mlp_dim=128,
+        max_position_embeddings=130,
+    ),
+    "small": dict(
+        vocab_size=32000, hidden_size=256, num_layers=4, num_heads=4, mlp_dim=1024,
+        max_position_embeddings=514,
+    ),
+    "base": dict(
+        vocab_size=250002, hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072,
+        max_position_embeddings=514,
+    ),
+    "large": dict(
+        vocab_size=250002, hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096,
+        max_position_embeddings=514,
+    ),
+}
+
+SIZES = tuple(_SIZES)
+
+
+def get_config(size: str, **overrides) -> EncoderConfig:
+    """Returns the named encoder size (tiny, small, base, large) with overrides."""
+    if size not in _SIZES:
+        raise ValueError(f"unknown model size {size!r}; expected one of {list(_SIZES)}")
+    return EncoderConfig(**{**_SIZES[size], **overrides})
+
+
+def _dense_init(cfg: EncoderConfig):
+    return nn.initializers.normal(stddev=cfg.initializer_range)
+
+
+def _param(init, names):
+    return nn.with_logical_partitioning(init, names)
+
+
+def position_ids_from_input_ids(input_ids: Array, pad_token_id: int) -> Array:
+    """RoBERTa's positions: 1-based count of non-pad tokens, offset by the pad id.
+
+    Padding tokens get ``pad_token_id`` itself (a row that is never trained in HF).
+    """
+    mask = (input_ids != pad_token_id).astype(jnp.int32)
+    return jnp.cumsum(mask, axis=-1) * mask + pad_token_id
+
+
+class Embeddings(nn.Module):
+    """Word + position + token-type embeddings, LayerNorm, dropout."""
+
+    config: EncoderConfig
+
+    def setup(self):
+        cfg = self.config
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.word_embeddings = self.param(
+            "word_embeddings",
+            _param(_dense_init(cfg), ("vocab", "embed")),
+            (cfg.vocab_size, cfg.hidden_size),
+            pdt,
+        )
+        self.position_embeddings = self.param(
+            "position_embeddings",
+            _param(_dense_init(cfg), ("abspos", "embed")),
+            (cfg.max_position_embeddings, cfg.hidden_size),
+            pdt,
+        )
+        self.token_type_embeddings = self.param(
+            "token_type_embeddings",
+            _param(_dense_init(cfg), ("abspos", "embed")),
+            (cfg.type_vocab_size, cfg.hidden_size),
+            pdt,
+        )
+        self.layer_norm = _layer_norm(cfg, "layer_norm")
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, input_ids, position_ids, token_type_ids, deterministic: bool):
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        x = jnp.take(self.word_embeddings, input_ids, axis=0)
+        x = x + jnp.take(self.position_embeddings, position_ids, axis=0)
+        x = x + jnp.take(self.token_type_embeddings, token_type_ids, axis=0)
+        x = x.astype(dt)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        x = self.layer_norm(x)
+        return self.dropout(x, deterministic=deterministic)
+
+    def attend(self, x: Array) -> Array:
+        """Projects hidden states onto the (tied) word embeddings: logits without bias."""
+        dt = jnp.dtype(self.config.dtype)
+        return jnp.einsum("...e,ve->...v", x.astype(dt), self.word_embeddings.astype(dt))
+
+
+def _layer_norm(cfg: EncoderConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
+        scale_init=_param(nn.initializers.ones, ("embed",)),
+        bias_init=_param(nn.initializers.zeros, ("embed",)),
+        name=name,
+    )
+
+
+def _dense_general(cfg, features, axis, kernel_names, bias_names, name):
+    return nn.DenseGeneral(
+        features=features,
+        axis=axis,
+        dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=_param(_dense_init(cfg), kernel_names),
+        bias_init=_param(nn.initializers.zeros, bias_names),
+        name=name,
+    )
+
+
+def _resolve_attention_impl(impl: str) -> str:
+    if impl == "auto":
+        return "cudnn" if jax.default_backend() == "gpu" else "xla"
+    return impl
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a key padding mask (BERT/RoBERTa numerics)."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        h, d = cfg.num_heads, cfg.head_dim
+        proj = functools.partial(
+            _dense_general, cfg, (h, d), -1, ("embed", "heads", "kv"), ("heads", "kv")
+        )
+        q = proj(name="query")(x)
+        k = proj(name="key")(x)
+        v = proj(name="value")(x)
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+        k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
+        v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
+        q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
+
+        impl = _resolve_attention_impl(cfg.attention_impl)
+        use_dropout = not deterministic and cfg.attention_dropout_rate > 0.0
+        if impl == "cudnn" and not use_dropout:
+            # cuDNN flash attention; `mask` is [batch, kv_length] (True = attend).
+            ctx = jax.nn.dot_product_attention(
+                q, k, v, mask=mask[:, None, None, :], implementation="cudnn"
+            )
+        else:
+            # Scores and softmax in fp32 whatever the compute dtype, as HF does
+            # for fp16/bf16 via autocast's fp32 softmax.
+            scale = 1.0 / jnp.sqrt(jnp.float32(d)).astype(q.dtype)
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q * scale, k).astype(jnp.float32)
+            big_neg = jnp.finfo(jnp.float32).min
+            scores = jnp.where(mask[:, None, None, :], scores, big_neg)
+            probs = jax.nn.softmax(scores, axis=-1)
+            if use_dropout:
+                probs = nn.Dropout(cfg.attention_dropout_rate)(probs, deterministic=False)
+            ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+        ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
+        out = _dense_general(
+            cfg, cfg.hidden_size, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out"
+        )(ctx)
+        return checkpoint_name(out, "attn_out")
+
+
+class EncoderLayer(nn.Module):
+    """One post-LN Transformer layer: LN(x + Attn(x)) then LN(x + MLP(x))."""
+
+    config: EncoderConfig
+    # When used inside nn.scan: return (carry, per-layer output) pairs.
+    scanned: bool = False
+    # With `scanned`: emit the layer's output as the scan's stacked output.
+    collect_hidden: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool):
+        cfg = self.config
+        y = SelfAttention(cfg, name="attention")(x, mask, deterministic)
+        y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+        x = _layer_norm(cfg, "attention_layer_norm")(x + y)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+        y = _dense_general(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi")(x)
+        y = nn.with_logical_constraint(y, ("batch", "length", "mlp"))
+        y = nn.gelu(y, approximate=False)
+        y = _dense_general(cfg, cfg.hidden_size, -1, ("mlp", "embed"), ("embed",), "wo")(y)
+        y = checkpoint_name(y, "mlp_out")
+        y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+        x = _layer_norm(cfg, "output_layer_norm")(x + y)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        if self.scanned:
+            return x, (x if self.collect_hidden else None)
+        return x
+
+
+class Encoder(nn.Module):
+    """Embeddings and the stack of layers; returns the final hidden states.
+
+    With ``output_hidden_states`` it also returns a tuple of ``num_layers + 1``
+    hidden states (embedding output first), as Hugging Face does.
+    """
+
+    config: EncoderConfig
+
+    def setup(self):
+        self.embeddings = Embeddings(self.config, name="embeddings")
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        attention_mask: Optional[Array] = None,
+        token_type_ids: Optional[Array] = None,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ):
+        cfg = self.config
+        if attention_mask is None:
+            attention_mask = input_ids != cfg.pad_token_id
+        attention_mask = attention_mask.astype(bool)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        position_ids = position_ids_from_input_ids(input_ids, cfg.pad_token_id)
+        x = self.embeddings(input_ids, position_ids, token_type_ids, deterministic)
+
+        layer_cls = EncoderLayer
+        if cfg.remat_policy != "none":
+            layer_cls = nn.remat(
+                EncoderLayer,
+                policy=_REMAT_POLICIES[cfg.remat_policy],
+                prevent_cse=not cfg.scan_layers,
+                static_argnums=(3,),
+            )
+        hidden = [x]
+        if cfg.scan_layers:
+            stack = nn.scan(
+                layer_cls,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )(cfg, scanned=True, collect_hidden=output_hidden_states, name="layers")
+            x, stacked = stack(x, attention_mask, deterministic)
+            if output_hidden_states:
+                hidden.extend(stacked[i] for i in range(cfg.num_layers))
+        else:
+            for i in range(cfg.num_layers):
+                x = layer_cls(cfg, name=f"layers_{i}")(x, attention_mask, deterministic)
+                hidden.append(x)
+        if output_hidden_states:
+            return x, tuple(hidden)
+        return x
+
+    def attend(self, x: Array) -> Array:
+        return self.embeddings.attend(x)
+
+
+class MLMHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> tied decoder + bias (RoBERTa's lm_head)."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: Array, attend_fn) -> Array:
+        cfg = self.config
+        x = _dense_general(cfg, cfg.hidden_size, -1, ("embed", "mlp"), ("mlp",), "dense")(x)
+        x = nn.gelu(x, approximate=False)
+        x = _layer_norm(cfg, "layer_norm")(x)
+        logits = attend_fn(x)
+        bias = self.param(
+            "bias",
+            _param(nn.initializers.zeros, ("vocab",)),
+            (cfg.vocab_size,),
+            jnp.dtype(cfg.param_dtype),
+        )
+        logits = logits + bias.astype(logits.dtype)
+        return logits
+
+
+class XLMRForMaskedLM(nn.Module):
+    """Encoder + MLM head. Parameters: ``{'encoder': ..., 'lm_head': ...}``.
+
+    Call with ``mlm_positions`` ([batch, slots] int) to apply the LM head only at
+    those positions (the masked-head trick: the vocabulary projection is most of
+    the compute when applied at every position); without it, logits are computed
+    for every position.
+    """
+
+    config: EncoderConfig
+
+    def setup(self):
+        self.encoder = Encoder(self.config, name="encoder")
+        self.lm_head = MLMHead(self.config, name="lm_head")
+
+    def __call__(
+        self,
+        input_ids: Array,
+        attention_mask: Optional[Array] = None,
+        token_type_ids: Optional[Array] = None,
+        mlm_positions: Optional[Array] = None,
+        deterministic: bool = True,
+    ) -> Array:
+        x = self.encoder(input_ids, attention_mask, token_type_ids, deterministic)
+        if mlm_positions is not None:
+            x = jnp.take_along_axis(x, mlm_positions[..., None].astype(jnp.int32), axis=1)
+        logits = self.lm_head(x, self.encoder.attend)
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None,
+               deterministic=True, output_hidden_states=False):
+        """Runs only the encoder (for fine-tuning heads and retrieval)."""
+        return self.encoder(
+            input_ids, attention_mask, token_type_ids, deterministic, output_hidden_states
+        )

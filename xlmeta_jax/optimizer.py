@@ -1,0 +1,93 @@
+"""AdamW and learning-rate schedules as RoBERTa / XLM-R train them (optax)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax
+import jax
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimizer hyper-parameters (defaults: RoBERTa/XLM-R pretraining)."""
+
+    # Peak learning rate reached at the end of warm-up.
+    learning_rate: float = 6e-4
+    # Steps of linear warm-up from 0 to `learning_rate`.
+    warmup_steps: int = 10000
+    # Total steps of the schedule; the rate decays linearly to `end_learning_rate` here.
+    total_steps: int = 500000
+    # Learning rate at `total_steps` (linear decay end point).
+    end_learning_rate: float = 0.0
+    # Adam first-moment decay.
+    b1: float = 0.9
+    # Adam second-moment decay (RoBERTa: 0.98 for stability with large batches).
+    b2: float = 0.98
+    # Adam epsilon (RoBERTa: 1e-6).
+    eps: float = 1e-6
+    # Decoupled weight decay, not applied to biases and LayerNorm parameters.
+    weight_decay: float = 0.01
+    # Clip gradients to this global norm (0 disables clipping).
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        if self.total_steps <= 0:
+            raise ValueError(f"OptimizerConfig.total_steps must be > 0, got {self.total_steps}")
+        if not 0 <= self.warmup_steps <= self.total_steps:
+            raise ValueError(
+                f"OptimizerConfig.warmup_steps={self.warmup_steps} must be in "
+                f"[0, total_steps={self.total_steps}]"
+            )
+        if self.learning_rate <= 0:
+            raise ValueError(f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
+
+
+def linear_warmup_linear_decay(cfg: OptimizerConfig) -> optax.Schedule:
+    """0 -> peak over ``warmup_steps``, then peak -> end at ``total_steps``."""
+    warmup = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
+    decay = optax.linear_schedule(
+        cfg.learning_rate,
+        cfg.end_learning_rate,
+        max(cfg.total_steps - cfg.warmup_steps, 1),
+    )
+    if cfg.warmup_steps == 0:
+        return decay
+    return optax.join_schedules([warmup, decay], [cfg.warmup_steps])
+
+
+def decay_mask(params):
+    """True for parameters that get weight decay: every kernel and embedding table.
+
+    Biases and LayerNorm scale/bias are excluded (HF's ``no_decay`` list).
+    """
+    flat = flax.traverse_util.flatten_dict(params)
+    mask = {}
+    for path, _ in flat.items():
+        name = path[-1]
+        in_layer_norm = any("layer_norm" in str(p) for p in path)
+        mask[path] = not (name == "bias" or in_layer_norm)
+    return flax.traverse_util.unflatten_dict(mask)
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    """Global-norm clipping followed by AdamW on the warm-up/decay schedule."""
+    parts = []
+    if cfg.max_grad_norm > 0:
+        parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
+    parts.append(
+        optax.adamw(
+            learning_rate=linear_warmup_linear_decay(cfg),
+            b1=cfg.b1,
+            b2=cfg.b2,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            mask=decay_mask,
+        )
+    )
+    return optax.chain(*parts)
+
+
+def global_norm(tree) -> jax.Array:
+    return optax.global_norm(tree)

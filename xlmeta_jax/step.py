@@ -1,0 +1,191 @@
+"""Train state, sharded initialisation and the jit'ed MLM train step.
+
+Initialisation is abstract first (``jax.eval_shape``), so the shardings of every
+parameter and optimizer slot are known before any memory is allocated; the real
+init is then ``jit(init, out_shardings=...)`` and each device materialises only
+its shard. The train step donates the state so parameters are updated in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from xlmeta_jax import losses, partitioning
+from xlmeta_jax.network import EncoderConfig, XLMRForMaskedLM
+from xlmeta_jax.optimizer import OptimizerConfig, linear_warmup_linear_decay, make_optimizer
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step updates; checkpointed as one pytree."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass
+class StepFunctions:
+    """Compiled-on-first-call functions bound to one mesh and model."""
+
+    mesh: Mesh
+    model: XLMRForMaskedLM
+    tx: optax.GradientTransformation
+    # Sharding pytree of TrainState (NamedShardings).
+    state_sharding: Any
+    # Logical PartitionSpecs of the parameters (for golden tests and conversion).
+    param_logical_specs: Any
+    # Abstract TrainState (ShapeDtypeStructs with shardings).
+    abstract_state: Any
+    # init(rng) -> TrainState (sharded).
+    init: Callable
+    # train_step(state, batch) -> (state, metrics).
+    train_step: Callable
+    # eval_step(state, batch) -> metrics.
+    eval_step: Callable
+    # Sharding of every batch array.
+    batch_sharding: NamedSharding
+
+
+def _dummy_inputs(cfg: EncoderConfig):
+    ids = jnp.full((1, 8), cfg.pad_token_id + 1, jnp.int32)
+    return ids
+
+
+def param_logical_specs(model: XLMRForMaskedLM):
+    """Logical PartitionSpecs of every parameter, from the abstract init."""
+    cfg = model.config
+    abstract = jax.eval_shape(
+        lambda r: model.init(r, _dummy_inputs(cfg), deterministic=True), jax.random.key(0)
+    )
+    return nn.get_partition_spec(abstract)["params"]
+
+
+def make_step_functions(
+    model_cfg: EncoderConfig,
+    opt_cfg: OptimizerConfig,
+    mesh: Mesh,
+    *,
+    seed: int = 0,
+    rules=partitioning.LOGICAL_AXIS_RULES,
+) -> StepFunctions:
+    """Builds the sharded init / train / eval functions for one mesh.
+
+    Args:
+      model_cfg: encoder sizes and numerics.
+      opt_cfg: optimizer and schedule.
+      mesh: a ``(data, fsdp, tensor)`` mesh from :func:`partitioning.create_mesh`.
+      seed: seed of dropout randomness (the key for step ``s`` is ``fold_in(seed, s)``,
+        so a resumed run draws the same dropout masks as an uninterrupted one).
+      rules: logical-axis rules.
+
+    Raises:
+      partitioning.MeshShapeError: when a parameter cannot be split on this mesh.
+    """
+    model = XLMRForMaskedLM(model_cfg)
+    tx = make_optimizer(opt_cfg)
+    schedule = linear_warmup_linear_decay(opt_cfg)
+
+    def init_fn(rng):
+        variables = model.init(rng, _dummy_inputs(model_cfg), deterministic=True)
+        params = nn.unbox(variables["params"])
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    logical = param_logical_specs(model)
+    param_specs = partitioning.logical_to_mesh_specs(logical, rules)
+    abstract = jax.eval_shape(init_fn, jax.random.key(0))
+    partitioning.check_divisible(abstract.params, param_specs, mesh)
+    opt_specs = optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        abstract.opt_state,
+        param_specs,
+        transform_non_params=lambda _: PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+    state_specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
+    state_sharding = partitioning.named_shardings(mesh, state_specs)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sharding
+    )
+    batch_sharding = NamedSharding(mesh, partitioning.batch_spec(2))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def _with_rules(fn):
+        @functools.wraps(fn)
+        def wrapped(*a, **k):
+            with partitioning.axis_rules_context(rules):
+                return fn(*a, **k)
+
+        return wrapped
+
+    init = jax.jit(_with_rules(init_fn), out_shardings=state_sharding)
+    base_key = jax.random.key(seed)
+
+    def train_step_fn(state: TrainState, batch):
+        dropout_key = jax.random.fold_in(base_key, state.step)
+
+        def loss_fn(params):
+            return losses.mlm_loss_and_metrics(
+                model, params, batch, rngs={"dropout": dropout_key}, deterministic=False
+            )
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["param_norm"] = optax.global_norm(params)
+        metrics["learning_rate"] = schedule(state.step)
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    def eval_step_fn(state: TrainState, batch):
+        _, metrics = losses.mlm_loss_and_metrics(model, state.params, batch, deterministic=True)
+        return metrics
+
+    batch_shardings = {k: batch_sharding for k in losses.MLM_FEATURES}
+    train_step = jax.jit(
+        _with_rules(train_step_fn),
+        in_shardings=(state_sharding, batch_shardings),
+        out_shardings=(state_sharding, replicated),
+        donate_argnums=(0,),
+    )
+    eval_step = jax.jit(
+        _with_rules(eval_step_fn),
+        in_shardings=(state_sharding, batch_shardings),
+        out_shardings=replicated,
+    )
+    return StepFunctions(
+        mesh=mesh,
+        model=model,
+        tx=tx,
+        state_sharding=state_sharding,
+        param_logical_specs=logical,
+        abstract_state=abstract,
+        init=lambda rng: _in_mesh(mesh, init, rng),
+        train_step=lambda s, b: _in_mesh(mesh, train_step, s, _select(b)),
+        eval_step=lambda s, b: _in_mesh(mesh, eval_step, s, _select(b)),
+        batch_sharding=batch_sharding,
+    )
+
+
+def _select(batch):
+    missing = [k for k in losses.MLM_FEATURES if k not in batch]
+    if missing:
+        raise KeyError(f"MLM batch is missing features {missing}; has {sorted(batch)}")
+    return {k: batch[k] for k in losses.MLM_FEATURES}
+
+
+def _in_mesh(mesh, fn, *args):
+    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
+        return fn(*args)
