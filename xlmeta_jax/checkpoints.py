@@ -1,0 +1,267 @@
+"""Orbax checkpoints of a training phase: state, data-iterator state, metadata.
+
+Layout (t5x-like, one CheckpointManager per phase)::
+
+    MODEL_DIR/
+      config.gin                 operative gin config of the run
+      phase1/
+        <step>/state/            TrainState (params, optimizer state, step) — Orbax
+        <step>/data/             each process's input-iterator state
+        <step>/meta/             JSON: encoder config, vocabulary, phase, provenance
+        train/                   TensorBoard summaries
+      phase2/ ...
+
+Orbax writes each step into a temporary directory and renames it when complete,
+so an interrupted save never looks like a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from xlmeta_jax.network import EncoderConfig
+
+STATE, DATA, META = "state", "data", "meta"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or inconsistent with the run."""
+
+
+# ---------------------------------------------------------------------------
+# The input iterator as an Orbax item (one file set per process).
+# ---------------------------------------------------------------------------
+
+
+def _process_file(directory: epath.Path) -> str:
+    return os.fspath(directory / f"process_{jax.process_index()}-of-{jax.process_count()}")
+
+
+class DataIteratorHandler(ocp.CheckpointHandler):
+    """Saves/restores any iterator with ``save(filename)`` / ``restore(filename)``.
+
+    Runs synchronously inside the (possibly async) manager's save: the iterator
+    keeps moving after ``save`` returns, so its state must be captured now.
+    """
+
+    def save(self, directory: epath.Path, args: DataIteratorSave):
+        directory = epath.Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        args.iterator.save(_process_file(directory))
+
+    def restore(self, directory: epath.Path, args: DataIteratorRestore):
+        directory = epath.Path(directory)
+        name = _process_file(directory)
+        if not list(directory.glob(os.path.basename(name) + "*")):
+            raise CheckpointError(
+                f"no input-iterator state {name}*: the checkpoint was written by a run with "
+                "another process count, or is incomplete"
+            )
+        args.iterator.restore(name)
+        return args.iterator
+
+    def metadata(self, directory):
+        return None
+
+    def finalize(self, directory):
+        pass
+
+    def close(self):
+        pass
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
+@dataclasses.dataclass
+class DataIteratorSave(ocp.args.CheckpointArgs):
+    iterator: Any
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class DataIteratorRestore(ocp.args.CheckpointArgs):
+    iterator: Any
+
+
+# ---------------------------------------------------------------------------
+# One phase's checkpoints.
+# ---------------------------------------------------------------------------
+
+
+def all_finite(tree) -> bool:
+    """True when every floating-point leaf of ``tree`` is finite (one device reduction)."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    if not leaves:
+        return True
+    ok = jax.jit(lambda xs: jnp.all(jnp.stack([jnp.isfinite(x).all() for x in xs])))(leaves)
+    return bool(ok)
+
+
+class PhaseCheckpoints:
+    """A CheckpointManager for one phase directory (periodic, async, keep-N, final)."""
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        save_interval_steps: int,
+        max_to_keep: int | None,
+        async_save: bool = True,
+        read_only: bool = False,
+    ):
+        self.directory = epath.Path(directory)
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=save_interval_steps,
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=async_save,
+            create=not read_only,
+            read_only=read_only,
+            cleanup_tmp_directories=not read_only,
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={
+                STATE: ocp.StandardCheckpointHandler(),
+                DATA: DataIteratorHandler(),
+                META: ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def step_dir(self, step: int) -> epath.Path:
+        return self.directory / str(step)
+
+    def save(self, step: int, state, iterator, meta: dict, *, force: bool = False) -> bool:
+        """Saves when the interval says so (or ``force``); refuses non-finite state."""
+        if not force and not self.manager.should_save(step):
+            return False
+        if not all_finite(state.params):
+            raise FloatingPointError(
+                f"refusing to write checkpoint {self.step_dir(step)}: parameters are not finite"
+            )
+        items = {
+            STATE: ocp.args.StandardSave(state),
+            META: ocp.args.JsonSave(meta),
+        }
+        if iterator is not None:
+            items[DATA] = DataIteratorSave(iterator)
+        return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+    def restore(self, step: int, abstract_state, iterator=None):
+        """Restores state (onto ``abstract_state``'s shardings) and the iterator."""
+        items = {STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
+        if iterator is not None:
+            items[DATA] = DataIteratorRestore(iterator)
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        return restored[STATE], restored[META]
+
+    def read_meta(self, step: int) -> dict:
+        return read_meta(self.step_dir(step))
+
+    def wait(self):
+        self.manager.wait_until_finished()
+
+    def close(self):
+        self.manager.close()
+
+
+def read_meta(step_dir) -> dict:
+    path = epath.Path(step_dir) / META / "metadata"
+    if not path.exists():
+        candidates = list((epath.Path(step_dir) / META).glob("*")) if (
+            epath.Path(step_dir) / META
+        ).exists() else []
+        if not candidates:
+            raise CheckpointError(f"{step_dir} has no {META}/ item: not an xlmeta_jax checkpoint")
+        path = candidates[0]
+    return json.loads(path.read_text())
+
+
+def restore_params(step_dir, abstract_params=None):
+    """Reads only the parameters of a checkpoint step directory.
+
+    Args:
+      step_dir: ``.../phaseN/<step>``.
+      abstract_params: optional pytree of ShapeDtypeStructs with shardings to
+        restore onto (any mesh); default: arrays on the first device.
+    """
+    state_dir = epath.Path(step_dir) / STATE
+    if not state_dir.exists():
+        raise CheckpointError(f"{step_dir} has no {STATE}/ item: not an xlmeta_jax checkpoint")
+    ckptr = ocp.PyTreeCheckpointer()
+    if abstract_params is None:
+        meta = ckptr.metadata(state_dir)
+        tree = getattr(meta, "item_metadata", meta)
+        tree = getattr(tree, "tree", tree)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        abstract_params = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+            dict(tree)["params"],
+            is_leaf=lambda x: hasattr(x, "shape"),
+        )
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
+    restored = ckptr.restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(
+            item={"params": abstract_params},
+            restore_args={"params": restore_args},
+            partial_restore=True,
+        ),
+    )
+    return restored["params"]
+
+
+def find_step_dir(path) -> epath.Path:
+    """Resolves MODEL_DIR, MODEL_DIR/phaseN or MODEL_DIR/phaseN/<step> to a step dir.
+
+    MODEL_DIR resolves to the last phase's latest step (phase2 before phase1).
+    """
+    path = epath.Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist")
+    if (path / STATE).exists():
+        return path
+    steps = sorted(
+        (int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / STATE).exists()),
+    )
+    if steps:
+        return path / str(steps[-1])
+    phases = sorted(
+        (p for p in path.iterdir() if p.is_dir() and p.name.startswith("phase")),
+        key=lambda p: p.name,
+        reverse=True,
+    )
+    for phase in phases:
+        try:
+            return find_step_dir(phase)
+        except CheckpointError:
+            continue
+    raise CheckpointError(f"no checkpoint found under {path}")
+
+
+def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
+    """Loads a pretraining checkpoint for fine-tuning or evaluation.
+
+    Args:
+      path: MODEL_DIR, a phase directory or a step directory.
+
+    Returns:
+      (encoder config, params as host arrays, vocabulary path or None).
+    """
+    step_dir = find_step_dir(path)
+    meta = read_meta(step_dir)
+    cfg = EncoderConfig(**meta["model_config"])
+    params = restore_params(step_dir)
+    params = jax.tree.map(np.asarray, params)
+    return cfg, params, meta.get("vocab_path")
