@@ -29,6 +29,8 @@ _TEST = [
     "torch==2.13.0",
     "transformers>=4.45",
     "ruff>=0.6",
+    # Reference implementation the entity-F1 scorer is cross-checked against.
+    "seqeval>=1.2",
 ]
 
 setuptools.setup(
