@@ -307,3 +307,25 @@ def test_command_line_round_trip(hf_model, hf_state, tmp_path):
     loaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "hf_out")
     for key, value in loaded.state_dict().items():
         np.testing.assert_array_equal(value.numpy(), hf_state[key], err_msg=key)
+
+
+def test_to_hf_exports_a_pretraining_checkpoint(hf_model, hf_state, tmp_path):
+    """A training run's checkpoint (TrainState + meta) exports to a loadable HF model."""
+    import dataclasses
+
+    from xlmeta_jax import checkpoints
+    from xlmeta_jax.step import TrainState
+
+    cfg = hf.config_from_hf(hf_model.config, scan_layers=True)
+    params = hf.params_from_hf_state_dict(hf_state, cfg)
+    state = TrainState(step=np.int32(7), params=params, opt_state={})
+    ckpts = checkpoints.PhaseCheckpoints(
+        str(tmp_path / "run" / "phase1"), save_interval_steps=1, max_to_keep=1, async_save=False
+    )
+    ckpts.save(7, state, None, {"model_config": dataclasses.asdict(cfg)}, force=True)
+    ckpts.close()
+    assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'run'}",
+                    f"--output={tmp_path / 'hf_out'}"]) == 0
+    loaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "hf_out")
+    for key, value in loaded.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), hf_state[key], err_msg=key)

@@ -751,8 +751,21 @@ def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
 
 
 def to_hf(checkpoint: str, output: str) -> pathlib.Path:
-    """Checkpoint of :func:`save_flax_checkpoint` -> HF ``save_pretrained`` dir."""
-    cfg, params = load_flax_checkpoint(checkpoint)
+    """Flax checkpoint -> HF ``save_pretrained`` dir.
+
+    Args:
+      checkpoint: a directory written by :func:`save_flax_checkpoint` (it holds
+        ``encoder_config.json``), or a pretraining checkpoint of ``xlmeta_jax.train``
+        (MODEL_DIR, ``MODEL_DIR/phaseN`` or ``MODEL_DIR/phaseN/<step>``, read with
+        ``xlmeta_jax.checkpoints.load_pretrained``).
+      output: output directory.
+    """
+    if (pathlib.Path(checkpoint) / FLAX_CONFIG_NAME).is_file():
+        cfg, params = load_flax_checkpoint(checkpoint)
+    else:
+        from xlmeta_jax import checkpoints
+
+        cfg, params, _ = checkpoints.load_pretrained(checkpoint)
     return save_hf(output, cfg, params)
 
 
@@ -770,7 +783,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow_pickle", action="store_true",
                    help="permit pytorch_model.bin (pickle) weights; only for trusted files")
     p = sub.add_parser("to_hf", help="Orbax checkpoint -> HF save_pretrained dir")
-    p.add_argument("--checkpoint", required=True, help="dir written by to_flax")
+    p.add_argument("--checkpoint", required=True,
+                   help="dir written by to_flax, or a pretraining MODEL_DIR / phase / step dir")
     p.add_argument("--output", required=True, help="output dir (config.json + model.safetensors)")
     return parser
 
