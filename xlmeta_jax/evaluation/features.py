@@ -1,0 +1,305 @@
+"""Examples -> fixed-length numpy model inputs, and model outputs -> predictions.
+
+* Sentence pairs: ``<s> a </s></s> b </s>``, longest side truncated first.
+* Extractive QA: ``<s> question </s></s> context-window </s>``; a long context is cut
+  into windows of at most ``max_seq_length`` tokens whose starts are ``doc_stride``
+  context tokens apart (BERT's / XTREME's ``doc_stride``), so consecutive windows
+  overlap. Answer spans are mapped through SentencePiece character offsets; decoding
+  takes the ``n_best`` start and end logits of each window, keeps spans with
+  ``start <= end < start + max_answer_length`` inside the context, and returns the
+  highest ``start + end`` logit sum over all windows of the question (the best span
+  within one window), as the text of the original context between the character
+  offsets of the two tokens.
+* Tagging: every word is tokenised on its own; its tag is predicted at its first
+  sub-token; sentences longer than a window are split into several windows at word
+  boundaries so every word gets a prediction.
+
+All arrays are padded to ``max_seq_length`` with the tokenizer's pad id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from xlmeta_jax.evaluation.readers import ClassificationExample, QAExample, TaggingExample
+from xlmeta_jax.evaluation.tokenization import Tokenizer
+
+IGNORE = -1
+
+
+def _pad(rows: Sequence[Sequence[int]], length: int, value: int) -> np.ndarray:
+    out = np.full((len(rows), length), value, dtype=np.int32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Sentence-pair classification
+# ----------------------------------------------------------------------------------------
+
+
+def classification_features(
+    examples: Sequence[ClassificationExample], tokenizer: Tokenizer, max_seq_length: int
+) -> dict[str, np.ndarray]:
+    """{"input_ids": [N, L], "labels": [N]}."""
+    a_ids = tokenizer.encode_batch([e.text_a for e in examples])
+    b_ids = tokenizer.encode_batch([e.text_b for e in examples])
+    rows = [tokenizer.pair(a, b, max_seq_length) for a, b in zip(a_ids, b_ids)]
+    return {
+        "input_ids": _pad(rows, max_seq_length, tokenizer.pad_id),
+        "labels": np.array([e.label for e in examples], dtype=np.int32),
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Extractive QA
+# ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class QAFeatures:
+    """Windows of QA examples.
+
+    Attributes:
+      input_ids: [N, L] token ids.
+      start_positions, end_positions: [N] gold token positions (0 = ``<s>`` when the
+        window does not contain the whole first answer).
+      offsets: [N, L, 2] character span in the example's context of every context
+        token; -1 for question, special and padding tokens.
+      example_index: [N] index of the window's example.
+    """
+
+    input_ids: np.ndarray
+    start_positions: np.ndarray
+    end_positions: np.ndarray
+    offsets: np.ndarray
+    example_index: np.ndarray
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Model inputs and training targets."""
+        return {
+            "input_ids": self.input_ids,
+            "start_positions": self.start_positions,
+            "end_positions": self.end_positions,
+        }
+
+
+def _answer_token_span(offsets, start_char: int, end_char: int) -> tuple[int, int] | None:
+    """First / last context token overlapping ``[start_char, end_char)``."""
+    first = last = None
+    for i, (b, e) in enumerate(offsets):
+        if b >= e:
+            continue
+        if e > start_char and b < end_char:
+            if first is None:
+                first = i
+            last = i
+    if first is None:
+        return None
+    return first, last
+
+
+def qa_features(
+    examples: Sequence[QAExample],
+    tokenizer: Tokenizer,
+    *,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+) -> QAFeatures:
+    """Sliding windows over the contexts (see the module docstring)."""
+    if doc_stride <= 0:
+        raise ValueError(f"doc_stride must be > 0, got {doc_stride}")
+    question_ids = tokenizer.encode_batch([e.question for e in examples])
+    ids_rows, starts, ends, offset_rows, ex_index = [], [], [], [], []
+    for idx, (ex, q_ids) in enumerate(zip(examples, question_ids)):
+        q_ids = q_ids[:max_query_length]
+        c_ids, c_offsets = tokenizer.encode_with_offsets(ex.context)
+        budget = max_seq_length - len(q_ids) - 4
+        if budget < 1:
+            raise ValueError(
+                f"max_seq_length={max_seq_length} leaves no room for context after a "
+                f"{len(q_ids)}-token question (lower max_query_length)"
+            )
+        answer = _answer_token_span(
+            c_offsets, ex.answer_starts[0], ex.answer_starts[0] + len(ex.answers[0])
+        )
+        window_start = 0
+        while True:
+            window_end = min(window_start + budget, len(c_ids))
+            prefix = [tokenizer.cls_id, *q_ids, tokenizer.sep_id, tokenizer.sep_id]
+            ids_rows.append(prefix + c_ids[window_start:window_end] + [tokenizer.sep_id])
+            offs = np.full((max_seq_length, 2), -1, dtype=np.int32)
+            n_ctx = window_end - window_start
+            if n_ctx:
+                offs[len(prefix) : len(prefix) + n_ctx] = c_offsets[window_start:window_end]
+            offset_rows.append(offs)
+            if answer is not None and window_start <= answer[0] and answer[1] < window_end:
+                starts.append(len(prefix) + answer[0] - window_start)
+                ends.append(len(prefix) + answer[1] - window_start)
+            else:
+                starts.append(0)
+                ends.append(0)
+            ex_index.append(idx)
+            if window_end >= len(c_ids):
+                break
+            window_start += doc_stride
+    return QAFeatures(
+        input_ids=_pad(ids_rows, max_seq_length, tokenizer.pad_id),
+        start_positions=np.array(starts, dtype=np.int32),
+        end_positions=np.array(ends, dtype=np.int32),
+        offsets=np.stack(offset_rows) if offset_rows else np.zeros((0, max_seq_length, 2)),
+        example_index=np.array(ex_index, dtype=np.int32),
+    )
+
+
+def decode_qa(
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    features: QAFeatures,
+    examples: Sequence[QAExample],
+    *,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+) -> dict[str, str]:
+    """Best answer text per question id (see the module docstring)."""
+    start_logits = np.asarray(start_logits, dtype=np.float32)
+    end_logits = np.asarray(end_logits, dtype=np.float32)
+    if start_logits.shape != features.input_ids.shape or end_logits.shape != start_logits.shape:
+        raise ValueError(
+            f"decode_qa: logits {start_logits.shape}/{end_logits.shape} do not match "
+            f"features {features.input_ids.shape}"
+        )
+    is_context = features.offsets[..., 0] >= 0
+    neg = np.float32(-1e30)
+    sl = np.where(is_context, start_logits, neg)
+    el = np.where(is_context, end_logits, neg)
+    k = min(n_best, sl.shape[1])
+    top_s = np.argsort(-sl, axis=1, kind="stable")[:, :k]
+    top_e = np.argsort(-el, axis=1, kind="stable")[:, :k]
+    s_score = np.take_along_axis(sl, top_s, axis=1)
+    e_score = np.take_along_axis(el, top_e, axis=1)
+    score = s_score[:, :, None] + e_score[:, None, :]
+    length = top_e[:, None, :] - top_s[:, :, None]
+    valid = (length >= 0) & (length < max_answer_length)
+    valid &= np.take_along_axis(is_context, top_s, axis=1)[:, :, None]
+    valid &= np.take_along_axis(is_context, top_e, axis=1)[:, None, :]
+    score = np.where(valid, score, -np.inf)
+    flat = score.reshape(len(score), -1).argmax(axis=1)
+    best_score = score.reshape(len(score), -1)[np.arange(len(score)), flat]
+
+    best: dict[int, tuple[float, int, int, int]] = {}
+    for f in range(len(score)):
+        if not np.isfinite(best_score[f]):
+            continue
+        ex = int(features.example_index[f])
+        if ex not in best or best_score[f] > best[ex][0]:
+            s_pos = int(top_s[f, flat[f] // k])
+            e_pos = int(top_e[f, flat[f] % k])
+            best[ex] = (float(best_score[f]), f, s_pos, e_pos)
+    out = {}
+    for i, ex in enumerate(examples):
+        if i not in best:
+            out[ex.id] = ""
+            continue
+        _, f, s_pos, e_pos = best[i]
+        begin = int(features.offsets[f, s_pos, 0])
+        end = int(features.offsets[f, e_pos, 1])
+        out[ex.id] = ex.context[begin:end].strip()
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Token tagging
+# ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TaggingFeatures:
+    """Windows of tagged sentences.
+
+    Attributes:
+      input_ids: [N, L] token ids.
+      labels: [N, L] tag index at each word's first sub-token, -1 elsewhere.
+      word_index: [N, L] index of the word whose first sub-token this is, -1 elsewhere.
+      example_index: [N] index of the window's sentence.
+    """
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    word_index: np.ndarray
+    example_index: np.ndarray
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids, "labels": self.labels}
+
+
+def tagging_features(
+    examples: Sequence[TaggingExample],
+    tokenizer: Tokenizer,
+    labels: Sequence[str],
+    max_seq_length: int,
+) -> TaggingFeatures:
+    """Windows of whole words with labels on first sub-tokens."""
+    label_index = {t: i for i, t in enumerate(labels)}
+    words = [w for ex in examples for w in ex.tokens]
+    word_ids = tokenizer.encode_batch(words)
+    budget = max_seq_length - 2
+    ids_rows, label_rows, word_rows, ex_index = [], [], [], []
+    cursor = 0
+    for idx, ex in enumerate(examples):
+        pieces = word_ids[cursor : cursor + len(ex.tokens)]
+        cursor += len(ex.tokens)
+        windows = [([], [], [])]
+        for w, (tag, p) in enumerate(zip(ex.tags, pieces)):
+            # A word SentencePiece maps to nothing (e.g. a lone zero-width character)
+            # still needs a position for its tag.
+            p = (p or [tokenizer.unk_id])[:budget]
+            if tag not in label_index:
+                raise ValueError(f"sentence {ex.id}: tag {tag!r} not in {list(labels)}")
+            ids, labs, widx = windows[-1]
+            if ids and len(ids) + len(p) > budget:
+                windows.append(([], [], []))
+                ids, labs, widx = windows[-1]
+            ids.extend(p)
+            labs.extend([label_index[tag]] + [IGNORE] * (len(p) - 1))
+            widx.extend([w] + [IGNORE] * (len(p) - 1))
+        for ids, labs, widx in windows:
+            ids_rows.append([tokenizer.cls_id, *ids, tokenizer.sep_id])
+            label_rows.append([IGNORE, *labs, IGNORE])
+            word_rows.append([IGNORE, *widx, IGNORE])
+            ex_index.append(idx)
+    return TaggingFeatures(
+        input_ids=_pad(ids_rows, max_seq_length, tokenizer.pad_id),
+        labels=_pad(label_rows, max_seq_length, IGNORE),
+        word_index=_pad(word_rows, max_seq_length, IGNORE),
+        example_index=np.array(ex_index, dtype=np.int32),
+    )
+
+
+def decode_tags(
+    logits: np.ndarray,
+    features: TaggingFeatures,
+    examples: Sequence[TaggingExample],
+    labels: Sequence[str],
+) -> list[list[str]]:
+    """Predicted tag per word of each sentence (argmax at first sub-tokens)."""
+    pred = np.asarray(logits).argmax(-1)
+    out = [[None] * len(ex.tokens) for ex in examples]
+    rows, cols = np.nonzero(features.word_index >= 0)
+    for r, c in zip(rows, cols):
+        out[features.example_index[r]][features.word_index[r, c]] = labels[pred[r, c]]
+    for ex, tags in zip(examples, out):
+        if any(t is None for t in tags):
+            raise AssertionError(f"sentence {ex.id}: a word got no prediction")
+    return out
