@@ -1,0 +1,47 @@
+r"""Sentence retrieval (Tatoeba, BUCC) of a pretrained encoder, without fine-tuning.
+
+Usage::
+
+    python -m xlmeta_jax.retrieval --gin_file=gin/finetune/tatoeba.gin \
+        --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/meta/phase2'" \
+        --gin.MODEL_DIR="'/runs/tatoeba_meta'"
+
+The same gin files also run through ``python -m xlmeta_jax.finetune``. Writes
+``MODEL_DIR/results.json`` (accuracy per language in both directions at the chosen
+layer, and a per-layer sweep) and prints the table. The work is done by
+:func:`xlmeta_jax.evaluation.retrieval.evaluate_retrieval`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from xlmeta_jax import gin_cli
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parses gin flags, runs the configured ``evaluate_retrieval``, prints its table."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return {}
+    flags = gin_cli.parse_gin_flags(argv)
+    if flags.remaining:
+        raise SystemExit(
+            f"unknown arguments {flags.remaining}; use --gin_file, --gin_bindings, "
+            "--gin.NAME=VALUE or --gin_search_paths"
+        )
+    if not flags.gin_files:
+        raise SystemExit("no --gin_file given (e.g. --gin_file=gin/finetune/tatoeba.gin)")
+    from xlmeta_jax.evaluation import finetuning, retrieval
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    results = retrieval.evaluate_retrieval()
+    print(finetuning.format_table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
