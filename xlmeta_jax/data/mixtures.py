@@ -1,0 +1,417 @@
+"""Language sampling rates (n_l^alpha) and the corpus counts they need.
+
+XLM-R samples a language with probability ``q_l = p_l^alpha / sum_k p_k^alpha``
+where ``p_l = n_l / sum_k n_k`` (alpha = 0.3); the normaliser cancels, so a seqio
+mixture can use rates ``n_l^alpha`` directly. ``n_l`` is either given (gin) or
+counted once by :func:`corpus_stats`, which reads every file a single time and
+caches the result next to the data (``xlmeta_corpus_stats.json`` in the files'
+folder; in the user's cache folder where that folder is read-only).
+
+The same pass validates the text: it counts the lines the pipeline skips —
+lines that are not valid UTF-8 and lines longer than ``max_line_bytes`` — with
+exactly the rules the tf.data reader applies (:mod:`xlmeta_jax.data.sources`),
+and it rejects files without any usable text.
+
+Nothing here imports TensorFlow at module import (``tf.io.gfile`` is imported
+only for paths with a ``scheme://``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+_STATS_FILENAME = "xlmeta_corpus_stats.json"
+_STATS_VERSION = 1
+# Files are read in blocks this large; lines are split out of the blocks so that
+# an enormous line never has to be held in memory by the counting pass.
+_READ_BLOCK_BYTES = 8 << 20
+# Compressions TensorFlow's TextLineDataset reads; CC-100 ships .xz, which it cannot.
+_UNSUPPORTED_SUFFIXES = (".xz", ".bz2", ".zst", ".lz4", ".7z", ".zip")
+
+COUNT_UNITS = ("lines", "bytes")
+
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+
+
+class CorpusError(ValueError):
+    """Missing, empty or unreadable corpus files, or invalid mixture settings."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileStats:
+    """What one pass over a text file found (CC-100 layout).
+
+    Attributes:
+      path: the file.
+      size: bytes on disk (compressed size for .gz), part of the cache key.
+      mtime_ns: modification time, part of the cache key.
+      max_line_bytes: the long-line limit the counts were made with.
+      lines: non-blank lines kept (paragraphs).
+      documents: runs of kept lines between blank lines.
+      text_bytes: UTF-8 bytes of the kept lines.
+      skipped_invalid_utf8: lines dropped because they are not valid UTF-8.
+      skipped_long_lines: lines dropped because they exceed ``max_line_bytes``.
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    max_line_bytes: int
+    lines: int
+    documents: int
+    text_bytes: int
+    skipped_invalid_utf8: int
+    skipped_long_lines: int
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _gfile():
+    import tensorflow as tf  # noqa: PLC0415 - only for non-local file systems
+
+    return tf.io.gfile
+
+
+def check_readable_suffix(path: str) -> None:
+    """Raises CorpusError for compressions that tf.data cannot read."""
+    for suffix in _UNSUPPORTED_SUFFIXES:
+        if path.endswith(suffix):
+            raise CorpusError(
+                f"{path}: {suffix} files cannot be read by tf.data; decompress them "
+                f"(e.g. `xz -d {os.path.basename(path)}`) or recompress with gzip (.gz)"
+            )
+
+
+def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
+    """Expands paths/globs (any file system TF reads) to a sorted file list.
+
+    Raises:
+      CorpusError: if a pattern matches nothing, a file is empty or has an
+        unsupported compression.
+    """
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    patterns = list(patterns)
+    if not patterns:
+        raise CorpusError(f"{what}: no file patterns given")
+    files: list[str] = []
+    for pattern in patterns:
+        if _is_remote(pattern):
+            matched = sorted(_gfile().glob(pattern))
+        else:
+            import glob
+
+            matched = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+        if not matched:
+            raise CorpusError(f"{what}: no file matches {pattern!r}")
+        files.extend(matched)
+    files = sorted(set(files))
+    for path in files:
+        check_readable_suffix(path)
+        size, _ = _stat(path)
+        if size == 0:
+            raise CorpusError(f"{what}: file {path} is empty")
+    return files
+
+
+def _stat(path: str) -> tuple[int, int]:
+    if _is_remote(path):
+        st = _gfile().stat(path)
+        return int(st.length), int(st.mtime_nsec)
+    st = os.stat(path)
+    return int(st.st_size), int(st.st_mtime_ns)
+
+
+def _open_binary(path: str):
+    raw = _gfile().GFile(path, "rb") if _is_remote(path) else open(path, "rb")  # noqa: SIM115
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    return raw
+
+
+def iter_lines(path: str, max_line_bytes: int) -> Iterator[bytes | None]:
+    """Yields the file's lines as bytes (without ``\\n`` and one trailing ``\\r``).
+
+    This mirrors ``tf.data.TextLineDataset``. A line longer than
+    ``max_line_bytes`` is yielded as None and is never held whole in memory.
+    """
+    limit = max_line_bytes + 1  # a trailing '\r' is only dropped at the end
+    with _open_binary(path) as f:
+        pending: list[bytes] = []
+        pending_len = 0
+        too_long = False
+        while True:
+            block = f.read(_READ_BLOCK_BYTES)
+            if not block:
+                break
+            parts = block.split(b"\n")
+            # parts[:-1] end lines; parts[-1] starts the line the next block continues.
+            for part in parts[:-1]:
+                if too_long:
+                    yield None
+                else:
+                    line = b"".join(pending) + part if pending else part
+                    yield _finish_line(line, max_line_bytes)
+                pending, pending_len, too_long = [], 0, False
+            tail = parts[-1]
+            if not too_long and tail:
+                pending_len += len(tail)
+                if pending_len > limit:
+                    pending, too_long = [], True
+                else:
+                    pending.append(tail)
+        if too_long:
+            yield None
+        elif pending:
+            yield _finish_line(b"".join(pending), max_line_bytes)
+
+
+def _finish_line(line: bytes, max_line_bytes: int) -> bytes | None:
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    if len(line) > max_line_bytes:
+        return None
+    return line
+
+
+def iter_paragraphs(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+    """Yields the lines the pipeline keeps (non-blank, valid UTF-8, not too long)."""
+    for line in iter_lines(path, max_line_bytes):
+        if line is None or not line.strip():
+            continue
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+
+
+def scan_text_file(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> FileStats:
+    """Counts paragraphs, documents and skipped lines of one file (one pass)."""
+    size, mtime_ns = _stat(path)
+    lines = documents = text_bytes = invalid = long_lines = 0
+    in_doc = False
+    for line in iter_lines(path, max_line_bytes):
+        if line is None:
+            long_lines += 1
+            continue
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            invalid += 1
+            continue
+        if not line.strip():
+            in_doc = False
+            continue
+        if not in_doc:
+            documents += 1
+            in_doc = True
+        lines += 1
+        text_bytes += len(line)
+    return FileStats(
+        path=path,
+        size=size,
+        mtime_ns=mtime_ns,
+        max_line_bytes=max_line_bytes,
+        lines=lines,
+        documents=documents,
+        text_bytes=text_bytes,
+        skipped_invalid_utf8=invalid,
+        skipped_long_lines=long_lines,
+    )
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    return os.path.join(base, "xlmeta_jax", "corpus_stats")
+
+
+def _cache_paths(folder: str, cache_dir: str | None) -> list[str]:
+    digest = hashlib.sha1(folder.encode()).hexdigest()[:16]
+    if cache_dir:
+        return [os.path.join(cache_dir, f"{digest}.json")]
+    return [
+        os.path.join(folder, _STATS_FILENAME),
+        os.path.join(_default_cache_dir(), f"{digest}.json"),
+    ]
+
+
+def _read_json(path: str) -> dict:
+    try:
+        if _is_remote(path):
+            gf = _gfile()
+            if not gf.exists(path):
+                return {}
+            with gf.GFile(path) as f:
+                return json.load(f)
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        logging.warning("ignoring unreadable corpus stats cache %s: %s", path, e)
+        return {}
+
+
+def _write_json(path: str, data: dict) -> bool:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        if _is_remote(path):
+            gf = _gfile()
+            with gf.GFile(tmp, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            gf.rename(tmp, path, overwrite=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        return True
+    except Exception as e:  # noqa: BLE001 - OSError locally, tf.errors.* on remote file systems
+        logging.info("cannot write corpus stats cache %s: %s", path, e)
+        return False
+
+
+def corpus_stats(
+    files: Sequence[str],
+    *,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    cache_dir: str | None = None,
+) -> list[FileStats]:
+    """Per-file counts, computed once and cached next to the data.
+
+    The cache is ``xlmeta_corpus_stats.json`` in each file's folder (or
+    ``~/.cache/xlmeta_jax/corpus_stats/`` when that folder is read-only), or
+    only ``cache_dir`` when one is given. Entries are keyed by file name, size,
+    modification time and ``max_line_bytes``; a changed file is counted again.
+
+    Raises:
+      CorpusError: if a file has no usable text at all.
+    """
+    by_folder: dict[str, list[str]] = {}
+    for path in files:
+        by_folder.setdefault(os.path.dirname(path) or ".", []).append(path)
+    result: dict[str, FileStats] = {}
+    for folder, paths in by_folder.items():
+        cache_files = _cache_paths(folder, cache_dir)
+        cached: dict = {}
+        for cache_file in reversed(cache_files):  # the copy next to the data wins
+            data = _read_json(cache_file)
+            if data.get("version") == _STATS_VERSION:
+                cached.update(data.get("files", {}))
+        fresh = 0
+        for path in paths:
+            size, mtime_ns = _stat(path)
+            entry = cached.get(os.path.basename(path))
+            stats = None
+            if entry:
+                stats = FileStats(path=path, **{k: v for k, v in entry.items() if k != "path"})
+                if (stats.size, stats.mtime_ns, stats.max_line_bytes) != (
+                    size,
+                    mtime_ns,
+                    max_line_bytes,
+                ):
+                    stats = None
+            if stats is None:
+                logging.info("counting %s (once; cached in %s)", path, cache_files[0])
+                stats = scan_text_file(path, max_line_bytes)
+                fresh += 1
+                cached[os.path.basename(path)] = {
+                    k: v for k, v in dataclasses.asdict(stats).items() if k != "path"
+                }
+            result[path] = stats
+        if fresh:
+            payload = {"version": _STATS_VERSION, "files": cached}
+            if not any(_write_json(path, payload) for path in cache_files):
+                logging.warning("corpus stats for %s could not be cached", folder)
+    out = [result[p] for p in files]
+    for stats in out:
+        if stats.skipped_invalid_utf8 or stats.skipped_long_lines:
+            logging.warning(
+                "%s: skipping %d lines that are not valid UTF-8 and %d lines longer than "
+                "%d bytes",
+                stats.path,
+                stats.skipped_invalid_utf8,
+                stats.skipped_long_lines,
+                max_line_bytes,
+            )
+        if stats.lines == 0:
+            raise CorpusError(
+                f"{stats.path} has no usable text: {stats.skipped_invalid_utf8} lines are not "
+                f"valid UTF-8, {stats.skipped_long_lines} exceed {max_line_bytes} bytes, the "
+                "rest are blank"
+            )
+    return out
+
+
+def count(stats: Iterable[FileStats], unit: str) -> int:
+    """n for a set of files in ``unit`` ("lines" = paragraphs, or "bytes")."""
+    if unit not in COUNT_UNITS:
+        raise CorpusError(f"count unit {unit!r} is not one of {COUNT_UNITS}")
+    stats = list(stats)
+    return sum(s.lines for s in stats) if unit == "lines" else sum(s.text_bytes for s in stats)
+
+
+def check_alpha(alpha: float) -> float:
+    """Validates the sampling exponent: 0 < alpha <= 1."""
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise CorpusError(f"alpha must be a number in (0, 1], got {alpha!r}") from None
+    if not (0.0 < value <= 1.0) or math.isnan(value):
+        raise CorpusError(
+            f"alpha must be in (0, 1] (1 = proportional to size, XLM-R uses 0.3), got {alpha!r}"
+        )
+    return value
+
+
+def alpha_probabilities(counts: Mapping[str, float], alpha: float) -> dict[str, float]:
+    """Sampling probabilities ``q_l = n_l^alpha / sum_k n_k^alpha``.
+
+    Raises:
+      CorpusError: if alpha is outside (0, 1], the mapping is empty or a count is
+        not a positive finite number.
+    """
+    alpha = check_alpha(alpha)
+    if not counts:
+        raise CorpusError("no languages to mix")
+    for lang, n in counts.items():
+        if not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
+            raise CorpusError(f"language {lang!r}: count n_l must be a positive number, got {n!r}")
+    # Computed in log space: n**alpha of 1e12 lines stays finite either way, but
+    # the log form keeps tiny languages exact relative to huge ones.
+    logs = {lang: alpha * math.log(n) for lang, n in counts.items()}
+    top = max(logs.values())
+    weights = {lang: math.exp(v - top) for lang, v in logs.items()}
+    total = sum(weights.values())
+    return {lang: w / total for lang, w in weights.items()}
+
+
+def sample_counts(
+    probabilities: Mapping[str, float], total: int
+) -> dict[str, int]:
+    """Splits ``total`` draws by probability (largest remainder; every language >= 1)."""
+    if total < len(probabilities):
+        raise CorpusError(f"cannot draw {total} samples over {len(probabilities)} languages")
+    raw = {lang: p * total for lang, p in probabilities.items()}
+    out = {lang: max(1, int(math.floor(v))) for lang, v in raw.items()}
+    rest = total - sum(out.values())
+    order = sorted(raw, key=lambda lang: raw[lang] - math.floor(raw[lang]), reverse=True)
+    i = 0
+    while rest > 0:
+        out[order[i % len(order)]] += 1
+        rest -= 1
+        i += 1
+    while rest < 0:  # the max(1, .) floor overshot: take from the largest
+        lang = max(out, key=out.get)
+        out[lang] -= 1
+        rest += 1
+    return out
