@@ -416,9 +416,9 @@ def finetune(
             log.info("step %d/%d loss %.4f", step, steps, recent)
     losses = [float(x) for x in jax.device_get(losses)]
     train_seconds = time.time() - t_train
-    if not all(math.isfinite(x) for x in losses):
-        raise FloatingPointError(f"{task}: non-finite training loss (first at step "
-                                 f"{next(i for i, x in enumerate(losses) if not math.isfinite(x))})")
+    bad = [i for i, x in enumerate(losses, start=1) if not math.isfinite(x)]
+    if bad:
+        raise FloatingPointError(f"{task}: non-finite training loss (first at step {bad[0]})")
 
     t_eval = time.time()
     per_lang = {}
