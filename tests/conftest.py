@@ -5,12 +5,21 @@ XLA_FLAGS must be set before jax is imported anywhere, hence at conftest import.
 
 import os
 import pathlib
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow must not grab the accelerators JAX uses (and is CPU-only here anyway).
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Tiny models compile far longer than they run; let every test process (and the
+# subprocesses of the end-to-end tests) reuse compiled executables.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"xlmeta_jax_test_cache_{os.getuid()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
 

@@ -118,8 +118,15 @@ class PhaseCheckpoints:
         read_only: bool = False,
     ):
         self.directory = epath.Path(directory)
+        from orbax.checkpoint import checkpoint_managers as policies
+
         options = ocp.CheckpointManagerOptions(
-            save_interval_steps=save_interval_steps,
+            # Every `save_interval_steps` and on preemption; unlike Orbax's default,
+            # no extra checkpoint of the very first step.
+            save_decision_policy=policies.AnySavePolicy([
+                policies.FixedIntervalPolicy(save_interval_steps),
+                policies.PreemptionCheckpointingPolicy(),
+            ]),
             max_to_keep=max_to_keep,
             enable_async_checkpointing=async_save,
             create=not read_only,

@@ -1,0 +1,269 @@
+"""End-to-end tests of the trainer: two phases, kill -9 and resume, NaN stop, bad config,
+multi-process equality. All on the tiny model with the synthetic MLM stream (the
+data pipeline has its own tests), 8 fake CPU devices."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from xlmeta_jax import checkpoints, network
+from xlmeta_jax import trainer as train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+STEPS = 40  # per phase: long enough that a kill lands mid-run
+
+RUN_GIN = """
+import xlmeta_jax.trainer
+MODEL_DIR = %gin.REQUIRED
+xlmeta_jax.trainer.train.model_dir = %MODEL_DIR
+xlmeta_jax.trainer.train.model = @xlmeta_jax.network.EncoderConfig()
+xlmeta_jax.trainer.train.mesh_shape = (2, 2, 2)
+xlmeta_jax.trainer.train.checkpoint_every = 5
+xlmeta_jax.trainer.train.keep_checkpoints = 2
+xlmeta_jax.trainer.train.log_every = 10
+xlmeta_jax.trainer.train.phases = [@phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
+xlmeta_jax.trainer.Phase.task = 'synthetic'
+xlmeta_jax.trainer.Phase.num_steps = {steps}
+xlmeta_jax.trainer.Phase.batch_size = 8
+xlmeta_jax.trainer.Phase.sequence_length = 32
+phase1/xlmeta_jax.trainer.Phase.name = 'phase1'
+phase2/xlmeta_jax.trainer.Phase.name = 'phase2'
+phase2/xlmeta_jax.trainer.Phase.init_from = 'phase1'
+"""
+
+
+def _env(devices: int = 8) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _cmd(gin_path, model_dir, *extra):
+    return [
+        sys.executable, "-m", "xlmeta_jax.train",
+        "--gin_file=models/tiny.gin", f"--gin_file={gin_path}",
+        f"--gin.MODEL_DIR='{model_dir}'", *extra,
+    ]
+
+
+def _final_params(model_dir, phase="phase2"):
+    step_dir = checkpoints.find_step_dir(os.path.join(model_dir, phase))
+    return checkpoints.restore_params(step_dir), checkpoints.read_meta(step_dir)
+
+
+def _assert_same_params(a, b):
+    flat_a = jax.tree_util.tree_leaves_with_path(a)
+    flat_b = jax.tree.leaves(b)
+    assert len(flat_a) == len(flat_b)
+    for (path, x), y in zip(flat_a, flat_b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y),
+                                      err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def run_gin(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gin") / "run.gin"
+    path.write_text(RUN_GIN.format(steps=STEPS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_run(run_gin, tmp_path_factory):
+    """One uninterrupted two-phase run through the command line."""
+    model_dir = tmp_path_factory.mktemp("reference")
+    out = subprocess.run(_cmd(run_gin, model_dir), env=_env(), cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return model_dir, out.stdout
+
+
+def test_two_phases_log_and_handoff(reference_run):
+    model_dir, stdout = reference_run
+    # Progress lines name phase, step/total, loss, accuracy, lr, grad norm, tokens/s, ETA.
+    assert f"[phase1] step 10/{STEPS} | loss" in stdout
+    assert f"[phase2] step {STEPS}/{STEPS} | loss" in stdout
+    for field in ("| acc ", "| lr ", "| gnorm ", "tok/s", "| MFU ", "| ETA "):
+        assert field in stdout
+    assert (model_dir / "config.gin").is_file()
+    assert "phase2/Phase.init_from = 'phase1'" in (
+        model_dir / "config.gin").read_text()
+    # Phase 2 records the phase-1 checkpoint it started from.
+    _, meta = _final_params(model_dir)
+    assert meta["initialized_from"] == os.fspath(model_dir / "phase1" / str(STEPS))
+    assert meta["phase_step"] == STEPS and meta["step_offset"] == 0
+    # keep-N: only the last two checkpoints of each phase remain.
+    for phase in ("phase1", "phase2"):
+        steps = sorted(int(p.name) for p in (model_dir / phase).iterdir() if p.name.isdigit())
+        assert steps == [STEPS - 5, STEPS]
+    assert list((model_dir / "phase1" / "train").glob("events.out.tfevents.*"))
+
+
+def _wait_for(path, proc, timeout=300):
+    t0 = time.time()
+    while not os.path.exists(path):
+        assert proc.poll() is None, "run ended before it could be interrupted"
+        assert time.time() - t0 < timeout, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("kill_after", ["phase1/10", "phase2/5"])
+def test_kill_and_resume_matches_uninterrupted(reference_run, run_gin, tmp_path, kill_after):
+    ref_dir, _ = reference_run
+    model_dir = tmp_path / "run"
+    proc = subprocess.Popen(_cmd(run_gin, model_dir), env=_env(), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(model_dir / kill_after / "commit_success.txt", proc)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (model_dir / "phase2" / str(STEPS)).exists()
+
+    out = subprocess.run(_cmd(run_gin, model_dir), env=_env(), cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "resuming from" in out.stdout
+    if kill_after.startswith("phase2"):
+        # Phase 2 had checkpoints: it must resume, never re-initialise from phase 1.
+        assert "[phase2] initialised from" not in out.stdout
+        assert "[phase1] already complete" in out.stdout
+    ref_params, ref_meta = _final_params(ref_dir)
+    params, meta = _final_params(model_dir)
+    _assert_same_params(ref_params, params)
+    assert meta["metrics"] == ref_meta["metrics"]
+
+
+def _tiny(**kw):
+    return network.get_config("tiny", pad_token_id=0, **kw)
+
+
+def test_nan_loss_stops_naming_step_and_never_checkpoints_nan(tmp_path):
+    from xlmeta_jax.optimizer import OptimizerConfig
+
+    # An absurd learning rate makes the parameters overflow after the first update.
+    opt = OptimizerConfig(learning_rate=1e38, warmup_steps=0, total_steps=10, max_grad_norm=0)
+    phases = [train.Phase("phase1", "synthetic", 6, 8, 32, optimizer=opt)]
+    with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step 2"):
+        train.train(model_dir=os.fspath(tmp_path), model=_tiny(), phases=phases,
+                    mesh_shape=(8, 1, 1), checkpoint_every=1, log_every=1,
+                    async_checkpointing=False)
+    saved = sorted(int(p.name) for p in (tmp_path / "phase1").iterdir() if p.name.isdigit())
+    assert saved == [1]
+    params = checkpoints.restore_params(tmp_path / "phase1" / "1")
+    assert checkpoints.all_finite(params)
+
+
+def test_checkpoint_refuses_non_finite_params(tmp_path):
+    from xlmeta_jax import step as step_lib
+
+    ckpt = checkpoints.PhaseCheckpoints(os.fspath(tmp_path), save_interval_steps=1,
+                                        max_to_keep=None, async_save=False)
+    state = step_lib.TrainState(step=np.int32(1), params={"w": np.array([1.0, np.nan])},
+                                opt_state=())
+    with pytest.raises(FloatingPointError, match="not finite"):
+        ckpt.save(1, state, None, {}, force=True)
+    ckpt.close()
+    assert not [p for p in tmp_path.iterdir() if p.name.isdigit()]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(mesh_shape=(3, 1, 1)), r"mesh_shape.*\(3, 1, 1\).*8 are available"),
+        (dict(mesh_shape=(2, 2, 4)), r"mesh_shape.*16 devices"),
+        (dict(phases=[train.Phase("p", "synthetic", 2, 6, 32)]),
+         r"phase 'p': batch_size=6 is not divisible"),
+        (dict(phases=[train.Phase("p", "synthetic", 2, 8, 512)]),
+         r"sequence_length=512 exceeds"),
+        (dict(phases=[train.Phase("p", "synthetic", 2, 8, 32, init_from="q")]),
+         r"init_from='q' is not an earlier phase"),
+    ],
+)
+def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, match):
+    from xlmeta_jax import step as step_lib
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled before validating")
+
+    monkeypatch.setattr(step_lib, "make_step_functions", no_compile)
+    args = dict(model_dir=os.fspath(tmp_path), model=_tiny(),
+                phases=[train.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
+    args.update(kwargs)
+    with pytest.raises(train.ConfigError, match=match):
+        train.train(**args)
+
+
+def test_unwritable_model_dir(tmp_path, monkeypatch):
+    from xlmeta_jax import step as step_lib
+
+    monkeypatch.setattr(step_lib, "make_step_functions", None)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(train.ConfigError, match=r"MODEL_DIR .*file/run.* not a writable"):
+        train.train(model_dir=os.fspath(blocker / "run"), model=_tiny(),
+                    phases=[train.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
+
+
+def test_missing_macro_names_it(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "xlmeta_jax.train", "--gin_file=models/tiny.gin",
+         "--gin_bindings=MODEL_DIR = %gin.REQUIRED",
+         "--gin_bindings=xlmeta_jax.trainer.train.model_dir = %MODEL_DIR"],
+        env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode != 0
+    assert "MODEL_DIR" in out.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_unknown_gin_file_is_named():
+    with pytest.raises(FileNotFoundError, match="no_such.gin"):
+        train.main(["--gin_file=no_such.gin"])
+
+
+MULTIHOST = textwrap.dedent("""
+    import sys
+    import jax
+    from xlmeta_jax import network
+    from xlmeta_jax import trainer as train
+    rest = train.initialize_distributed(sys.argv[2:])
+    assert jax.device_count() == 8, jax.device_count()
+    train.train(model_dir=sys.argv[1], model=network.get_config("tiny", pad_token_id=0),
+                phases=[train.Phase("phase1", "synthetic", 4, 8, 32)], mesh_shape=(2, 2, 2),
+                checkpoint_every=4, log_every=2)
+""")
+
+
+def test_two_processes_match_one(tmp_path):
+    script = tmp_path / "mh.py"
+    script.write_text(MULTIHOST)
+    one = subprocess.run([sys.executable, script, tmp_path / "one"], env=_env(8), cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    port = 20000 + os.getpid() % 20000
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, tmp_path / "two", f"--coordinator_address=localhost:{port}",
+             "--process_count=2", f"--process_index={i}"],
+            env=_env(4), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    a, _ = _final_params(tmp_path / "one", "phase1")
+    b, _ = _final_params(tmp_path / "two", "phase1")
+    _assert_same_params(a, b)

@@ -1,0 +1,583 @@
+r"""The trainer: one linear loop that runs every pretraining phase of a run.
+
+Meta-pretraining is two phases of the same loop — phase 1 on English, phase 2 on
+the 100-language mixture starting from phase 1's final parameters — and the
+single-phase XLM-R baseline is one phase. Which phases run is gin config:
+
+  python -m xlmeta_jax.train \
+    --gin_file=gin/meta.gin \
+    --gin.MODEL_DIR="'/path/run'" \
+    --gin.VOCAB_PATH="'/path/spm.model'"
+
+Rerunning the same command after an interruption resumes where it stopped.
+See gin/meta.gin, gin/xlmr.gin and gin/demo.gin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+import gin
+from xlmeta_jax import checkpoints, gin_cli, hardware, losses, network, partitioning, step
+from xlmeta_jax.optimizer import OptimizerConfig
+
+log = logging.getLogger("xlmeta_jax.train")
+
+# gin-visible configuration classes (gin lives only on entry points like this one).
+gin.external_configurable(network.get_config, name="get_config", module="xlmeta_jax.network")
+gin.external_configurable(network.EncoderConfig, module="xlmeta_jax.network")
+gin.external_configurable(OptimizerConfig, module="xlmeta_jax.optimizer")
+
+SYNTHETIC = "synthetic"
+
+
+class ConfigError(ValueError):
+    """The run's configuration is invalid (raised before anything compiles)."""
+
+
+@gin.configurable(module="xlmeta_jax.trainer")
+@dataclasses.dataclass
+class Phase:
+    """One pretraining phase. Meta-pretraining has two; the XLM-R baseline one."""
+
+    # Name of the phase; also its checkpoint directory under MODEL_DIR.
+    name: str
+    # SeqIO task or mixture to train on ('synthetic' for random tokens).
+    task: str
+    # Optimizer steps in this phase.
+    num_steps: int
+    # Global batch size (sequences per step, across all processes).
+    batch_size: int
+    # Tokens per packed sequence.
+    sequence_length: int
+    # Optimizer and schedule; default: AdamW as RoBERTa, 6% warm-up over num_steps.
+    optimizer: OptimizerConfig | None = None
+    # Name of an earlier phase whose final checkpoint initialises this one.
+    init_from: str | None = None
+    # With init_from: start from fresh AdamW moments (else carry them over).
+    reset_optimizer: bool = True
+    # With init_from: restart the learning-rate schedule at step 0 (else continue it).
+    reset_schedule: bool = True
+
+    def optimizer_config(self) -> OptimizerConfig:
+        if self.optimizer is not None:
+            return self.optimizer
+        return OptimizerConfig(
+            total_steps=self.num_steps, warmup_steps=max(1, int(0.06 * self.num_steps))
+        )
+
+
+@gin.configurable(module="xlmeta_jax.trainer")
+def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
+    """Sum of step counts (gin: the baseline's budget = META_STEPS + XLING_STEPS)."""
+    return int(sum(steps))
+
+
+# ============================================================================
+# Validation: everything that can be checked before compiling anything.
+# ============================================================================
+
+
+def _check_model_dir(model_dir: str) -> None:
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        probe = os.path.join(model_dir, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"MODEL_DIR {model_dir!r} is not a writable directory: {e}") from e
+
+
+def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], mesh_shape,
+             num_devices: int) -> tuple[int, int, int]:
+    """Raises ConfigError naming the first bad setting; returns the mesh shape."""
+    if not model_dir:
+        raise ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
+    if not isinstance(model, network.EncoderConfig):
+        raise ConfigError(f"train.model must be an EncoderConfig, got {type(model).__name__}")
+    if not phases:
+        raise ConfigError("train.phases is empty")
+    try:
+        shape = partitioning.mesh_shape_for(*mesh_shape, num_devices=num_devices)
+    except partitioning.MeshShapeError as e:
+        raise ConfigError(f"train.mesh_shape: {e}") from e
+    data_parallel = shape[0] * shape[1]
+    seen = set()
+    for p in phases:
+        where = f"phase {p.name!r}"
+        if p.name in seen:
+            raise ConfigError(f"{where}: duplicate phase name")
+        if p.init_from is not None and p.init_from not in seen:
+            raise ConfigError(
+                f"{where}: init_from={p.init_from!r} is not an earlier phase ({sorted(seen)})"
+            )
+        seen.add(p.name)
+        if p.num_steps <= 0:
+            raise ConfigError(f"{where}: num_steps must be > 0, got {p.num_steps}")
+        if p.batch_size % data_parallel or p.batch_size % jax.process_count():
+            raise ConfigError(
+                f"{where}: batch_size={p.batch_size} is not divisible by the data-parallel "
+                f"mesh size {data_parallel} (mesh {shape}) and {jax.process_count()} processes"
+            )
+        if p.sequence_length > model.max_length:
+            raise ConfigError(
+                f"{where}: sequence_length={p.sequence_length} exceeds the model's "
+                f"{model.max_length} positions (max_position_embeddings="
+                f"{model.max_position_embeddings}, pad_token_id={model.pad_token_id})"
+            )
+        if p.optimizer is not None and p.optimizer.total_steps < p.num_steps:
+            raise ConfigError(
+                f"{where}: optimizer.total_steps={p.optimizer.total_steps} < num_steps="
+                f"{p.num_steps}; the schedule would end early"
+            )
+    return shape
+
+
+def _make_iterator(phase: Phase, model: network.EncoderConfig, mesh, seed: int):
+    if phase.task == SYNTHETIC:
+        from xlmeta_jax.synthetic import SyntheticMLMIterator
+
+        return SyntheticMLMIterator(
+            sequence_length=phase.sequence_length,
+            global_batch_size=phase.batch_size,
+            mesh=mesh,
+            seed=seed,
+            vocab_size=model.vocab_size,
+        )
+    # Imported lazily: the data pipeline needs TensorFlow and seqio.
+    from xlmeta_jax.data import feeding
+
+    return feeding.make_mlm_iterator(
+        phase.task,
+        sequence_length=phase.sequence_length,
+        global_batch_size=phase.batch_size,
+        mesh=mesh,
+        seed=seed,
+    )
+
+
+# ============================================================================
+# Progress: log lines, TensorBoard, ETA.
+# ============================================================================
+
+
+class _Writer:
+    """TensorBoard scalars via clu when TensorFlow is present, else logs only."""
+
+    def __init__(self, logdir: str):
+        self._writer = None
+        if jax.process_index() != 0:
+            return
+        try:
+            from clu import metric_writers
+
+            self._writer = metric_writers.SummaryWriter(logdir)
+        except Exception as e:  # noqa: BLE001 - TensorBoard is optional on TF-less hosts
+            log.warning("TensorBoard summaries disabled (%s)", e)
+
+    def scalars(self, step: int, values: dict):
+        if self._writer is not None:
+            self._writer.write_scalars(step, values)
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+
+
+def _fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    return str(datetime.timedelta(seconds=int(seconds)))
+
+
+def _fmt_rate(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+# ============================================================================
+# Init / resume.
+# ============================================================================
+
+
+def _combine_states(fresh, previous, *, reset_optimizer: bool, reset_schedule: bool):
+    """Params from ``previous``; optimizer moments and step counters per the flags."""
+
+    def pick(path, f, p):
+        is_count = any(getattr(k, "name", None) == "count" for k in path)
+        if is_count:
+            return f if reset_schedule else p
+        return f if reset_optimizer else p
+
+    opt_state = jax.tree_util.tree_map_with_path(pick, fresh.opt_state, previous.opt_state)
+    step_value = fresh.step if reset_schedule else previous.step
+    return step.TrainState(step=step_value, params=previous.params, opt_state=opt_state)
+
+
+def _initial_params(path: str, model: network.EncoderConfig):
+    """Params from INITIAL_CHECKPOINT_PATH: an xlmeta_jax checkpoint or an HF directory."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        from xlmeta_jax import hf
+
+        cfg, params = hf.load_hf(path)
+    else:
+        cfg, params, _ = checkpoints.load_pretrained(path)
+    shape_of = lambda c: (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.mlp_dim)
+    if shape_of(cfg) != shape_of(model):
+        raise ConfigError(
+            f"INITIAL_CHECKPOINT_PATH {path}: its encoder {shape_of(cfg)} (vocab, hidden, layers, "
+            f"heads, mlp) does not match the configured model {shape_of(model)}"
+        )
+    return params
+
+
+# ============================================================================
+# One phase.
+# ============================================================================
+
+
+@dataclasses.dataclass
+class _Run:
+    """Settings shared by every phase of one run."""
+
+    model_dir: str
+    model: network.EncoderConfig
+    phases: list
+    mesh: Any
+    seed: int
+    checkpoint_every: int
+    keep_checkpoints: int | None
+    async_checkpointing: bool
+    log_every: int
+    initial_checkpoint_path: str | None
+    vocab_path: str | None
+    peak_flops: float | None
+
+
+def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
+    """Initialises or resumes one phase, trains it to the end, returns its summary."""
+    model, phases = run.model, run.phases
+    phase_dir = os.path.join(run.model_dir, phase.name)
+    fns = step.make_step_functions(
+        model, phase.optimizer_config(), run.mesh, seed=run.seed * 1000 + index
+    )
+    ckpt = checkpoints.PhaseCheckpoints(
+        phase_dir,
+        save_interval_steps=run.checkpoint_every,
+        max_to_keep=run.keep_checkpoints,
+        async_save=run.async_checkpointing,
+    )
+    steps_after = sum(p.num_steps for p in phases[index + 1 :])
+
+    # ------------------------------------------------------ init / resume
+    # Precedence: (1) this phase's own latest checkpoint (state + data
+    # iterator: a resume; a phase 2 with checkpoints is never re-initialised);
+    # (2) init_from: params of that earlier phase's *final* checkpoint, with
+    # fresh or carried-over optimizer moments / schedule per the flags;
+    # (3) INITIAL_CHECKPOINT_PATH params for a phase without init_from;
+    # (4) random init from the seed.
+    latest = ckpt.latest_step()
+    provenance = None
+    step_offset = 0
+    if latest == phase.num_steps:
+        # Complete: nothing to restore (a later phase reads this checkpoint itself).
+        meta = ckpt.read_meta(latest)
+        ckpt.close()
+        log.info("[%s] already complete at %s", phase.name, ckpt.step_dir(latest))
+        return _phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
+                              meta.get("initialized_from"), steps_run=0, wall=0.0)
+    if latest is not None:
+        state, meta = ckpt.restore(latest, fns.abstract_state, iterator)
+        phase_step = int(meta["phase_step"])
+        step_offset = int(meta["step_offset"])
+        provenance = meta.get("initialized_from")
+        log.info("[%s] resuming from %s (step %d/%d)", phase.name, ckpt.step_dir(latest),
+                 phase_step, phase.num_steps)
+    else:
+        phase_step = 0
+        state = fns.init(jax.random.key(run.seed))
+        if phase.init_from is not None:
+            prev = checkpoints.PhaseCheckpoints(
+                os.path.join(run.model_dir, phase.init_from), save_interval_steps=1,
+                max_to_keep=None, read_only=True,
+            )
+            prev_step = prev.latest_step()
+            prev_phase = next(p for p in phases if p.name == phase.init_from)
+            if prev_step is None or prev_step != prev_phase.num_steps:
+                raise checkpoints.CheckpointError(
+                    f"[{phase.name}] init_from={phase.init_from!r}: no final checkpoint "
+                    f"(step {prev_phase.num_steps}) in {prev.directory}; latest is {prev_step}"
+                )
+            prev_state, _ = prev.restore(prev_step, fns.abstract_state)
+            prev.close()
+            state = _combine_states(
+                state, prev_state,
+                reset_optimizer=phase.reset_optimizer, reset_schedule=phase.reset_schedule,
+            )
+            step_offset = int(state.step)
+            provenance = os.fspath(prev.step_dir(prev_step))
+            log.info("[%s] initialised from %s (reset_optimizer=%s, reset_schedule=%s)",
+                     phase.name, provenance, phase.reset_optimizer, phase.reset_schedule)
+        elif index == 0 and run.initial_checkpoint_path:
+            params = _initial_params(run.initial_checkpoint_path, model)
+            params = jax.device_put(params, fns.state_sharding.params)
+            state = state.replace(params=params)
+            provenance = run.initial_checkpoint_path
+            log.info("[%s] parameters from %s", phase.name, provenance)
+
+    def meta_for(pstep, metrics):
+        return {
+            "phase": phase.name,
+            "phase_step": pstep,
+            "num_steps": phase.num_steps,
+            "step_offset": step_offset,
+            "task": phase.task,
+            "batch_size": phase.batch_size,
+            "sequence_length": phase.sequence_length,
+            "model_config": dataclasses.asdict(model),
+            "vocab_path": run.vocab_path,
+            "initialized_from": provenance,
+            "metrics": metrics,
+        }
+
+    # ---------------------------------------------------------- train loop
+    writer = _Writer(os.path.join(phase_dir, "train"))
+    slots = losses.max_predictions_for_length(phase.sequence_length)
+    flops_per_token = losses.mlm_flops_per_token(model, phase.sequence_length, slots)
+    tokens_per_step = phase.batch_size * phase.sequence_length
+    last_metrics = dict(meta["metrics"]) if latest is not None and meta.get("metrics") else {}
+    t_phase = time.time()
+    t_log, steps_since_log = time.time(), 0
+    first_step = phase_step
+    pending = None  # (phase_step, device metrics) checked one step late
+
+    def check(pstep, metrics):
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not math.isfinite(host["loss"]):
+            raise FloatingPointError(
+                f"[{phase.name}] non-finite loss {host['loss']} at step {pstep} "
+                f"(global step {pstep + step_offset}); last checkpoint: "
+                f"{ckpt.latest_step()}. Lower the learning rate or check the data."
+            )
+        return host
+
+    while phase_step < phase.num_steps:
+        batch = next(iterator)
+        state, metrics = fns.train_step(state, batch)
+        phase_step += 1
+        steps_since_log += 1
+        if pending is not None:
+            last_metrics = check(*pending)
+        pending = (phase_step, metrics)
+        done = phase_step == phase.num_steps
+        if phase_step % run.log_every == 0 or done or ckpt.manager.should_save(phase_step):
+            last_metrics = check(*pending)
+            pending = None
+        if phase_step % run.log_every == 0 or done:
+            elapsed = time.time() - t_log
+            tok_s = tokens_per_step * steps_since_log / max(elapsed, 1e-9)
+            step_s = elapsed / steps_since_log
+            remaining = (phase.num_steps - phase_step) + steps_after
+            peak = run.peak_flops
+            mfu = flops_per_token * tok_s / (peak * jax.device_count()) if peak else None
+            scalars = dict(last_metrics, tokens_per_second=tok_s, step_time=step_s)
+            if mfu is not None:
+                scalars["mfu"] = mfu
+            writer.scalars(phase_step, scalars)
+            log.info(
+                "[%s] step %d/%d | loss %.4f | acc %.4f | lr %.3g | gnorm %.3g | "
+                "%s tok/s | MFU %s | ETA %s",
+                phase.name, phase_step, phase.num_steps, last_metrics["loss"],
+                last_metrics["accuracy"], last_metrics["learning_rate"],
+                last_metrics["grad_norm"], _fmt_rate(tok_s),
+                f"{100 * mfu:.1f}%" if mfu is not None else "n/a",
+                _fmt_duration(remaining * step_s),
+            )
+            t_log, steps_since_log = time.time(), 0
+        ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics), force=done)
+
+    # --------------------------------------------------------- phase end
+    ckpt.wait()
+    final_step = ckpt.latest_step()
+    ckpt.close()
+    writer.close()
+    return _phase_summary(phase, last_metrics, ckpt.step_dir(final_step), provenance,
+                          steps_run=phase.num_steps - first_step, wall=time.time() - t_phase)
+
+
+def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
+    return {
+        "phase": phase.name,
+        "task": phase.task,
+        "steps": phase.num_steps,
+        "steps_run_now": steps_run,
+        "final_loss": metrics.get("loss"),
+        "final_accuracy": metrics.get("accuracy"),
+        "tokens": phase.num_steps * phase.batch_size * phase.sequence_length,
+        "wall_seconds_now": wall,
+        "checkpoint": os.path.abspath(os.fspath(step_dir)),
+        "initialized_from": provenance,
+    }
+
+
+# ============================================================================
+# The trainer.
+# ============================================================================
+
+
+@gin.configurable(module="xlmeta_jax.trainer")
+def train(
+    *,
+    model_dir: str = gin.REQUIRED,
+    model: network.EncoderConfig = gin.REQUIRED,
+    phases: Sequence[Phase] = gin.REQUIRED,
+    mesh_shape: Sequence[int] = (-1, 1, 1),
+    seed: int = 0,
+    checkpoint_every: int = 1000,
+    keep_checkpoints: int | None = 3,
+    async_checkpointing: bool = True,
+    log_every: int = 100,
+    initial_checkpoint_path: str | None = None,
+    vocab_path: str | None = None,
+    prepare: Callable[[], Any] | None = None,
+) -> dict:
+    """Runs (or resumes) every phase of a pretraining run; returns its summary.
+
+    Args:
+      model_dir: run directory (checkpoints per phase, TensorBoard, config.gin).
+      model: encoder configuration, e.g. ``@get_config()``.
+      phases: phases in order (``@phase1/Phase()``, ...).
+      mesh_shape: (data, fsdp, tensor); one entry may be -1.
+      seed: parameter-init, dropout and data seed.
+      checkpoint_every: save a checkpoint every this many steps (and at each phase end).
+      keep_checkpoints: checkpoints kept per phase (None: all).
+      async_checkpointing: write checkpoints in the background.
+      log_every: steps between progress lines and TensorBoard points.
+      initial_checkpoint_path: params for the first phase (ours or Hugging Face).
+      vocab_path: SentencePiece model used by the tasks (recorded in checkpoints).
+      prepare: optional callable run first (e.g. the demo's corpus and vocabulary).
+    """
+    # ---------------------------------------------------------------- validate
+    # Everything checkable is checked before any data is read or code compiled.
+    if prepare is not None:
+        prepare()
+    mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
+    _check_model_dir(model_dir)
+    mesh = partitioning.create_mesh(*mesh_shape)
+    log.info("devices: %s; mesh (data, fsdp, tensor) = %s", hardware.device_description(),
+             mesh_shape)
+    # All iterators are built now so a missing file or unknown task fails early.
+    iterators = {
+        p.name: _make_iterator(p, model, mesh, seed=seed * 1000 + i + 1)
+        for i, p in enumerate(phases)
+    }
+    if jax.process_index() == 0:
+        gin_cli.write_config(model_dir)
+
+    summary = {"model_dir": os.path.abspath(model_dir), "phases": []}
+    run = _Run(model_dir=model_dir, model=model, phases=list(phases), mesh=mesh, seed=seed,
+               checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+               async_checkpointing=async_checkpointing, log_every=log_every,
+               initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
+               peak_flops=hardware.peak_flops_per_device())
+    for index, phase in enumerate(phases):
+        summary["phases"].append(_train_phase(run, index, phase, iterators[phase.name]))
+
+    # ------------------------------------------------------------- final summary
+    if jax.process_index() == 0:
+        with open(os.path.join(model_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    _log_summary(summary)
+    return summary
+
+
+def _log_summary(summary: dict) -> None:
+    lines = [f"run {summary['model_dir']}:"]
+    lines.append(f"  {'phase':<8} {'task':<28} {'steps':>7} {'loss':>8} {'acc':>7}  checkpoint")
+    for p in summary["phases"]:
+        loss = f"{p['final_loss']:.4f}" if p["final_loss"] is not None else "-"
+        acc = f"{p['final_accuracy']:.4f}" if p["final_accuracy"] is not None else "-"
+        lines.append(
+            f"  {p['phase']:<8} {p['task'][:28]:<28} {p['steps']:>7} {loss:>8} {acc:>7}  "
+            f"{p['checkpoint']}"
+        )
+    lines.append(f"  TensorBoard: tensorboard --logdir {summary['model_dir']}")
+    log.info("\n".join(lines))
+
+
+# ============================================================================
+# Command line.
+# ============================================================================
+
+
+def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
+    """Connects processes with ``jax.distributed`` (t5x-like flags); returns other args.
+
+    Flags: ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``.
+    On Cloud TPU VMs with several hosts, ``jax.distributed.initialize()`` needs no flags.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="xlmeta_jax.train", add_help=False)
+    parser.add_argument("--coordinator_address", default=None)
+    parser.add_argument("--process_count", type=int, default=None)
+    parser.add_argument("--process_index", type=int, default=None)
+    parser.add_argument("--cpu_collectives", default="gloo",
+                        help="collectives implementation for multi-process CPU runs")
+    args, rest = parser.parse_known_args(list(argv_rest))
+    if args.coordinator_address:
+        if args.process_count is None or args.process_index is None:
+            raise ConfigError("--coordinator_address needs --process_count and --process_index")
+        if args.process_count > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator_address,
+            num_processes=args.process_count,
+            process_id=args.process_index,
+        )
+    elif "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
+        jax.distributed.initialize()
+    return rest
+
+
+def setup_logging() -> None:
+    """Progress lines on stdout (independent of absl's root-logger setup)."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def main(argv: Sequence[str]) -> dict:
+    """Parses gin flags and runs :func:`train`."""
+    setup_logging()
+    flags = gin_cli.parse_gin_flags(argv)
+    rest = initialize_distributed(flags.remaining)
+    if rest:
+        raise ConfigError(f"unknown arguments: {rest}")
+    if not flags.gin_files:
+        raise ConfigError("give at least one --gin_file (e.g. --gin_file=gin/demo.gin)")
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    return train()
+
+
+def run() -> None:
+    """Console entry point (``python -m xlmeta_jax.train`` / ``xlmeta-train``)."""
+    main(sys.argv[1:])
