@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import gin
 from xlmeta_jax import partitioning
 from xlmeta_jax.evaluation import encoders, features, readers, scorers
-from xlmeta_jax.evaluation.models import FineTuneModel
+from xlmeta_jax.evaluation.models import FineTuneModel, TaskHead
 from xlmeta_jax.optimizer import OptimizerConfig, make_optimizer
 
 log = logging.getLogger(__name__)
@@ -184,13 +184,25 @@ class _Runner:
 
 
 def _init_params(model: FineTuneModel, encoder_params, max_seq_length: int, seed: int):
-    dummy = jnp.full((1, max_seq_length), model.config.pad_token_id + 1, jnp.int32)
-    init = jax.jit(lambda r: nn.unbox(model.init(r, dummy, deterministic=True)["params"]))
+    """Head params from a fresh init; encoder params from the checkpoint (shape-checked),
+    or freshly initialised too when there is no checkpoint (``init:<size>``)."""
+    cfg = model.config
+    dummy = jnp.full((1, max_seq_length), cfg.pad_token_id + 1, jnp.int32)
+    key = jax.random.key(seed)
     with partitioning.axis_rules_context():
-        params = jax.device_get(init(jax.random.key(seed)))
-    if encoder_params is None:
-        return params
-    expected = jax.tree_util.tree_structure(params["encoder"])
+        if encoder_params is None:
+            init = jax.jit(lambda r: nn.unbox(model.init(r, dummy, deterministic=True)["params"]))
+            return jax.device_get(init(key))
+        # Only the head is initialised: a pretrained encoder's init would be thrown away.
+        shapes = jax.eval_shape(
+            lambda r: nn.unbox(model.init(r, dummy, deterministic=True)["params"]), key
+        )
+        head = TaskHead(cfg, model.kind, model.num_labels)
+        hidden = jnp.zeros((1, max_seq_length, cfg.hidden_size), jnp.dtype(cfg.dtype))
+        head_params = jax.device_get(
+            jax.jit(lambda r: nn.unbox(head.init(r, hidden, True)["params"]))(key)
+        )
+    expected = jax.tree_util.tree_structure(shapes["encoder"])
     got = jax.tree_util.tree_structure(encoder_params)
     if expected != got:
         raise ValueError(
@@ -198,7 +210,7 @@ def _init_params(model: FineTuneModel, encoder_params, max_seq_length: int, seed
             f"expected tree {expected}, got {got}"
         )
     for (path, a), b in zip(
-        jax.tree_util.tree_flatten_with_path(params["encoder"])[0],
+        jax.tree_util.tree_flatten_with_path(shapes["encoder"])[0],
         jax.tree.leaves(encoder_params),
     ):
         if a.shape != np.shape(b):
@@ -206,10 +218,10 @@ def _init_params(model: FineTuneModel, encoder_params, max_seq_length: int, seed
                 f"checkpoint parameter encoder{jax.tree_util.keystr(path)} has shape "
                 f"{np.shape(b)}, the config expects {a.shape}"
             )
-    params["encoder"] = jax.tree.map(
-        lambda a, b: np.asarray(b, dtype=a.dtype), params["encoder"], encoder_params
+    encoder = jax.tree.map(
+        lambda a, b: np.asarray(b, dtype=a.dtype), shapes["encoder"], encoder_params
     )
-    return params
+    return {"encoder": encoder, "head": head_params}
 
 
 def _batches(n: int, batch_size: int, steps: int, seed: int):

@@ -29,7 +29,9 @@ def _dense(cfg: EncoderConfig, features: int, name: str) -> nn.Dense:
     )
 
 
-class _Head(nn.Module):
+class TaskHead(nn.Module):
+    """The task-specific layers on top of the encoder's hidden states."""
+
     config: EncoderConfig
     kind: str
     num_outputs: int
@@ -64,7 +66,7 @@ class FineTuneModel(nn.Module):
         if self.kind not in ("classification", "qa", "tagging"):
             raise ValueError(f"unknown head kind {self.kind!r}")
         self.encoder = Encoder(self.config, name="encoder")
-        self.head = _Head(self.config, self.kind, self.num_labels, name="head")
+        self.head = TaskHead(self.config, self.kind, self.num_labels, name="head")
 
     def __call__(self, input_ids, deterministic: bool = True):
         hidden = self.encoder(input_ids, deterministic=deterministic)
