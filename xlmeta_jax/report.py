@@ -1,0 +1,209 @@
+r"""Gathers ``results.json`` files of several runs into one markdown report with plots.
+
+Usage::
+
+    python -m xlmeta_jax.report runs/meta runs/xlmr --output reports/meta_vs_xlmr
+    python -m xlmeta_jax.report meta=runs/meta/tydiqa xlmr=runs/xlmr/tydiqa --output out
+
+Each RUN argument is ``[LABEL=]DIR``: ``DIR/results.json`` itself, or every
+``DIR/*/results.json`` (one sub-folder per task). The label defaults to the folder
+name. Writes ``OUTPUT/report.md`` (one table per task: runs x languages, then the
+average, the average over non-English languages, English and the transfer gap) and
+PNG plots: ``<task>_languages.png`` (per-language bars, one colour per run),
+``english_vs_transfer.png`` (English score next to the non-English average, per task
+and run) and, for Tatoeba, ``tatoeba_layers.png`` (accuracy of every layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+SUMMARY_KEYS = ("average", "average_target", "english", "transfer_gap")
+
+
+def _parse_run(arg: str) -> tuple[str | None, pathlib.Path]:
+    label, sep, path = arg.partition("=")
+    if sep and label and "/" not in label:
+        return label, pathlib.Path(path)
+    return None, pathlib.Path(arg)
+
+
+def gather(runs: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{task: {run label: results}} from ``[LABEL=]DIR`` arguments.
+
+    Raises:
+      FileNotFoundError: a DIR without results.json (itself or one level down).
+      ValueError: two results of the same task under the same label.
+    """
+    if not runs:
+        raise ValueError("no run directories given")
+    out: dict[str, dict[str, dict]] = collections.defaultdict(dict)
+    for arg in runs:
+        label, path = _parse_run(arg)
+        if not path.is_dir():
+            raise FileNotFoundError(f"run directory {path} does not exist")
+        files = [path / "results.json"] if (path / "results.json").is_file() else sorted(
+            path.glob("*/results.json")
+        )
+        if not files:
+            raise FileNotFoundError(f"no results.json in {path} or its sub-folders")
+        label = label or path.name
+        for f in files:
+            results = json.loads(f.read_text())
+            for key in ("task", "metric", "languages"):
+                if key not in results:
+                    raise ValueError(f"{f}: not a results.json (no {key!r})")
+            task = results["task"]
+            if label in out[task]:
+                raise ValueError(
+                    f"two {task} results for run {label!r} ({f}); label runs as LABEL=DIR"
+                )
+            out[task][label] = results
+    return dict(out)
+
+
+def _languages(by_run: dict[str, dict]) -> list[str]:
+    langs = sorted({lang for r in by_run.values() for lang in r["languages"]})
+    return (["en"] if "en" in langs else []) + [lang for lang in langs if lang != "en"]
+
+
+def _fmt(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def task_table(task: str, by_run: dict[str, dict]) -> str:
+    """Markdown table of one task: a row per run, a column per language + summary."""
+    metrics = {r["metric"] for r in by_run.values()}
+    if len(metrics) != 1:
+        raise ValueError(f"{task}: runs report different metrics {sorted(metrics)}")
+    metric = metrics.pop()
+    langs = _languages(by_run)
+    header = ["run", *langs, *SUMMARY_KEYS]
+    lines = [
+        f"### {task} ({metric})",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for label, r in by_run.items():
+        cells = [label]
+        cells += [_fmt(r["languages"].get(lang, {}).get(metric)) for lang in langs]
+        cells += [_fmt(r.get(k)) for k in SUMMARY_KEYS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _plot_languages(task, by_run, path):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metric = next(iter(by_run.values()))["metric"]
+    langs = _languages(by_run)
+    width = 0.8 / len(by_run)
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(langs) * max(1, len(by_run) / 2)), 4))
+    x = np.arange(len(langs))
+    for i, (label, r) in enumerate(by_run.items()):
+        values = [r["languages"].get(lang, {}).get(metric, np.nan) for lang in langs]
+        ax.bar(x + i * width - 0.4 + width / 2, values, width, label=label)
+    ax.set_xticks(x, langs, rotation=90 if len(langs) > 20 else 0)
+    ax.set_ylabel(metric)
+    ax.set_title(f"{task}: {metric} per language")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_transfer(tasks, path):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.5 * len(tasks), 4), squeeze=False)
+    for ax, (task, by_run) in zip(axes[0], tasks.items()):
+        labels = list(by_run)
+        x = np.arange(len(labels))
+        en = [np.nan if r.get("english") is None else r["english"] for r in by_run.values()]
+        tgt = [np.nan if r.get("average_target") is None else r["average_target"]
+               for r in by_run.values()]
+        ax.bar(x - 0.2, en, 0.4, label="English")
+        ax.bar(x + 0.2, tgt, 0.4, label="other languages")
+        ax.set_xticks(x, labels)
+        ax.set_title(f"{task} ({next(iter(by_run.values()))['metric']})")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=2)
+    fig.suptitle("English vs zero-shot transfer")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_layers(by_run, path):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, r in by_run.items():
+        sweep = r["layer_sweep"]
+        layers = sorted(sweep, key=int)
+        ax.plot([int(i) for i in layers], [sweep[i]["xx2en"] for i in layers], "o-",
+                label=f"{label} xx→en")
+        ax.plot([int(i) for i in layers], [sweep[i]["en2xx"] for i in layers], "x--",
+                label=f"{label} en→xx")
+    ax.set_xlabel("layer (0 = embeddings)")
+    ax.set_ylabel("mean accuracy (%)")
+    ax.set_title("Tatoeba retrieval by layer")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(runs: Sequence[str], output: str | pathlib.Path) -> pathlib.Path:
+    """Writes OUTPUT/report.md and the PNG plots; returns the report path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    tasks = gather(runs)
+    output = pathlib.Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    parts = ["# Zero-shot cross-lingual evaluation", ""]
+    parts.append(
+        "Scores in percent. average: all evaluated languages; average_target: languages "
+        "other than English; transfer_gap: english − average_target."
+    )
+    for task in sorted(tasks):
+        by_run = tasks[task]
+        parts += ["", task_table(task, by_run), "", f"![{task}]({task}_languages.png)"]
+        _plot_languages(task, by_run, output / f"{task}_languages.png")
+        if any("layer_sweep" in r for r in by_run.values()):
+            _plot_layers({k: r for k, r in by_run.items() if "layer_sweep" in r},
+                         output / f"{task}_layers.png")
+            parts += ["", f"![{task} layers]({task}_layers.png)"]
+    with_english = {t: b for t, b in tasks.items()
+                    if any(r.get("english") is not None for r in b.values())}
+    if with_english:
+        _plot_transfer(dict(sorted(with_english.items())), output / "english_vs_transfer.png")
+        parts += ["", "![English vs transfer](english_vs_transfer.png)"]
+    path = output / "report.md"
+    path.write_text("\n".join(parts) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> pathlib.Path:
+    parser = argparse.ArgumentParser(
+        prog="python -m xlmeta_jax.report", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("runs", nargs="+", help="[LABEL=]DIR holding results.json files")
+    parser.add_argument("--output", required=True, help="folder for report.md and PNG plots")
+    args = parser.parse_args(argv)
+    path = write_report(args.runs, args.output)
+    print(path.read_text())
+    return path
+
+
+if __name__ == "__main__":
+    main()
