@@ -39,8 +39,9 @@ def main(argv: list[str] | None = None) -> dict:
     # Imported after the flags are checked: pulls in jax.
     from xlmeta_jax.evaluation import finetuning
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    # After parsing: gin logs every include-path probe at INFO.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     results = finetuning.finetune()
     print(finetuning.format_table(results))
     return results

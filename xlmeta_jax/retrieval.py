@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("no --gin_file given (e.g. --gin_file=gin/finetune/tatoeba.gin)")
     from xlmeta_jax.evaluation import finetuning, retrieval
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    # After parsing: gin logs every include-path probe at INFO.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     results = retrieval.evaluate_retrieval()
     print(finetuning.format_table(results))
     return results
