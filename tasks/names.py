@@ -1,0 +1,38 @@
+"""Every seqio Task and Mixture name the project registers, in one place.
+
+Importing this module registers nothing (and imports nothing heavy); import
+``tasks`` to register.
+"""
+
+from xlmeta_jax.data.languages import XLMR_LANGUAGES, mc4_split_name, task_suffix
+
+# Phase 1: English text files (gin: english_text_corpus.file_patterns).
+ENGLISH_TEXT_TASK = "xlmeta_english_text"
+# Phase 1: English from TFDS, e.g. Wikipedia or C4 (gin: english_tfds_corpus.tfds_name).
+ENGLISH_TFDS_TASK = "xlmeta_english_tfds"
+# Phase 2: CC-100, alpha-sampled over cc100_corpus.languages.
+CC100_MIXTURE = "xlmeta_cc100"
+# Phase 2 alternative: mC4 through TFDS, alpha-sampled over mc4_corpus.languages.
+MC4_MIXTURE = "xlmeta_mc4"
+
+
+def cc100_task(lang: str) -> str:
+    """Name of the CC-100 task of one language (e.g. ``xlmeta_cc100_zh_Hans``)."""
+    return f"xlmeta_cc100_{task_suffix(lang)}"
+
+
+def mc4_task(lang: str) -> str:
+    """Name of the mC4 task of one language."""
+    return f"xlmeta_mc4_{task_suffix(lang)}"
+
+
+CC100_TASKS = {lang: cc100_task(lang) for lang in XLMR_LANGUAGES}
+MC4_TASKS = {lang: mc4_task(lang) for lang in XLMR_LANGUAGES if mc4_split_name(lang)}
+PRETRAINING_NAMES = (
+    ENGLISH_TEXT_TASK,
+    ENGLISH_TFDS_TASK,
+    CC100_MIXTURE,
+    MC4_MIXTURE,
+    *CC100_TASKS.values(),
+    *MC4_TASKS.values(),
+)

@@ -1,0 +1,58 @@
+"""Toy corpora for the data tests: CC-100-layout files from real shared text.
+
+Leipzig sentences (not an evaluation set) become a ~10-language CC-100 folder
+with different sizes per language, so that alpha sampling has something to do.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gin
+
+# Languages of several scripts (ja and th are written without spaces).
+TOY_LANGUAGES = ("en", "de", "ru", "ar", "hi", "sw", "vi", "th", "ja", "af")
+# n_l in paragraphs: different per language (ja has 412 in the source).
+TOY_LINES = dict(zip(TOY_LANGUAGES, (600, 400, 300, 220, 160, 120, 90, 70, 50, 40)))
+# Paragraphs per document in the toy files.
+LINES_PER_DOC = 4
+VOCAB_SIZE = 2000
+
+
+def write_cc100_dir(shared_data, out_dir) -> dict[str, list[list[str]]]:
+    """Writes ``{lang}.txt`` per toy language; returns each language's documents."""
+    os.makedirs(out_dir, exist_ok=True)
+    source = os.path.join(shared_data, "leipzig_sentences", "sentences")
+    docs_by_lang = {}
+    for lang in TOY_LANGUAGES:
+        with open(os.path.join(source, f"{lang}.txt"), encoding="utf-8") as f:
+            lines = [line.strip() for line in f if line.strip()][: TOY_LINES[lang]]
+        assert len(lines) == TOY_LINES[lang], lang
+        docs = [lines[i : i + LINES_PER_DOC] for i in range(0, len(lines), LINES_PER_DOC)]
+        with open(os.path.join(out_dir, f"{lang}.txt"), "w", encoding="utf-8") as f:
+            for doc in docs:
+                f.write("\n".join(doc) + "\n\n")
+        docs_by_lang[lang] = docs
+    return docs_by_lang
+
+
+def train_toy_vocabulary(cc_dir, out_prefix, seed: int = 0) -> str:
+    from xlmeta_jax.data import vocabulary
+
+    return vocabulary.train_vocabulary(
+        {lang: [os.path.join(cc_dir, f"{lang}.txt")] for lang in TOY_LANGUAGES},
+        out_prefix,
+        VOCAB_SIZE,
+        alpha=0.3,
+        seed=seed,
+        num_lines=3000,
+        num_threads=2,
+        print_report=False,
+    )
+
+
+def bind(**bindings) -> None:
+    """Clears gin and binds ``name=value`` pairs (``.`` written as ``__``)."""
+    gin.clear_config()
+    for key, value in bindings.items():
+        gin.bind_parameter(key.replace("__", "."), value)

@@ -1,0 +1,208 @@
+"""MLM preprocessing in the tf.data graph: tokenize, pack, mask.
+
+The pretraining tasks run, in order::
+
+  tokenize_documents        {"text", "ends_document"} -> {"tokens"}  (eos after each document)
+  seqio.CacheDatasetPlaceholder()                      (offline cache of tokens, optional)
+  pack_blocks               {"tokens"} -> {"targets": [L]}  RoBERTa FULL-SENTENCES packing
+  mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.losses)
+
+seqio repeats the dataset between the cache placeholder and ``pack_blocks``, so
+packing runs across epoch boundaries and each epoch draws new masks (dynamic
+masking, as RoBERTa).
+
+Packing: documents (each ending in ``eos``) are concatenated and cut into blocks
+of ``L - 1`` tokens, each prefixed with ``<s>``; every block is full, none is
+padded, a block may start or end inside a document (RoBERTa's FULL-SENTENCES).
+
+Masking, per block of length L with ``n`` candidate positions (every id >=
+NUM_SPECIAL_TOKENS: ``<pad>``, ``</s>``, ``<unk>``, ``<s>`` and ``<mask>`` are
+never selected — ``<unk>`` because it carries nothing to predict):
+select exactly ``floor(0.15 * n + u)``, ``u ~ U[0, 1)`` positions uniformly
+(fairseq's probabilistic rounding, so the expected rate is exactly 15%); of
+those, 80% become ``<mask>``, 10% a random non-special id, 10% stay. All draws
+are stateless, seeded per block from the pipeline seed (seqio's map seeds), the
+task and the block's place in the stream: deterministic for a seed, different
+every epoch.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+import seqio
+import tensorflow as tf
+
+from xlmeta_jax import losses
+from xlmeta_jax.data.vocabulary import BOS_ID, EOS_ID, MASK_ID, NUM_SPECIAL_TOKENS
+
+MASK_RATE = 0.15
+MASK_TOKEN_SHARE = 0.8
+RANDOM_TOKEN_SHARE = 0.1
+# Elements tokenized per SentencePiece call: one kernel call per batch instead of
+# per paragraph (the tokenizer dominates the pipeline's cost).
+_TOKENIZE_BATCH = 256
+# Documents concatenated per packing step.
+_PACK_BATCH = 64
+
+# The graph functions below have no Python control flow on tensors; skipping
+# autograph's source conversion makes building 100 language pipelines faster.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+MLM_FEATURE_NAMES = (
+    "inputs",
+    "targets",
+    "weights",
+    "mlm_positions",
+    "mlm_targets",
+    "mlm_weights",
+)
+
+
+def block_length(sequence_length: Mapping[str, int] | None) -> int:
+    """L from seqio's ``sequence_length`` ({"inputs": L, "targets": L})."""
+    if not sequence_length or not sequence_length.get("inputs"):
+        raise ValueError(
+            "the MLM tasks need sequence_length={'inputs': L, 'targets': L}, got "
+            f"{sequence_length!r}"
+        )
+    length = int(sequence_length["inputs"])
+    if sequence_length.get("targets") not in (None, length):
+        raise ValueError(f"inputs and targets lengths must be equal, got {sequence_length!r}")
+    if length < 8:
+        raise ValueError(f"block length must be at least 8 tokens, got {length}")
+    return length
+
+
+def tokenize_documents(
+    dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature]
+) -> tf.data.Dataset:
+    """``{"text", "ends_document"}`` -> ``{"tokens": int32[n]}`` (+ eos at document ends).
+
+    Elements that produce no token at all (an empty text that does not end a
+    document) are dropped.
+    """
+    vocab = output_features["targets"].vocabulary
+
+    @_no_autograph
+    def tokenize(batch):
+        pieces = tf.cast(vocab.encode_tf(batch["text"]), tf.int32)
+        eos = tf.where(batch["ends_document"], EOS_ID, -1)[:, None]
+        eos = tf.RaggedTensor.from_tensor(eos, padding=-1)
+        return {"tokens": tf.concat([pieces, eos], axis=1)}
+
+    ds = dataset.batch(_TOKENIZE_BATCH).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.unbatch()
+    return ds.filter(lambda ex: tf.size(ex["tokens"]) > 0)
+
+
+def pack_blocks(
+    dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
+) -> tf.data.Dataset:
+    """Concatenates token streams into full blocks ``[<s>, L-1 tokens]`` (``targets``)."""
+    length = block_length(sequence_length)
+    body = length - 1
+
+    ds = dataset.map(lambda ex: ex["tokens"]).ragged_batch(_PACK_BATCH)
+    ds = ds.map(lambda r: r.flat_values)
+
+    @_no_autograph
+    def step(carry, chunk):
+        buf = tf.concat([carry, chunk], axis=0)
+        n = tf.shape(buf)[0] // body
+        blocks = tf.reshape(buf[: n * body], [n, body])
+        return buf[n * body :], blocks
+
+    ds = ds.scan(tf.zeros([0], tf.int32), step)
+    ds = ds.unbatch()
+    return ds.map(
+        lambda b: {"targets": tf.ensure_shape(tf.concat([[BOS_ID], b], 0), [length])},
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+def task_salt(name: str) -> int:
+    """A stable int32 per task, folded into its masking seeds.
+
+    seqio hands every task of a mixture the same seed stream; without the salt,
+    blocks at the same place in two languages' streams would share their masks.
+    """
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+@_no_autograph
+def mask_block(
+    targets: tf.Tensor,
+    seed: tf.Tensor,
+    *,
+    vocab_size: int,
+    num_slots: int,
+    mask_rate: float = MASK_RATE,
+) -> dict[str, tf.Tensor]:
+    """Masks one block; returns the MLM features (see the module docstring).
+
+    Args:
+      targets: int32 [L] original tokens.
+      seed: int [2] stateless seed.
+      vocab_size: random replacements are drawn from [NUM_SPECIAL_TOKENS, vocab_size).
+      num_slots: P, the length of the ``mlm_*`` features.
+      mask_rate: share of candidates selected (expected value, exact in mean).
+    """
+    length = targets.shape[0]
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
+    candidates = targets >= NUM_SPECIAL_TOKENS
+    n_candidates = tf.reduce_sum(tf.cast(candidates, tf.float32))
+    u = tf.random.stateless_uniform([], seed=seeds[0])
+    k = tf.cast(tf.floor(mask_rate * n_candidates + u), tf.int32)
+    k = tf.minimum(k, num_slots)
+    # Random order of the candidates first; specials sort last.
+    scores = tf.random.stateless_uniform([length], seed=seeds[1])
+    scores = tf.where(candidates, scores, 2.0)
+    order = tf.argsort(scores, stable=True)[:num_slots]
+    used = tf.range(num_slots) < k
+    positions = tf.sort(tf.where(used, order, length))
+    used = positions < length
+    positions = tf.where(used, positions, 0)
+    mlm_targets = tf.where(used, tf.gather(targets, positions), 0)
+    action = tf.random.stateless_uniform([num_slots], seed=seeds[2])
+    random_tokens = tf.random.stateless_uniform(
+        [num_slots], seed=seeds[3], minval=NUM_SPECIAL_TOKENS, maxval=vocab_size, dtype=tf.int32
+    )
+    new_tokens = tf.where(
+        action < MASK_TOKEN_SHARE,
+        MASK_ID,
+        tf.where(action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE, random_tokens, mlm_targets),
+    )
+    index = tf.boolean_mask(positions, used)[:, None]
+    inputs = tf.tensor_scatter_nd_update(targets, index, tf.boolean_mask(new_tokens, used))
+    weights = tf.scatter_nd(index, tf.ones_like(index[:, 0], tf.float32), [length])
+    return {
+        "inputs": inputs,
+        "targets": targets,
+        "weights": weights,
+        "mlm_positions": tf.cast(positions, tf.int32),
+        "mlm_targets": mlm_targets,
+        "mlm_weights": tf.cast(used, tf.float32),
+    }
+
+
+def mlm_mask(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, seqio.Feature],
+    salt: int = 0,
+) -> tf.data.Dataset:
+    """Dynamic masking of packed blocks (seeds from seqio's map seed manager)."""
+    length = block_length(sequence_length)
+    vocab_size = int(output_features["targets"].vocabulary.vocab_size)
+    if vocab_size <= NUM_SPECIAL_TOKENS:
+        raise ValueError(f"vocabulary of {vocab_size} ids has no non-special token")
+    num_slots = losses.max_predictions_for_length(length)
+
+    @seqio.map_over_dataset(num_seeds=1)
+    def mask(ex, seed):
+        seed = tf.random.experimental.stateless_fold_in(tf.stack(seed), salt)
+        return mask_block(ex["targets"], seed, vocab_size=vocab_size, num_slots=num_slots)
+
+    return mask(dataset)

@@ -1,0 +1,543 @@
+"""The multilingual SentencePiece vocabulary: training, checks, fertility report.
+
+One unigram SentencePiece model (as XLM-R) serves both phases: phase 1 trains on
+English with the same ids phase 2 uses. Its training text is a sample drawn with
+the pretraining language distribution ``q_l ∝ n_l^alpha``, so low-resource
+languages get pieces of their own.
+
+Special ids (fixed; seqio and the network rely on them):
+
+=====  =========  =====================================================
+id     piece      role
+=====  =========  =====================================================
+0      ``<pad>``  padding (seqio's PAD_ID)
+1      ``</s>``   end of sequence / document separator (seqio's EOS)
+2      ``<unk>``  unknown (rare with byte fallback)
+3      ``<s>``    sequence start, the CLS position
+4      ``<mask>`` MLM mask
+=====  =========  =====================================================
+
+``<s>`` and ``<mask>`` are SentencePiece *control* symbols: text that spells
+"<mask>" is tokenized as ordinary characters, so raw data cannot inject them.
+
+Train from the command line (CC-100 layout, see docs/data.md)::
+
+  python -m xlmeta_jax.data.vocabulary --cc100_dir=/data/cc100 \\
+      --output_prefix=/data/vocab/xlmeta_250k --vocab_size=250000 --alpha=0.3
+
+or programmatically with :func:`train_vocabulary`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import logging
+import os
+import random
+import statistics
+import sys
+import tempfile
+import zlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+import gin
+from xlmeta_jax.data import mixtures
+from xlmeta_jax.data.languages import UNSPACED_LANGUAGES, XLMR_LANGUAGE_NAMES
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+BOS_ID = 3
+MASK_ID = 4
+# Ids below this are special: never selected for masking, never drawn as random
+# replacements.
+NUM_SPECIAL_TOKENS = 5
+BOS_PIECE = "<s>"
+MASK_PIECE = "<mask>"
+
+
+class VocabularyError(ValueError):
+    """A vocabulary file that does not follow the project's id convention."""
+
+
+def check_sentencepiece_model(processor, path: str = "<model>") -> None:
+    """Raises VocabularyError unless the special ids are pad=0 eos=1 unk=2 <s>=3 <mask>=4."""
+    expected = {
+        "pad": (processor.pad_id(), PAD_ID),
+        "eos": (processor.eos_id(), EOS_ID),
+        "unk": (processor.unk_id(), UNK_ID),
+    }
+    for name, (got, want) in expected.items():
+        if got != want:
+            raise VocabularyError(f"{path}: {name} id is {got}, expected {want}")
+    size = processor.get_piece_size()
+    for want_id, piece in ((BOS_ID, BOS_PIECE), (MASK_ID, MASK_PIECE)):
+        got = processor.id_to_piece(want_id) if want_id < size else None
+        if got != piece:
+            raise VocabularyError(f"{path}: id {want_id} is {got!r}, expected {piece!r}")
+        if not processor.is_control(want_id):
+            raise VocabularyError(f"{path}: {piece!r} must be a control symbol")
+
+
+def _seqio():
+    import seqio  # noqa: PLC0415 - TensorFlow is imported only by the data pipeline
+
+    return seqio
+
+
+@gin.configurable
+def get_vocabulary(path: str | None = None):
+    """The project's seqio vocabulary (gin: ``get_vocabulary.path = %VOCAB_PATH``).
+
+    Args:
+      path: the SentencePiece ``.model`` file (any file system TF reads), as
+        written by :func:`train_vocabulary`.
+
+    Returns:
+      A ``seqio.SentencePieceVocabulary``, checked for the special-id convention.
+
+    Raises:
+      VocabularyError: if no path is configured, the file is missing or its ids
+        differ from the convention.
+    """
+    if not path:
+        raise VocabularyError(
+            "no vocabulary configured: set VOCAB_PATH (gin/data/vocabulary.gin binds "
+            "get_vocabulary.path = %VOCAB_PATH) to a .model file from "
+            "`python -m xlmeta_jax.data.vocabulary`"
+        )
+    return _load_checked(path)
+
+
+@functools.cache
+def _load_checked(path: str):
+    seqio = _seqio()
+    import tensorflow as tf  # noqa: PLC0415
+
+    if not tf.io.gfile.exists(path):
+        raise VocabularyError(f"vocabulary file {path} does not exist")
+    vocab = seqio.SentencePieceVocabulary(path)
+    check_sentencepiece_model(vocab.tokenizer, path)
+    return vocab
+
+
+_CONFIGURED_VOCABULARY = None
+
+
+def configured_vocabulary():
+    """A seqio vocabulary whose file is looked up (gin) each time it is loaded.
+
+    Tasks are registered at import, before gin is parsed; this object lets them
+    name the vocabulary without freezing its path. Every task shares this one
+    instance, so mixtures see identical vocabularies.
+    """
+    global _CONFIGURED_VOCABULARY
+    if _CONFIGURED_VOCABULARY is None:
+        seqio = _seqio()
+
+        class ConfiguredVocabulary(seqio.SentencePieceVocabulary):
+            """``get_vocabulary()``'s model, resolved lazily."""
+
+            def __init__(self):
+                super().__init__(sentencepiece_model_file="")
+
+            def _model_context(self):
+                path = get_vocabulary().sentencepiece_model_file
+                if self._model is None or path != self._sentencepiece_model_file:
+                    self._sentencepiece_model_file = path
+                    self._model = None
+                return super()._model_context()
+
+            @property
+            def sentencepiece_model_file(self) -> str:
+                return get_vocabulary().sentencepiece_model_file
+
+            def __str__(self) -> str:
+                return "ConfiguredVocabulary(get_vocabulary.path)"
+
+        _CONFIGURED_VOCABULARY = ConfiguredVocabulary()
+    return _CONFIGURED_VOCABULARY
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def _lang_seed(seed: int, lang: str) -> list[int]:
+    return [int(seed) & 0xFFFFFFFF, zlib.crc32(lang.encode())]
+
+
+def sample_training_lines(
+    text_files_by_lang: Mapping[str, Sequence[str]],
+    *,
+    num_lines: int,
+    alpha: float,
+    seed: int,
+    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES,
+    counts: Mapping[str, int] | None = None,
+    stats_cache_dir: str | None = None,
+) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """Draws ``num_lines`` paragraphs over languages with ``q_l ∝ n_l^alpha``.
+
+    Within a language, lines are drawn uniformly without replacement; a language
+    whose share exceeds its size is repeated whole (upsampling), as the
+    pretraining sampler does.
+
+    Returns:
+      (lines per language, q per language).
+    """
+    alpha = mixtures.check_alpha(alpha)
+    files_by_lang = {}
+    for lang, files in text_files_by_lang.items():
+        files_by_lang[lang] = mixtures.list_text_files(files, what=f"vocabulary text for {lang!r}")
+    line_counts = {}
+    for lang, files in files_by_lang.items():
+        stats = mixtures.corpus_stats(
+            files, max_line_bytes=max_line_bytes, cache_dir=stats_cache_dir
+        )
+        line_counts[lang] = mixtures.count(stats, "lines")
+    q = mixtures.alpha_probabilities(dict(counts) if counts else line_counts, alpha)
+    draws = mixtures.sample_counts(q, int(num_lines))
+    out: dict[str, list[str]] = {}
+    for lang, files in files_by_lang.items():
+        n, m = line_counts[lang], draws[lang]
+        rng = np.random.default_rng(_lang_seed(seed, lang))
+        repeats, rest = divmod(m, n)
+        chosen = rng.choice(n, size=rest, replace=False) if rest else np.zeros(0, np.int64)
+        multiplicity: dict[int, int] = {}
+        for i in chosen.tolist():
+            multiplicity[i] = 1
+        lines: list[str] = []
+        index = 0
+        for path in files:
+            for text in mixtures.iter_paragraphs(path, max_line_bytes):
+                k = repeats + multiplicity.get(index, 0)
+                if k:
+                    lines.extend([text] * k)
+                index += 1
+        out[lang] = lines
+    return out, q
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_vocabulary(
+    text_files_by_lang: dict[str, list[str]],
+    output_prefix: str,
+    vocab_size: int,
+    alpha: float = 0.3,
+    seed: int = 0,
+    *,
+    num_lines: int = 2_000_000,
+    character_coverage: float = 0.9995,
+    byte_fallback: bool = True,
+    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES,
+    num_threads: int = 16,
+    counts: Mapping[str, int] | None = None,
+    stats_cache_dir: str | None = None,
+    report_lines_per_language: int = 2000,
+    print_report: bool = True,
+    trainer_options: Mapping[str, object] | None = None,
+) -> str:
+    """Trains the unigram SentencePiece vocabulary on an alpha-sampled text mix.
+
+    Args:
+      text_files_by_lang: language label -> text files or globs (CC-100 layout:
+        one paragraph per line). Labels are free-form here (they only name the
+        rows of the report); tasks check codes against the XLM-R list.
+      output_prefix: writes ``{output_prefix}.model``, ``.vocab`` and the
+        fertility report ``.fertility.tsv``.
+      vocab_size: pieces including the 5 special ids (XLM-R: 250000).
+      alpha: sampling exponent in (0, 1] (XLM-R: 0.3).
+      seed: makes the sample and the training deterministic.
+      num_lines: paragraphs in the training sample, over all languages.
+      character_coverage: SentencePiece's character coverage (XLM-R: 0.9995).
+      byte_fallback: decompose unknown characters into UTF-8 byte pieces instead
+        of ``<unk>`` (uses 256 ids).
+      max_line_bytes: longer lines are skipped (as in the pipeline).
+      num_threads: trainer threads. SentencePiece's result depends on the
+        thread count, so the default is a fixed 16 on every machine: the model
+        is byte-identical for the same text, seed and ``num_threads``.
+      counts: optional n_l per language (lines) instead of counting the files.
+      stats_cache_dir: where the line counts are cached (default: next to the
+        data, see :func:`mixtures.corpus_stats`).
+      report_lines_per_language: paragraphs per language for the report.
+      print_report: print the per-language fertility table.
+      trainer_options: extra ``SentencePieceTrainer`` options (e.g.
+        ``{"train_extremely_large_corpus": True}`` for 250k pieces on a large
+        sample).
+
+    Returns:
+      The path of the ``.model`` file.
+
+    Raises:
+      CorpusError: for missing/empty files or alpha outside (0, 1].
+      ValueError: for vocab_size <= 5 or a model that violates the id convention.
+    """
+    import sentencepiece as spm
+
+    if int(vocab_size) <= NUM_SPECIAL_TOKENS:
+        raise ValueError(f"vocab_size must exceed {NUM_SPECIAL_TOKENS}, got {vocab_size}")
+    if not text_files_by_lang:
+        raise mixtures.CorpusError("train_vocabulary: no languages given")
+    if not 0.0 < character_coverage <= 1.0:
+        raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
+    lines_by_lang, q = sample_training_lines(
+        text_files_by_lang,
+        num_lines=num_lines,
+        alpha=alpha,
+        seed=seed,
+        max_line_bytes=max_line_bytes,
+        counts=counts,
+        stats_cache_dir=stats_cache_dir,
+    )
+    all_lines = [line for lang in sorted(lines_by_lang) for line in lines_by_lang[lang]]
+    random.Random(seed).shuffle(all_lines)
+    out_dir = os.path.dirname(os.path.abspath(output_prefix))
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        sample_path = os.path.join(tmp, "sample.txt")
+        with open(sample_path, "w", encoding="utf-8") as f:
+            for line in all_lines:
+                f.write(line.replace("\n", " ") + "\n")
+        options = dict(
+            input=sample_path,
+            model_prefix=output_prefix,
+            model_type="unigram",
+            vocab_size=int(vocab_size),
+            character_coverage=float(character_coverage),
+            byte_fallback=bool(byte_fallback),
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            bos_id=-1,
+            control_symbols=[BOS_PIECE, MASK_PIECE],
+            # The sample is already alpha-sampled and shuffled: use all of it, in order.
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            num_threads=int(num_threads),
+            minloglevel=2,
+        )
+        options.update(trainer_options or {})
+        spm.set_random_generator_seed(int(seed))
+        spm.SentencePieceTrainer.train(**options)
+    model_path = f"{output_prefix}.model"
+    _drop_temporary_paths(model_path, alpha=alpha, seed=seed)
+    processor = spm.SentencePieceProcessor(model_file=model_path)
+    check_sentencepiece_model(processor, model_path)
+    rows = fertility_report(
+        model_path,
+        {lang: lines[:report_lines_per_language] for lang, lines in lines_by_lang.items()},
+        q,
+    )
+    text = format_fertility_table(rows)
+    with open(f"{output_prefix}.fertility.tsv", "w", encoding="utf-8") as f:
+        f.write(format_fertility_table(rows, tsv=True))
+    if print_report:
+        print(text)
+    return model_path
+
+
+def _drop_temporary_paths(model_path: str, *, alpha: float, seed: int) -> None:
+    """Replaces the paths the trainer records in the model (input, output folder).
+
+    Without this the same seed would give different bytes in another folder.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    with open(model_path, "rb") as f:
+        model = sentencepiece_model_pb2.ModelProto.FromString(f.read())
+    del model.trainer_spec.input[:]
+    model.trainer_spec.input.append(f"alpha-sampled text (alpha={alpha}, seed={seed})")
+    model.trainer_spec.model_prefix = os.path.basename(model.trainer_spec.model_prefix)
+    with open(model_path, "wb") as f:
+        f.write(model.SerializeToString(deterministic=True))
+
+
+# --------------------------------------------------------------------------- fertility
+
+
+@dataclasses.dataclass(frozen=True)
+class FertilityRow:
+    """How well the vocabulary covers one language.
+
+    Attributes:
+      lang: language label.
+      q: sampling probability used for the training sample.
+      sample_lines: paragraphs of this language in the training sample.
+      tokens_per_word: tokens / whitespace-separated words (high = starved).
+      chars_per_token: non-space characters / tokens (low = starved; the useful
+        number for scripts without spaces).
+      fallback_share: share of tokens that are byte-fallback pieces or ``<unk>``.
+    """
+
+    lang: str
+    q: float
+    sample_lines: int
+    tokens_per_word: float
+    chars_per_token: float
+    fallback_share: float
+
+
+def fertility_report(
+    model_path: str, lines_by_lang: Mapping[str, Sequence[str]], q: Mapping[str, float]
+) -> list[FertilityRow]:
+    """Tokens per word, characters per token and fallback share per language."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=model_path)
+    rows = []
+    for lang in sorted(lines_by_lang):
+        lines = list(lines_by_lang[lang])
+        tokens = words = chars = fallback = 0
+        for ids in sp.encode(lines):
+            tokens += len(ids)
+            fallback += sum(1 for i in ids if i == UNK_ID or sp.is_byte(i))
+        for line in lines:
+            words += len(line.split())
+            chars += sum(1 for c in line if not c.isspace())
+        rows.append(
+            FertilityRow(
+                lang=lang,
+                q=float(q.get(lang, 0.0)),
+                sample_lines=len(lines),
+                tokens_per_word=tokens / max(words, 1),
+                chars_per_token=chars / max(tokens, 1),
+                fallback_share=fallback / max(tokens, 1),
+            )
+        )
+    return rows
+
+
+def _starved(row: FertilityRow, median_tpw: float) -> bool:
+    if row.fallback_share > 0.01:
+        return True
+    if row.lang not in UNSPACED_LANGUAGES and median_tpw > 0:
+        return row.tokens_per_word > 2.0 * median_tpw
+    return False
+
+
+def format_fertility_table(rows: Sequence[FertilityRow], *, tsv: bool = False) -> str:
+    """The report as an aligned table (or TSV), flagging starved languages.
+
+    A language is flagged when over 1% of its tokens are byte/unk fallbacks, or
+    (for space-separated scripts) its tokens per word exceed twice the median.
+    """
+    spaced = [r.tokens_per_word for r in rows if r.lang not in UNSPACED_LANGUAGES]
+    median_tpw = statistics.median(spaced) if spaced else 0.0
+    header = ["lang", "name", "q", "sample_lines", "tokens/word", "chars/token", "fallback%", ""]
+    body = []
+    for r in rows:
+        body.append(
+            [
+                r.lang,
+                XLMR_LANGUAGE_NAMES.get(r.lang, ""),
+                f"{r.q:.4f}",
+                str(r.sample_lines),
+                f"{r.tokens_per_word:.2f}",
+                f"{r.chars_per_token:.2f}",
+                f"{100 * r.fallback_share:.2f}",
+                "STARVED?" if _starved(r, median_tpw) else "",
+            ]
+        )
+    if tsv:
+        return "\n".join("\t".join(row) for row in [header, *body]) + "\n"
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, body)])
+
+
+# --------------------------------------------------------------------------- command
+
+
+def _files_from_args(args) -> dict[str, list[str]]:
+    by_lang: dict[str, list[str]] = {}
+    if args.cc100_dir:
+        import glob
+
+        languages = (
+            [s for s in args.languages.split(",") if s]
+            if args.languages
+            else sorted(
+                lang
+                for lang in XLMR_LANGUAGE_NAMES
+                if glob.glob(os.path.join(args.cc100_dir, f"{lang}.txt*"))
+            )
+        )
+        from xlmeta_jax.data.languages import check_languages
+
+        check_languages(languages, what="--languages")
+        for lang in languages:
+            by_lang[lang] = [os.path.join(args.cc100_dir, f"{lang}.txt*")]
+    for spec in args.files or []:
+        lang, sep, pattern = spec.partition("=")
+        if not sep or not lang or not pattern:
+            raise SystemExit(f"--files expects LANG=GLOB, got {spec!r}")
+        by_lang.setdefault(lang, []).append(pattern)
+    if not by_lang:
+        raise SystemExit("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
+    return by_lang
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m xlmeta_jax.data.vocabulary`` (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        description="Train the multilingual unigram SentencePiece vocabulary on an "
+        "alpha-sampled sample and print per-language fertility."
+    )
+    parser.add_argument("--cc100_dir", help="folder of CC-100 files {lang}.txt*")
+    parser.add_argument("--languages", help="comma-separated CC-100 codes (default: all found)")
+    parser.add_argument(
+        "--files", action="append", help="LANG=GLOB, repeatable (adds to --cc100_dir)"
+    )
+    parser.add_argument("--output_prefix", required=True)
+    parser.add_argument("--vocab_size", type=int, default=250_000)
+    parser.add_argument("--alpha", type=float, default=0.3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num_lines", type=int, default=2_000_000)
+    parser.add_argument("--character_coverage", type=float, default=0.9995)
+    parser.add_argument(
+        "--byte_fallback", action=argparse.BooleanOptionalAction, default=True
+    )
+    parser.add_argument("--max_line_bytes", type=int, default=mixtures.DEFAULT_MAX_LINE_BYTES)
+    parser.add_argument(
+        "--num_threads", type=int, default=16,
+        help="trainer threads; the model depends on it (fixed default for reproducibility)",
+    )
+    parser.add_argument(
+        "--train_extremely_large_corpus", action="store_true",
+        help="SentencePiece option needed for very large samples with big vocabularies",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        path = train_vocabulary(
+            _files_from_args(args),
+            args.output_prefix,
+            args.vocab_size,
+            args.alpha,
+            args.seed,
+            num_lines=args.num_lines,
+            character_coverage=args.character_coverage,
+            byte_fallback=args.byte_fallback,
+            max_line_bytes=args.max_line_bytes,
+            num_threads=args.num_threads,
+            trainer_options=(
+                {"train_extremely_large_corpus": True}
+                if args.train_extremely_large_corpus
+                else None
+            ),
+        )
+    except (mixtures.CorpusError, VocabularyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} (fertility table: {args.output_prefix}.fertility.tsv)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
