@@ -1,0 +1,91 @@
+"""The benchmark command: runs on CPU, reports finite positive figures, compares with HF."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from xlmeta_jax import bench, losses
+from xlmeta_jax.network import get_config
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_tiny_with_hf_comparison(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "bench.json"
+    report = bench.main([
+        "--size=tiny", "--batch=4", "--length=16", "--dtype=fp32", "--num_devices=1",
+        "--no-dropout", "--steps=2", "--warmup=1", "--hf=on", f"--json_out={out}",
+    ])
+    (r,) = report["results"]
+    for key in ("tokens_per_s", "step_time_s", "compile_s", "first_step_s",
+                "model_tflops_per_s", "flops_per_token", "peak_memory_bytes"):
+        assert _positive(r[key]), (key, r[key])
+    assert r["tokens_per_step"] == 4 * 16
+    assert r["tokens_per_s"] == pytest.approx(64 / r["step_time_s"])
+    assert math.isfinite(r["loss"])
+    # CPU has no known peak: MFU is skipped, not invented.
+    assert r["mfu"] is None and "unknown" in r["mfu_note"]
+    assert "masked slots only" in r["lm_head_counted_at"]
+
+    h = report["hf"]
+    for key in ("tokens_per_s", "step_time_s", "model_tflops_per_s", "peak_memory_bytes"):
+        assert _positive(h[key]), (key, h[key])
+    assert math.isfinite(h["loss"])
+    assert _positive(r["ratio_vs_hf"])
+    assert r["ratio_vs_hf"] == pytest.approx(r["tokens_per_s"] / h["tokens_per_s"])
+
+    printed = capsys.readouterr().out
+    for text in ("tokens/s", "TFLOP/s", "ours/HF", "HF XLMRobertaForMaskedLM",
+                 "LM head counted at masked slots only", "peak FLOP/s source"):
+        assert text in printed
+    saved = json.loads(out.read_text())
+    assert saved["results"][0]["tokens_per_s"] == r["tokens_per_s"]
+    assert saved["hf"]["tokens_per_s"] == h["tokens_per_s"]
+
+
+def test_flops_per_token_hand_checked():
+    # tiny: h=64, f=128, V=1024, 2 layers; L=16, P=ceil(0.15*16)+1=4.
+    cfg = get_config("tiny")
+    per_layer = 2 * (4 * 64 * 64 + 2 * 64 * 128) + 2 * (2 * 16 * 64)  # 69632
+    head = 2 * (64 * 64 + 64 * 1024)  # per position where the head runs: 139264
+    assert losses.max_predictions_for_length(16) == 4
+    assert losses.mlm_flops_per_token(cfg, 16, 4) == 3 * (2 * per_layer + head * 4 / 16)
+    assert losses.mlm_flops_per_token(cfg, 16, 4, masked_head=False) == 3 * (
+        2 * per_layer + head
+    )
+
+
+def test_variants_and_bad_options():
+    base = bench.BenchOptions(size="tiny", dtype="fp32")
+    variants = bench.parse_variants("masked;full_head=true,scan=false;remat=dots", base)
+    assert [n for n, _ in variants] == ["masked", "full_head=true,scan=false", "remat=dots"]
+    assert variants[0][1] == base
+    assert variants[1][1].full_head and not variants[1][1].scan
+    assert variants[2][1].remat == "dots"
+    with pytest.raises(ValueError, match="unknown option 'heads'"):
+        bench.parse_variants("heads=2", base)
+    with pytest.raises(ValueError, match="not a boolean"):
+        bench.parse_variants("scan=maybe", base)
+    with pytest.raises(ValueError, match="--remat"):
+        bench.BenchOptions(remat="sometimes")
+    with pytest.raises(ValueError, match="--length=4096 exceeds"):
+        bench.run_ours(bench.BenchOptions(size="tiny", length=4096))
+    with pytest.raises(ValueError, match="not divisible by data x fsdp"):
+        bench.run_ours(bench.BenchOptions(size="tiny", batch=3, length=16, data=2,
+                                          num_devices=2))
+
+
+def test_bench_and_network_import_without_tensorflow_seqio_torch():
+    code = (
+        "import sys, xlmeta_jax.bench, xlmeta_jax.hf, xlmeta_jax.step\n"
+        "bad = [m for m in ('tensorflow', 'seqio', 'torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
