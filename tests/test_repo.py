@@ -1,0 +1,27 @@
+"""README's two set-up commands and CI agree."""
+
+import pathlib
+import re
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _readme_commands():
+    text = (REPO / "README.md").read_text()
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", setup, flags=re.S)
+
+
+def test_readme_has_exactly_two_setup_commands():
+    demo, tests = _readme_commands()
+    assert "xlmeta_jax.train --gin_file=gin/demo.gin" in demo
+    assert "pytest" in tests
+    for cmd in (demo, tests):
+        assert "\n" not in cmd.strip(), "each set-up command is one line"
+        assert cmd.startswith("python3 -m venv .venv && "), "each starts from a fresh venv"
+
+
+def test_ci_runs_readme_test_command():
+    _, tests = _readme_commands()
+    ci = (REPO / ".ci" / "run").read_text()
+    assert tests.strip() in ci.splitlines()
