@@ -19,12 +19,14 @@ LINES_PER_DOC = 4
 VOCAB_SIZE = 2000
 
 
-def write_cc100_dir(shared_data, out_dir) -> dict[str, list[list[str]]]:
+def write_cc100_dir(
+    shared_data, out_dir, languages=TOY_LANGUAGES
+) -> dict[str, list[list[str]]]:
     """Writes ``{lang}.txt`` per toy language; returns each language's documents."""
     os.makedirs(out_dir, exist_ok=True)
     source = os.path.join(shared_data, "leipzig_sentences", "sentences")
     docs_by_lang = {}
-    for lang in TOY_LANGUAGES:
+    for lang in languages:
         with open(os.path.join(source, f"{lang}.txt"), encoding="utf-8") as f:
             lines = [line.strip() for line in f if line.strip()][: TOY_LINES[lang]]
         assert len(lines) == TOY_LINES[lang], lang
@@ -36,13 +38,15 @@ def write_cc100_dir(shared_data, out_dir) -> dict[str, list[list[str]]]:
     return docs_by_lang
 
 
-def train_toy_vocabulary(cc_dir, out_prefix, seed: int = 0) -> str:
+def train_toy_vocabulary(
+    cc_dir, out_prefix, seed: int = 0, languages=TOY_LANGUAGES, vocab_size=VOCAB_SIZE
+) -> str:
     from xlmeta_jax.data import vocabulary
 
     return vocabulary.train_vocabulary(
-        {lang: [os.path.join(cc_dir, f"{lang}.txt")] for lang in TOY_LANGUAGES},
+        {lang: [os.path.join(cc_dir, f"{lang}.txt")] for lang in languages},
         out_prefix,
-        VOCAB_SIZE,
+        vocab_size,
         alpha=0.3,
         seed=seed,
         num_lines=3000,

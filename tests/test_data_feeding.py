@@ -1,0 +1,217 @@
+"""The batch stream the trainer sees: global arrays, exact resume, determinism,
+dynamic masking, the offline cache, phase-1 English and the throughput command."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import gin
+
+seqio = pytest.importorskip("seqio")
+import tensorflow as tf  # noqa: E402
+from data_toy import bind, train_toy_vocabulary, write_cc100_dir  # noqa: E402
+
+import tasks  # noqa: E402,F401
+from tasks import names  # noqa: E402
+from xlmeta_jax import losses, partitioning  # noqa: E402
+from xlmeta_jax.data import (  # noqa: E402
+    caching,
+    english_pd,
+    feeding,
+    mixtures,
+    throughput,
+    vocabulary,
+)
+
+LANGUAGES = ("en", "de", "sw")
+VOCAB = 1000
+LENGTH = 32
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def toy(shared_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("feed")
+    cc_dir = str(root / "cc100")
+    docs = write_cc100_dir(shared_data, cc_dir, languages=LANGUAGES)
+    vocab = train_toy_vocabulary(
+        cc_dir, str(root / "vocab" / "toy"), languages=LANGUAGES, vocab_size=VOCAB
+    )
+    yield {"root": root, "cc_dir": cc_dir, "docs": docs, "vocab": vocab}
+    gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return partitioning.create_mesh(data=4, fsdp=2, tensor=1)
+
+
+def _bind(toy, **extra):
+    bindings = {
+        "get_vocabulary__path": toy["vocab"],
+        "cc100_corpus__data_dir": toy["cc_dir"],
+        "cc100_corpus__languages": list(LANGUAGES),
+    }
+    bind(**{**bindings, **extra})
+
+
+def _host(batch):
+    return feeding.batch_to_numpy(batch)
+
+
+def _iterator(mesh, name=names.CC100_MIXTURE, seed=1, **kw):
+    return feeding.make_mlm_iterator(
+        name,
+        sequence_length=kw.pop("sequence_length", LENGTH),
+        global_batch_size=kw.pop("global_batch_size", BATCH),
+        mesh=mesh,
+        seed=seed,
+        **{"shuffle_buffer_size": 64, **kw},
+    )
+
+
+def _assert_equal_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def test_global_arrays_exact_resume_and_determinism(toy, mesh, tmp_path):
+    _bind(toy)
+    it = _iterator(mesh)
+    spec = it.element_spec
+    slots = losses.max_predictions_for_length(LENGTH)
+    assert spec["inputs"].shape == (BATCH, LENGTH) and spec["inputs"].dtype == np.int32
+    assert spec["weights"].dtype == np.float32
+    assert spec["mlm_positions"].shape == (BATCH, slots)
+    first = next(it)
+    assert set(first) == set(feeding.MLM_FEATURES)
+    for name, array in first.items():
+        assert isinstance(array, jax.Array)
+        assert array.shape == spec[name].shape
+        assert array.sharding.is_equivalent_to(
+            jax.sharding.NamedSharding(mesh, partitioning.batch_spec(array.ndim)), array.ndim
+        )
+        # The batch axis is split over data x fsdp = 8 devices.
+        assert len({s.index[0].start for s in array.addressable_shards}) == 8
+    first = _host(first)
+    head = [first] + [_host(next(it)) for _ in range(2)]
+    it.save(str(tmp_path / "ckpt" / "data_iterator"))
+    tail = [_host(next(it)) for _ in range(4)]
+
+    # Same seed: the same stream from the start.
+    again = _iterator(mesh)
+    _assert_equal_batches([_host(next(again)) for _ in range(7)], head + tail)
+    # Restored (here into an iterator that has moved on): the next batches equal
+    # those of the uninterrupted run.
+    again.restore(str(tmp_path / "ckpt" / "data_iterator"))
+    _assert_equal_batches([_host(next(again)) for _ in range(4)], tail)
+    # Another seed: another stream.
+    other = _host(next(_iterator(mesh, seed=2)))
+    assert not np.array_equal(other["targets"], first["targets"])
+
+    with pytest.raises(FileNotFoundError, match="no data iterator state"):
+        again.restore(str(tmp_path / "nothing"))
+
+
+def test_masks_differ_each_epoch_and_repeat_for_a_seed(toy, mesh, tmp_path):
+    """One short document: the stream repeats every T tokens; its masks must not."""
+    vocab = seqio.SentencePieceVocabulary(toy["vocab"])
+    lines = [line for doc in toy["docs"]["en"] for line in doc]
+    # Pick k lines whose token count T (+ eos) has a divisor d: blocks of d + 1
+    # tokens then recur exactly every T / d blocks.
+    for k in range(3, 40):
+        total = sum(len(ids) for ids in vocab.encode_tf(tf.constant(lines[:k])).to_list()) + 1
+        divisors = [d for d in range(15, 48) if total % d == 0 and total // d >= 2]
+        if divisors:
+            break
+    body = divisors[0]
+    period = total // body
+    folder = tmp_path / "one"
+    folder.mkdir()
+    (folder / "en.txt").write_text("\n".join(lines[:k]) + "\n", encoding="utf-8")
+    _bind(toy, cc100_corpus__data_dir=str(folder), cc100_corpus__languages=["en"])
+
+    def blocks(seed):
+        it = _iterator(
+            mesh, names.cc100_task("en"), seed=seed, sequence_length=body + 1,
+            global_batch_size=8, shuffle=False,
+        )  # fmt: skip
+        n_batches = -(-3 * period // 8)
+        out = [_host(next(it)) for _ in range(n_batches)]
+        return {k: np.concatenate([b[k] for b in out]) for k in out[0]}
+
+    run = blocks(seed=5)
+    same = 0
+    for i in range(2 * period):
+        np.testing.assert_array_equal(run["targets"][i], run["targets"][i + period])
+        same += np.array_equal(run["weights"][i], run["weights"][i + period])
+    assert same <= 0.1 * 2 * period  # dynamic masking: new masks every epoch
+    again = blocks(seed=5)
+    np.testing.assert_array_equal(again["inputs"], run["inputs"])
+    np.testing.assert_array_equal(again["weights"], run["weights"])
+
+
+def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path):
+    _bind(toy)
+    task = names.cc100_task("de")
+    cache_dir = str(tmp_path / "cache")
+    out = caching.cache_task(task, cache_dir, num_shards=1)
+    assert os.path.exists(os.path.join(out, "COMPLETED"))
+    with pytest.raises(FileExistsError):
+        caching.cache_task(task, cache_dir)
+    kw = dict(shuffle=False, num_epochs=1)
+    fly = _iterator(mesh, task, **kw)
+    cached = _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
+    _assert_equal_batches(
+        [_host(next(cached)) for _ in range(4)], [_host(next(fly)) for _ in range(4)]
+    )
+
+
+def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):
+    files = english_pd.write_text_files(str(shared_data / "english_pd"), str(tmp_path / "en"))
+    assert {os.path.basename(f) for f in files} == {
+        "common_library.txt", "speeches.txt", "genesis.txt", "shakespeare.txt"
+    }  # fmt: skip
+    stats = mixtures.corpus_stats(files)
+    assert sum(s.documents for s in stats) > 300
+    bind(get_vocabulary__path=toy["vocab"])
+    with pytest.raises(mixtures.CorpusError, match="english_text_corpus.file_patterns"):
+        _iterator(mesh, names.ENGLISH_TEXT_TASK)
+    bind(
+        get_vocabulary__path=toy["vocab"],
+        english_text_corpus__file_patterns=[str(tmp_path / "en" / "*.txt")],
+    )
+    it = _iterator(mesh, names.ENGLISH_TEXT_TASK, sequence_length=128)
+    batch = _host(next(it))
+    assert np.all(batch["targets"][:, 0] == vocabulary.BOS_ID)
+    sp = seqio.SentencePieceVocabulary(toy["vocab"]).tokenizer
+    words = " ".join(sp.decode(row.tolist()) for row in batch["targets"]).split()
+    common = sum(w.lower() in {"the", "and", "of", "to", "a", "in", "that"} for w in words)
+    assert common / len(words) > 0.1
+
+
+def test_batch_and_task_errors(toy, mesh):
+    _bind(toy)
+    with pytest.raises(ValueError, match="not divisible by the batch shards"):
+        _iterator(mesh, global_batch_size=12)
+    with pytest.raises(ValueError, match="xlmeta_cc100_de"):
+        _iterator(mesh, name="xlmeta_cc100_deu")
+
+
+def test_throughput_command(toy, tmp_path, capsys):
+    english = tmp_path / "english_pd_missing"
+    assert throughput.main(
+        [
+            "--vocab", toy["vocab"], "--english_pd", str(english),
+            "--work_dir", str(tmp_path / "work"), "--sequence_length", "64",
+            "--batch_size", "8", "--seconds", "1", "--warmup_batches", "1",
+        ]  # fmt: skip
+    ) == 0
+    out = capsys.readouterr().out
+    assert "on the fly" in out and "seqio cache" in out and "tokens/s" in out
+    assert "pydoc_topics" in "".join(os.listdir(tmp_path / "work" / "text"))

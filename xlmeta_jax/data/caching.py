@@ -1,0 +1,148 @@
+"""Offline cache of tokenized text in seqio's cache format, without Apache Beam.
+
+seqio caches a task's examples at its ``CacheDatasetPlaceholder`` with
+``seqio/scripts/cache_tasks_main.py``, which needs Apache Beam (not a
+dependency here; it works on these tasks where Beam is installed). This module
+writes the same layout with a single process — TFRecords of
+``seqio.dict_to_tfexample``, ``info.{split}.json``, ``stats.{split}.json`` and
+``COMPLETED`` under ``{cache_dir}/{task_name}/`` — which seqio then reads with
+``use_cached=True`` (``seqio.add_global_cache_dirs([cache_dir])``).
+
+Examples in the cache are whole tokenized *documents* (each ending in eos), so
+the interleaved reading of cache shards never splits a document.
+
+Command::
+
+  python -m xlmeta_jax.data.caching --gin_file=gin/data/english_files.gin \\
+      --gin.VOCAB_PATH="'/data/vocab.model'" --task=xlmeta_english_text \\
+      --cache_dir=/data/seqio_cache --num_shards=16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from xlmeta_jax.data.vocabulary import EOS_ID
+
+
+def cache_task(
+    task_name: str,
+    cache_dir: str,
+    *,
+    split: str = "train",
+    num_shards: int = 1,
+    overwrite: bool = False,
+) -> str:
+    """Tokenizes ``split`` of a task once and writes it in seqio's cache format.
+
+    Args:
+      task_name: a registered task with a ``CacheDatasetPlaceholder``.
+      cache_dir: the cache root (pass it to ``seqio.add_global_cache_dirs`` or
+        ``make_mlm_iterator(cache_dir=...)``).
+      split: the split to cache (one per call; other splits of an existing
+        cache are kept).
+      num_shards: TFRecord files (at least the number of reading processes, so
+        each process reads whole files).
+      overwrite: replace an existing cache of this split.
+
+    Returns:
+      The task's cache folder.
+    """
+    task = seqio.get_mixture_or_task(task_name)
+    if not isinstance(task, seqio.Task) or not task.supports_caching:
+        raise ValueError(f"{task_name} is not a task with a CacheDatasetPlaceholder")
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    out = os.path.join(cache_dir, seqio.utils.get_task_dir_from_name(task.name))
+    prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
+    if tf.io.gfile.glob(f"{prefix}-*") and not overwrite:
+        raise FileExistsError(f"{out} already caches split {split!r} (pass overwrite=True)")
+    tf.io.gfile.makedirs(out)
+    for old in tf.io.gfile.glob(f"{prefix}-*"):
+        tf.io.gfile.remove(old)
+    ds = task.source.get_dataset(split=split, shuffle=False)
+    ds = task.preprocess_precache(ds)
+    writers = [
+        tf.io.TFRecordWriter(f"{prefix}-{i:05d}-of-{num_shards:05d}") for i in range(num_shards)
+    ]
+    documents = tokens = 0
+    pending: list[np.ndarray] = []
+    try:
+        for ex in ds.as_numpy_iterator():
+            piece = ex["tokens"]
+            pending.append(piece)
+            if piece.size and piece[-1] == EOS_ID:
+                doc = np.concatenate(pending).astype(np.int32)
+                pending = []
+                example = seqio.dict_to_tfexample({"tokens": doc})
+                writers[documents % num_shards].write(example.SerializeToString())
+                documents += 1
+                tokens += int(doc.size)
+        if pending:  # sources end every document; kept for safety
+            doc = np.concatenate(pending).astype(np.int32)
+            writers[documents % num_shards].write(
+                seqio.dict_to_tfexample({"tokens": doc}).SerializeToString()
+            )
+            documents += 1
+            tokens += int(doc.size)
+    finally:
+        for w in writers:
+            w.close()
+    if documents == 0:
+        raise ValueError(f"{task_name} ({split}) produced no documents to cache")
+    info = {
+        "num_shards": num_shards,
+        "features": {"tokens": {"shape": [None], "dtype": "int32"}},
+        "seqio_version": seqio.__version__,
+    }
+    with tf.io.gfile.GFile(seqio.utils.get_cached_info_path(out, split), "w") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+    with tf.io.gfile.GFile(seqio.utils.get_cached_stats_path(out, split), "w") as f:
+        json.dump({"examples": documents, "tokens_tokens": tokens}, f, indent=2, sort_keys=True)
+    with tf.io.gfile.GFile(os.path.join(out, "COMPLETED"), "w") as f:
+        f.write("")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m xlmeta_jax.data.caching`` (see the module docstring)."""
+    import gin
+
+    parser = argparse.ArgumentParser(description="Cache a task's tokens in seqio's format.")
+    parser.add_argument("--task", required=True, action="append", help="task name (repeatable)")
+    parser.add_argument("--cache_dir", required=True)
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--num_shards", type=int, default=1)
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--gin_file", action="append", default=[])
+    parser.add_argument("--gin_bindings", action="append", default=[])
+    args, rest = parser.parse_known_args(argv)
+    # t5x style: --gin.NAME=VALUE
+    bindings = list(args.gin_bindings)
+    for arg in rest:
+        if arg.startswith("--gin.") and "=" in arg:
+            bindings.append(arg[len("--gin.") :])
+        else:
+            parser.error(f"unrecognised argument {arg}")
+    import tasks  # noqa: F401  (registers the tasks before gin binds them)
+
+    gin.parse_config_files_and_bindings(args.gin_file, bindings)
+    for name in args.task:
+        out = cache_task(
+            name, args.cache_dir, split=args.split, num_shards=args.num_shards,
+            overwrite=args.overwrite,
+        )
+        print(f"cached {name} ({args.split}) in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

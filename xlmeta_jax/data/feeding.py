@@ -1,0 +1,205 @@
+"""Feeds the mesh: per-process shards of a seqio task as global ``jax.Array`` batches.
+
+Each process reads only its share of the data (seqio ``ShardInfo(index=
+process_index, num_shards=process_count)``: by file where there are enough
+files, else by document), batches ``global_batch_size / process_count``
+examples, and the batches are assembled into global arrays sharded over the
+mesh's batch axes (``partitioning.batch_spec``: ``('data', 'fsdp')``).
+
+The iterator's position is saved and restored with tf.data's own iterator
+checkpointing (``tf.train.Checkpoint``, as ``clu.data.TfDatasetIterator``):
+restoring is O(1) and the batches after a restore equal those an uninterrupted
+run would have produced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+import gin
+from xlmeta_jax import partitioning
+
+MLM_FEATURES = ("inputs", "targets", "weights", "mlm_positions", "mlm_targets", "mlm_weights")
+
+
+class MLMIterator:
+    """Iterator of global MLM batches (dict of ``jax.Array``) with save/restore.
+
+    Create it with :func:`make_mlm_iterator`.
+    """
+
+    def __init__(self, dataset, mesh: Mesh, global_batch_size: int):
+        """Args:
+        dataset: a tf.data.Dataset of this process's batches (dict of tensors).
+        mesh: the device mesh; batches are sharded with ``batch_spec``.
+        global_batch_size: rows of a global batch (over all processes).
+        """
+        from clu.data import dataset_iterator
+
+        self._iterator = dataset_iterator.TfDatasetIterator(dataset, checkpoint=True)
+        self._mesh = mesh
+        self._global_batch_size = int(global_batch_size)
+        self._spec = {}
+        for name, spec in self._iterator.element_spec.items():
+            shape = (self._global_batch_size, *spec.shape[1:])
+            sharding = NamedSharding(mesh, partitioning.batch_spec(len(shape)))
+            self._spec[name] = jax.ShapeDtypeStruct(shape, spec.dtype, sharding=sharding)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, jax.Array]:
+        local = next(self._iterator)
+        return {
+            name: jax.make_array_from_process_local_data(
+                spec.sharding, np.asarray(local[name]), spec.shape
+            )
+            for name, spec in self._spec.items()
+        }
+
+    def save(self, filename: str) -> None:
+        """Writes this process's iterator state (files ``filename.index``/``.data-*``)."""
+        parent = os.path.dirname(filename)
+        if parent and "://" not in parent:
+            os.makedirs(parent, exist_ok=True)
+        self._iterator.save(filename)
+
+    def restore(self, filename: str) -> None:
+        """Restores a state written by :meth:`save`; the next batch is the one after it."""
+        import tensorflow as tf
+
+        if not tf.io.gfile.exists(f"{filename}.index"):
+            raise FileNotFoundError(f"no data iterator state at {filename} (.index missing)")
+        self._iterator.restore(filename)
+
+    @property
+    def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """Global shape, dtype and sharding of each feature."""
+        return dict(self._spec)
+
+
+def _keep_tensorflow_off_accelerators() -> None:
+    """The input pipeline runs on the host CPU; the accelerators belong to JAX (as t5x)."""
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # TF already initialised its devices; nothing to change then
+        pass
+
+
+def _check_batch(global_batch_size: int, mesh: Mesh) -> int:
+    count = jax.process_count()
+    if global_batch_size <= 0:
+        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+    if global_batch_size % count:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not divisible by the {count} processes"
+        )
+    batch_axes = [a for a in ("data", "fsdp") if a in mesh.shape]
+    shards = int(np.prod([mesh.shape[a] for a in batch_axes])) if batch_axes else 1
+    if global_batch_size % shards:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not divisible by the batch shards of "
+            f"mesh {dict(mesh.shape)} (data x fsdp = {shards})"
+        )
+    return global_batch_size // count
+
+
+@gin.configurable
+def make_mlm_iterator(
+    task_or_mixture: str,
+    *,
+    sequence_length: int,
+    global_batch_size: int,
+    mesh: Mesh,
+    seed: int,
+    split: str = "train",
+    shuffle: bool = True,
+    shuffle_buffer_size: int | None = 1024,
+    use_cached: bool = False,
+    cache_dir: str | None = None,
+    num_epochs: int | None = None,
+    prefetch_batches: int = 2,
+    features: tuple[str, ...] = MLM_FEATURES,
+) -> MLMIterator:
+    """The MLM batch stream of a seqio task or mixture, as global arrays.
+
+    Args:
+      task_or_mixture: a registered Task/Mixture name (``tasks.names``), e.g.
+        ``'xlmeta_english_text'`` (phase 1) or ``'xlmeta_cc100'`` (phase 2).
+      sequence_length: L, the block length.
+      global_batch_size: rows per batch over all processes.
+      mesh: batches are sharded over its ``('data', 'fsdp')`` axes.
+      seed: seeds file order, shuffling, mixing and masking; the same seed gives
+        the same batches.
+      split: dataset split.
+      shuffle: shuffle files and blocks (training).
+      shuffle_buffer_size: blocks held for shuffling over the whole task or
+        mixture (a mixture of k languages holds ``max(16, size // k)`` per
+        language); part of the saved iterator state. None: the tasks' default.
+      use_cached: read tokens from seqio's offline cache
+        (:mod:`xlmeta_jax.data.caching`) instead of tokenizing on the fly.
+      cache_dir: a cache root to add to seqio's cache folders (else seqio's
+        global cache folders are searched).
+      num_epochs: passes over the data; None repeats forever (training).
+      prefetch_batches: host batches tf.data prepares ahead.
+      features: which features to feed (default: the full MLM batch format).
+
+    Returns:
+      An :class:`MLMIterator`.
+
+    Raises:
+      ValueError: for a batch size that does not divide over processes or the
+        mesh's batch shards, or an unknown task name.
+    """
+    import seqio
+    import tensorflow as tf
+
+    import tasks  # noqa: F401  (registers the tasks)
+    from xlmeta_jax.data import providers
+
+    host_batch = _check_batch(int(global_batch_size), mesh)
+    _keep_tensorflow_off_accelerators()
+    if cache_dir:
+        seqio.add_global_cache_dirs([cache_dir])
+    provider = seqio.get_mixture_or_task(task_or_mixture)
+    kwargs = dict(
+        sequence_length={"inputs": int(sequence_length), "targets": int(sequence_length)},
+        split=split,
+        use_cached=use_cached,
+        shuffle=shuffle,
+        seed=int(seed),
+        shard_info=seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count()),
+        num_epochs=num_epochs,
+        try_in_mem_cache=False,
+    )
+    if shuffle_buffer_size is not None:
+        if isinstance(provider, providers.AlphaMixture):
+            per_task = max(16, int(shuffle_buffer_size) // max(1, len(provider.languages())))
+            kwargs["shuffle_buffer_size"] = per_task
+        elif isinstance(provider, seqio.Task):
+            kwargs["shuffle_buffer_size"] = int(shuffle_buffer_size)
+        else:
+            logging.info("%s: seqio mixtures use their tasks' shuffle buffers", task_or_mixture)
+    ds = provider.get_dataset(**kwargs)
+    missing = [f for f in features if f not in ds.element_spec]
+    if missing:
+        raise ValueError(f"{task_or_mixture} does not provide features {missing}")
+    ds = ds.map(lambda ex: {f: ex[f] for f in features}, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(host_batch, drop_remainder=True).prefetch(int(prefetch_batches))
+    options = tf.data.Options()
+    options.deterministic = True
+    ds = ds.with_options(options)
+    return MLMIterator(ds, mesh, int(global_batch_size))
+
+
+def batch_to_numpy(batch: Mapping[str, jax.Array]) -> dict[str, np.ndarray]:
+    """Gathers a (fully addressable) global batch to host numpy arrays (tests, tools)."""
+    return {k: np.asarray(jax.device_get(v)) for k, v in batch.items()}
