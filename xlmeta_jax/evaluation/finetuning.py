@@ -326,6 +326,8 @@ def finetune(
     languages: list[str] | None = None,
     settings: FineTuneSettings | None = None,
     allow_pickle: bool = False,
+    data_source: str = "local",
+    tfds_data_dir: str | None = None,
     **overrides,
 ) -> dict[str, Any]:
     """Fine-tunes on English and evaluates zero-shot on every language of ``task``.
@@ -341,6 +343,9 @@ def finetune(
       settings: hyper-parameters; ``overrides`` (any FineTuneSettings field, e.g. from
         gin ``finetune.batch_size = 16``) replace single fields.
       allow_pickle: let a Hugging Face checkpoint load from ``pytorch_model.bin``.
+      data_source: "local" (files under ``data_dir``) or "tfds" (TFDS builders, see
+        :mod:`xlmeta_jax.evaluation.tfds_readers`; needs internet the first time).
+      tfds_data_dir: TFDS data directory (None: TFDS's default).
 
     Returns:
       The results dictionary written to ``MODEL_DIR/results.json``.
@@ -363,7 +368,23 @@ def finetune(
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.gin").write_text(gin.operative_config_str())
-    readers._data_dir(data_dir)
+    if data_source == "local":
+        readers._data_dir(data_dir)
+        load_train = lambda: readers.load_train(task, data_dir, train_fraction=s.train_fraction)
+        load_eval = lambda lang: readers.load_eval(
+            task, lang, data_dir, train_fraction=s.train_fraction
+        )
+    elif data_source == "tfds":
+        from xlmeta_jax.evaluation import tfds_readers
+
+        if languages is None:
+            langs = tuple(x for x in langs if x in tfds_readers.TFDS_LANGUAGES.get(task, ()))
+        for lang in langs:
+            tfds_readers._check(task, lang)
+        load_train = lambda: tfds_readers.load_train(task, tfds_data_dir)
+        load_eval = lambda lang: tfds_readers.load_eval(task, lang, tfds_data_dir)
+    else:
+        raise ValueError(f"data_source must be 'local' or 'tfds', got {data_source!r}")
 
     n_dev = jax.device_count()
     if s.batch_size % n_dev:
@@ -389,16 +410,8 @@ def finetune(
 
     # Read every language first, so a missing file fails before training.
     t0 = time.time()
-    train_examples = _subsample(
-        readers.load_train(task, data_dir, train_fraction=s.train_fraction),
-        s.max_train_examples, s.seed,
-    )
-    eval_examples = {
-        lang: readers.load_eval(task, lang, data_dir, train_fraction=s.train_fraction)[
-            : s.max_eval_examples
-        ]
-        for lang in langs
-    }
+    train_examples = _subsample(load_train(), s.max_train_examples, s.seed)
+    eval_examples = {lang: load_eval(lang)[: s.max_eval_examples] for lang in langs}
     train_feats = _arrays(_features(spec, train_examples, tokenizer, s))
     n_train = len(train_feats["input_ids"])
     steps = s.train_steps or max(1, math.ceil(s.num_epochs * n_train / s.batch_size))
@@ -467,6 +480,7 @@ def finetune(
         "eval_seconds": time.time() - t_eval,
         "total_seconds": time.time() - t0,
         "settings": dataclasses.asdict(s),
+        "data_source": data_source,
     }
     write_results(model_dir, results)
     return results
