@@ -136,3 +136,29 @@ def test_pretrained_encoder_params_are_used_and_checked():
     bad["embeddings"]["word_embeddings"] = np.zeros((299, 64), np.float32)
     with pytest.raises(ValueError, match=r"encoder\['embeddings'\]\['word_embeddings'\] has shape"):
         finetuning._init_params(model, bad, 32, seed=0)
+
+
+def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
+    from xlmeta_jax import checkpoints
+
+    cfg = get_config("tiny", vocab_size=1024, pad_token_id=0)
+    params = _random_params(cfg)
+    calls = []
+
+    def fake_load_pretrained(path):
+        calls.append(path)
+        return cfg, params, vocab
+
+    monkeypatch.setattr(checkpoints, "load_pretrained", fake_load_pretrained)
+    (tmp_path / "run").mkdir()
+    loaded = encoders.load_encoder(str(tmp_path / "run"))
+    assert calls == [str(tmp_path / "run")]
+    assert loaded.source == "pretraining" and loaded.tokenizer.kind == "seqio"
+    assert loaded.params is params["encoder"]
+    # A recorded vocabulary that does not fit the embedding table is refused.
+    monkeypatch.setattr(
+        checkpoints, "load_pretrained",
+        lambda path: (cfg.replace(vocab_size=500), params, vocab),
+    )
+    with pytest.raises(ValueError, match="has 1000 ids but the encoder"):
+        encoders.load_encoder(str(tmp_path / "run"))

@@ -23,6 +23,7 @@ devices along the mesh's ``data`` axis.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -121,7 +122,6 @@ class _Runner:
     def __init__(self, model: FineTuneModel, params, tx, mesh, seed: int):
         self.model, self.tx, self.mesh = model, tx, mesh
         self.replicated = NamedSharding(mesh, PartitionSpec())
-        self.batch_sharding = NamedSharding(mesh, partitioning.batch_spec(1))
         self.params = jax.device_put(params, self.replicated)
         self.opt_state = jax.device_put(tx.init(params), self.replicated)
         self.step = 0
@@ -146,20 +146,27 @@ class _Runner:
         def predict(params, input_ids):
             return model.apply({"params": params}, input_ids, deterministic=True)
 
-        with partitioning.axis_rules_context():
-            self._train = jax.jit(train_step, donate_argnums=(0, 1))
-            self._predict = jax.jit(predict)
+        # Traced on first call, inside _context() (mesh + logical-axis rules).
+        self._train = jax.jit(train_step, donate_argnums=(0, 1))
+        self._predict = jax.jit(predict)
+
+    def _context(self):
+        mesh_ctx = (
+            jax.sharding.use_mesh(self.mesh) if hasattr(jax.sharding, "use_mesh") else self.mesh
+        )
+        stack = contextlib.ExitStack()
+        stack.enter_context(mesh_ctx)
+        stack.enter_context(partitioning.axis_rules_context())
+        return stack
 
     def _put(self, arrays: dict[str, np.ndarray]):
         return {
-            k: jax.device_put(
-                v, NamedSharding(self.mesh, partitioning.batch_spec(v.ndim))
-            )
+            k: jax.device_put(v, NamedSharding(self.mesh, partitioning.batch_spec(v.ndim)))
             for k, v in arrays.items()
         }
 
     def train_step(self, batch: dict[str, np.ndarray]) -> float:
-        with self.mesh, partitioning.axis_rules_context():
+        with self._context():
             self.params, self.opt_state, loss = self._train(
                 self.params, self.opt_state, jnp.int32(self.step), self._put(batch)
             )
@@ -177,7 +184,7 @@ class _Runner:
             if rows < batch_size:
                 filler = np.full((batch_size - rows, chunk.shape[1]), pad, chunk.dtype)
                 chunk = np.concatenate([chunk, filler])
-            with self.mesh, partitioning.axis_rules_context():
+            with self._context():
                 out = self._predict(self.params, self._put({"x": chunk})["x"])
             outs.append(jax.tree.map(lambda a, r=rows: np.asarray(a)[:r], out))
         return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
