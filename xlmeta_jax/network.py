@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -117,7 +117,7 @@ class EncoderConfig:
         """Longest sequence the position table supports."""
         return self.max_position_embeddings - self.pad_token_id - 1
 
-    def replace(self, **kwargs) -> "EncoderConfig":
+    def replace(self, **kwargs) -> EncoderConfig:
         return dataclasses.replace(self, **kwargs)
 
 
@@ -156,8 +156,24 @@ def _dense_init(cfg: EncoderConfig):
     return nn.initializers.normal(stddev=cfg.initializer_range)
 
 
+class _LogicallyPartitioned(nn.LogicallyPartitioned):
+    """Logical axis names of a parameter, constrained only at their full rank.
+
+    Flax's DenseGeneral initialises a multi-axis kernel (e.g. embed x heads x kv)
+    flat and unboxes it before reshaping; under a mesh, the flat value would be
+    constrained with more names than it has dimensions, which fails.
+    """
+
+    def unbox(self, apply_constraint=True):
+        full_rank = jnp.ndim(self.value) == len(self.names)
+        return super().unbox(apply_constraint=apply_constraint and full_rank)
+
+
 def _param(init, names):
-    return nn.with_logical_partitioning(init, names)
+    def boxed_init(*args, **kwargs):
+        return _LogicallyPartitioned(init(*args, **kwargs), names)
+
+    return boxed_init
 
 
 def position_ids_from_input_ids(input_ids: Array, pad_token_id: int) -> Array:
@@ -201,9 +217,17 @@ class Embeddings(nn.Module):
     def __call__(self, input_ids, position_ids, token_type_ids, deterministic: bool):
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
-        x = jnp.take(self.word_embeddings, input_ids, axis=0)
-        x = x + jnp.take(self.position_embeddings, position_ids, axis=0)
-        x = x + jnp.take(self.token_type_embeddings, token_type_ids, axis=0)
+        # Look up in tables whose `embed` dimension is whole (FSDP's all-gather of
+        # the weights before use): a gather from an fsdp-sharded `embed` yields
+        # activations split on `embed`, which XLA can only turn into the
+        # batch-split layout by replicating them ("involuntary full
+        # rematerialization"), in the forward and in the scatter-add backward.
+        word = nn.with_logical_constraint(self.word_embeddings, ("vocab", None))
+        pos = nn.with_logical_constraint(self.position_embeddings, ("abspos", None))
+        types = nn.with_logical_constraint(self.token_type_embeddings, ("abspos", None))
+        x = jnp.take(word, input_ids, axis=0)
+        x = x + jnp.take(pos, position_ids, axis=0)
+        x = x + jnp.take(types, token_type_ids, axis=0)
         x = x.astype(dt)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         x = self.layer_norm(x)
@@ -335,8 +359,8 @@ class Encoder(nn.Module):
     def __call__(
         self,
         input_ids: Array,
-        attention_mask: Optional[Array] = None,
-        token_type_ids: Optional[Array] = None,
+        attention_mask: Array | None = None,
+        token_type_ids: Array | None = None,
         deterministic: bool = True,
         output_hidden_states: bool = False,
     ):
@@ -422,9 +446,9 @@ class XLMRForMaskedLM(nn.Module):
     def __call__(
         self,
         input_ids: Array,
-        attention_mask: Optional[Array] = None,
-        token_type_ids: Optional[Array] = None,
-        mlm_positions: Optional[Array] = None,
+        attention_mask: Array | None = None,
+        token_type_ids: Array | None = None,
+        mlm_positions: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
         x = self.encoder(input_ids, attention_mask, token_type_ids, deterministic)

@@ -42,6 +42,24 @@ class OptimizerConfig:
             )
         if self.learning_rate <= 0:
             raise ValueError(f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
+        if self.end_learning_rate < 0:
+            raise ValueError(
+                f"OptimizerConfig.end_learning_rate must be >= 0, got {self.end_learning_rate}"
+            )
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(
+                    f"OptimizerConfig.{name} must be in [0, 1), got {getattr(self, name)}"
+                )
+        if self.eps <= 0:
+            raise ValueError(f"OptimizerConfig.eps must be > 0, got {self.eps}")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm < 0:
+            raise ValueError(
+                f"OptimizerConfig.max_grad_norm must be >= 0 (0 disables clipping), "
+                f"got {self.max_grad_norm}"
+            )
 
 
 def linear_warmup_linear_decay(cfg: OptimizerConfig) -> optax.Schedule:
@@ -90,4 +108,5 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
 
 
 def global_norm(tree) -> jax.Array:
-    return optax.global_norm(tree)
+    """L2 norm of all leaves of ``tree`` together (what clipping compares)."""
+    return optax.tree.norm(tree)

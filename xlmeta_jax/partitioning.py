@@ -18,7 +18,9 @@ each mesh axis at most once per array, in rule order, so activations
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+import numbers
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -49,15 +51,36 @@ def mesh_shape_for(
 ) -> tuple[int, int, int]:
     """Resolves a (data, fsdp, tensor) shape; one entry may be -1 (fill the rest).
 
+    Args:
+      data: size of the pure data-parallel axis, or -1.
+      fsdp: size of the fully-sharded data-parallel axis, or -1.
+      tensor: size of the tensor-parallel axis, or -1.
+      num_devices: devices to cover (default: ``jax.device_count()``).
+
+    Returns:
+      The resolved ``(data, fsdp, tensor)`` sizes.
+
     Raises:
-      MeshShapeError: if the product does not equal the number of devices.
+      MeshShapeError: for a non-integer or non-positive size, more than one -1,
+        or a product that does not equal the number of devices.
     """
     n = jax.device_count() if num_devices is None else num_devices
     shape = [data, fsdp, tensor]
+    for axis, size in zip(MESH_AXES, shape):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise MeshShapeError(
+                f"mesh shape (data, fsdp, tensor)={tuple(shape)}: {axis} size must be an "
+                f"integer, got {size!r}"
+            )
+    shape = [int(s) for s in shape]
     if shape.count(-1) > 1:
         raise MeshShapeError(f"mesh shape (data, fsdp, tensor)={tuple(shape)}: at most one -1")
-    if any(s == 0 or s < -1 for s in shape):
-        raise MeshShapeError(f"mesh shape (data, fsdp, tensor)={tuple(shape)}: sizes must be >= 1")
+    for axis, size in zip(MESH_AXES, shape):
+        if size == 0 or size < -1:
+            raise MeshShapeError(
+                f"mesh shape (data, fsdp, tensor)={tuple(shape)}: {axis} size must be >= 1 "
+                f"(or -1 to fill), got {size}"
+            )
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if n % known:
@@ -77,7 +100,17 @@ def mesh_shape_for(
 def create_mesh(
     data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[Any] | None = None
 ) -> Mesh:
-    """Builds the ``(data, fsdp, tensor)`` mesh over all (or the given) devices."""
+    """Builds the ``(data, fsdp, tensor)`` mesh over all (or the given) devices.
+
+    Args:
+      data: size of the ``data`` axis (-1: whatever the other two leave).
+      fsdp: size of the ``fsdp`` axis.
+      tensor: size of the ``tensor`` axis.
+      devices: devices to arrange (default: all of ``jax.devices()``).
+
+    Raises:
+      MeshShapeError: when the sizes do not fit the devices (see :func:`mesh_shape_for`).
+    """
     devices = jax.devices() if devices is None else list(devices)
     shape = mesh_shape_for(data, fsdp, tensor, num_devices=len(devices))
     try:
@@ -104,9 +137,20 @@ def logical_to_mesh_specs(logical_tree, rules=LOGICAL_AXIS_RULES):
 
 
 def check_divisible(abstract_tree, spec_tree, mesh: Mesh, what: str = "parameter") -> None:
-    """Raises a clear error when an array dimension is not divisible by its mesh axes."""
+    """Raises a clear error when an array dimension is not divisible by its mesh axes.
+
+    Args:
+      abstract_tree: arrays or ShapeDtypeStructs.
+      spec_tree: mesh PartitionSpecs, same structure as ``abstract_tree``.
+      mesh: the mesh the specs refer to.
+      what: what the arrays are, for the message.
+
+    Raises:
+      MeshShapeError: naming every array (by its ``/``-joined path) that cannot be split.
+    """
     flat_a, _ = jax.tree_util.tree_flatten_with_path(abstract_tree)
     flat_s = jax.tree.leaves(spec_tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    problems = []
     for (path, leaf), spec in zip(flat_a, flat_s):
         for dim, axes in zip(leaf.shape, tuple(spec)):
             if axes is None:
@@ -114,14 +158,18 @@ def check_divisible(abstract_tree, spec_tree, mesh: Mesh, what: str = "parameter
             axes = (axes,) if isinstance(axes, str) else tuple(axes)
             size = math.prod(mesh.shape[a] for a in axes)
             if dim % size:
-                name = jax.tree_util.keystr(path)
-                raise MeshShapeError(
-                    f"{what} {name} of shape {leaf.shape} cannot be sharded as {spec} on mesh "
-                    f"{dict(mesh.shape)}: dimension {dim} is not divisible by {size}"
+                name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+                problems.append(
+                    f"{what} {name} of shape {leaf.shape} cannot be sharded as {spec}: "
+                    f"dimension {dim} is not divisible by {size}"
                 )
+                break
+    if problems:
+        raise MeshShapeError(f"on mesh {dict(mesh.shape)}: " + "; ".join(problems))
 
 
 def named_shardings(mesh: Mesh, spec_tree):
+    """NamedShardings on ``mesh`` for a pytree of mesh PartitionSpecs."""
     return jax.tree.map(
         lambda s: NamedSharding(mesh, s),
         spec_tree,
@@ -132,6 +180,22 @@ def named_shardings(mesh: Mesh, spec_tree):
 def batch_spec(ndim: int = 2) -> PartitionSpec:
     """Mesh spec of a batch array: leading dimension over (data, fsdp)."""
     return logical_to_mesh_spec(PartitionSpec("batch", *([None] * (ndim - 1))))
+
+
+def batch_shards(mesh: Mesh) -> int:
+    """Number of ways the batch dimension is split on ``mesh`` (data x fsdp)."""
+    return math.prod(mesh.shape[a] for a in ("data", "fsdp"))
+
+
+def mesh_context(mesh: Mesh):
+    """Context binding ``mesh`` for Flax's logical activation constraints.
+
+    Flax applies ``nn.with_logical_constraint`` only under an abstract mesh (the
+    legacy ``with mesh:`` context leaves every constraint a silent no-op).
+    ``jax.sharding.use_abstract_mesh`` may be entered while tracing, so this works
+    inside ``jax.jit`` (``jax.set_mesh`` may not).
+    """
+    return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
 def axis_rules_context(rules=LOGICAL_AXIS_RULES):

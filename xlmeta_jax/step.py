@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -21,7 +22,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from xlmeta_jax import losses, partitioning
 from xlmeta_jax.network import EncoderConfig, XLMRForMaskedLM
-from xlmeta_jax.optimizer import OptimizerConfig, linear_warmup_linear_decay, make_optimizer
+from xlmeta_jax.optimizer import (
+    OptimizerConfig,
+    global_norm,
+    linear_warmup_linear_decay,
+    make_optimizer,
+)
 
 
 @flax.struct.dataclass
@@ -123,7 +129,7 @@ def make_step_functions(
     def _with_rules(fn):
         @functools.wraps(fn)
         def wrapped(*a, **k):
-            with partitioning.axis_rules_context(rules):
+            with partitioning.axis_rules_context(rules), partitioning.mesh_context(mesh):
                 return fn(*a, **k)
 
         return wrapped
@@ -143,8 +149,8 @@ def make_step_functions(
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics)
-        metrics["grad_norm"] = optax.global_norm(grads)
-        metrics["param_norm"] = optax.global_norm(params)
+        metrics["grad_norm"] = global_norm(grads)
+        metrics["param_norm"] = global_norm(params)
         metrics["learning_rate"] = schedule(state.step)
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
@@ -172,20 +178,27 @@ def make_step_functions(
         state_sharding=state_sharding,
         param_logical_specs=logical,
         abstract_state=abstract,
-        init=lambda rng: _in_mesh(mesh, init, rng),
-        train_step=lambda s, b: _in_mesh(mesh, train_step, s, _select(b)),
-        eval_step=lambda s, b: _in_mesh(mesh, eval_step, s, _select(b)),
+        init=init,
+        train_step=lambda s, b: train_step(s, _select(b, mesh)),
+        eval_step=lambda s, b: eval_step(s, _select(b, mesh)),
         batch_sharding=batch_sharding,
     )
 
 
-def _select(batch):
+def _select(batch, mesh: Mesh):
+    """The MLM features of ``batch``, checked against the mesh before any tracing."""
     missing = [k for k in losses.MLM_FEATURES if k not in batch]
     if missing:
         raise KeyError(f"MLM batch is missing features {missing}; has {sorted(batch)}")
-    return {k: batch[k] for k in losses.MLM_FEATURES}
-
-
-def _in_mesh(mesh, fn, *args):
-    with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
-        return fn(*args)
+    selected = {k: batch[k] for k in losses.MLM_FEATURES}
+    shards = partitioning.batch_shards(mesh)
+    for name, value in selected.items():
+        shape = tuple(value.shape)
+        if len(shape) != 2:
+            raise ValueError(f"MLM batch feature {name!r} must be 2-D [batch, ...], got {shape}")
+        if shape[0] % shards:
+            raise partitioning.MeshShapeError(
+                f"MLM batch feature {name!r} has batch size {shape[0]}, which is not divisible "
+                f"by data x fsdp = {shards} devices of mesh {dict(mesh.shape)}"
+            )
+    return selected

@@ -1,0 +1,375 @@
+"""The sharded train step on 8 fake CPU devices.
+
+* Loss and updated state on meshes (8,1,1), (2,2,2), (1,2,4), (1,1,8) equal the
+  single-device step, with dropout on (jax's partitionable threefry makes the
+  dropout masks independent of the mesh).
+* The sharded init equals the single-device init and lands in the declared
+  shardings; the step donates its input state.
+* Dropout is deterministic: same seed and step, same masks; a step resumed from a
+  restored state reproduces the uninterrupted update bit for bit.
+* bf16 compute keeps fp32 parameters and optimizer state, with bf16 matmuls and logits.
+* Activation sharding constraints are bound while tracing (they were once silent no-ops).
+"""
+
+import collections
+import os
+import subprocess
+import sys
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlmeta_jax import losses, network, partitioning, step
+from xlmeta_jax.optimizer import OptimizerConfig
+
+MESHES = [(8, 1, 1), (2, 2, 2), (1, 2, 4), (1, 1, 8)]
+SEED = 17
+# Dropout on (the default rates): the mesh-equality tests then cover the masks too.
+CFG = network.get_config("tiny", pad_token_id=0)
+# No warm-up, so the first step already moves the parameters; gradient norms of
+# the tiny model (~2.3) exceed max_grad_norm=1, so clipping is active too.
+OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+STEPS = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fast_compiles():
+    # Compiling dominates on the tiny model; XLA's optimisation passes cost far
+    # more than they save here. The SPMD partitioner runs regardless.
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
+# Compiled in a subprocess with XLA's warnings on (the test process silences
+# them): the sharded train step must not make XLA replicate activations. The
+# control is the pattern that once did (a lookup in a table split on `embed`
+# over fsdp, constrained to the batch-split layout), to prove warnings show.
+_REMAT_PROBE = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from xlmeta_jax import losses, network, partitioning, step
+from xlmeta_jax.optimizer import OptimizerConfig
+
+jax.config.update("jax_disable_most_optimizations", True)
+mesh = partitioning.create_mesh(2, 2, 2)
+
+def done(what):
+    print(f"PROBE {what} DONE", file=sys.stderr, flush=True)
+
+def lookup(table, ids):
+    x = jnp.take(table, ids, axis=0)
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, P(("data", "fsdp"), None, None)))
+
+jax.jit(lookup).lower(
+    jax.ShapeDtypeStruct((130, 64), jnp.float32, sharding=NamedSharding(mesh, P(None, "fsdp"))),
+    jax.ShapeDtypeStruct((8, 32), jnp.int32,
+                         sharding=NamedSharding(mesh, P(("data", "fsdp"), None))),
+).compile()
+done("CONTROL")
+fns = step.make_step_functions(network.get_config("tiny", pad_token_id=0), OptimizerConfig(), mesh)
+batch = losses.synthetic_mlm_batch(np.random.default_rng(0), 8, 32, 1024)
+batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+jax.jit(fns.train_step).lower(fns.abstract_state, batch).compile()
+done("STEP")
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def remat_probe():
+    # Started first so that it compiles on the second core while this module's
+    # own compiles run; its verdict is read by the test at the end of the file.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _REMAT_PROBE], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _batch():
+    batch = losses.synthetic_mlm_batch(np.random.default_rng(0), 8, 32, CFG.vocab_size)
+    # Padded tails in two rows exercise the attention mask and position ids.
+    for row in (1, 6):
+        batch["inputs"][row, 20:] = 0
+        batch["mlm_weights"][row, batch["mlm_positions"][row] >= 20] = 0.0
+    return batch
+
+
+BATCH = _batch()
+
+_FNS = {}
+
+
+def _fns(shape, cfg=CFG, seed=SEED):
+    key = (shape, cfg, seed)
+    if key not in _FNS:
+        devices = jax.devices()[: int(np.prod(shape))]
+        mesh = partitioning.create_mesh(*shape, devices=devices)
+        _FNS[key] = step.make_step_functions(cfg, OPT, mesh, seed=seed)
+    return _FNS[key]
+
+
+def _host(tree):
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def _flat(tree):
+    return flax.traverse_util.flatten_dict(flax.serialization.to_state_dict(tree), sep="/")
+
+
+@pytest.fixture(scope="module")
+def host_state0():
+    """The initial state, initialised sharded on (2, 2, 2), as host arrays."""
+    fns = _fns((2, 2, 2))
+    state = fns.init(jax.random.key(0))
+    for (path, leaf), sharding in zip(
+        jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(fns.state_sharding)
+    ):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), jax.tree_util.keystr(path)
+    return _host(state)
+
+
+def _run(shape, host_state, steps=STEPS):
+    """Runs `steps` train steps on `shape`; returns host metrics and host states."""
+    fns = _fns(shape)
+    state = jax.device_put(host_state, fns.state_sharding)
+    metrics, states = [], [host_state]
+    for _ in range(steps):
+        state, m = fns.train_step(state, BATCH)
+        metrics.append(_host(m))
+        states.append(_host(state))
+    return metrics, states
+
+
+_RUNS = {}
+
+
+def _cached_run(shape, host_state):
+    if shape not in _RUNS:
+        _RUNS[shape] = _run(shape, host_state)
+    return _RUNS[shape]
+
+
+@pytest.fixture(scope="module")
+def baseline(host_state0):
+    return _cached_run((1, 1, 1), host_state0)
+
+
+def test_threefry_is_partitionable():
+    # Mesh-independent random bits are what make dropout (and init) equal on
+    # every mesh; jax enables this by default since 0.5.
+    assert jax.config.jax_threefry_partitionable
+
+
+def test_sharded_init_equals_single_device_init(host_state0):
+    single = _host(_fns((1, 1, 1)).init(jax.random.key(0)))
+    a, b = _flat(single), _flat(host_state0)
+    assert set(a) == set(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    params = _flat(host_state0.params)
+    # RoBERTa's init: N(0, 0.02) weights, zero biases, unit LayerNorm scales.
+    assert abs(params["encoder/embeddings/word_embeddings"].std() - 0.02) < 1e-3
+    assert (params["encoder/layers_0/wi/bias"] == 0).all()
+    assert (params["lm_head/layer_norm/scale"] == 1).all()
+    assert int(host_state0.step) == 0
+
+
+def test_abstract_state_matches_init(host_state0):
+    fns = _fns((2, 2, 2))
+    abstract = _flat(fns.abstract_state)
+    real = _flat(host_state0)
+    assert set(abstract) == set(real)
+    for k, a in abstract.items():
+        assert (a.shape, a.dtype) == (real[k].shape, real[k].dtype), k
+
+
+def test_baseline_trains(baseline):
+    metrics, states = baseline
+    assert metrics[0]["num_predictions"] == BATCH["mlm_weights"].sum()
+    np.testing.assert_allclose([m["learning_rate"] for m in metrics], [1e-3, 9e-4], rtol=1e-6)
+    assert [int(s.step) for s in states] == [0, 1, 2]
+    assert all(m["grad_norm"] > OPT.max_grad_norm for m in metrics)  # clipping is active
+    moved = _flat(states[1].params)["encoder/layers_0/wi/kernel"] - _flat(
+        states[0].params)["encoder/layers_0/wi/kernel"]
+    # Adam's first step moves each weight by about the learning rate.
+    assert 0.5e-3 < np.abs(moved).mean() < 1.1e-3
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
+def test_step_on_mesh_equals_single_device(shape, host_state0, baseline):
+    metrics, states = _cached_run(shape, host_state0)
+    base_metrics, base_states = baseline
+    for m, b in zip(metrics, base_metrics):
+        np.testing.assert_allclose(m["loss"], b["loss"], rtol=1e-6)
+        np.testing.assert_allclose(m["grad_norm"], b["grad_norm"], rtol=1e-5)
+        assert m["accuracy"] == b["accuracy"]
+        assert m["num_predictions"] == b["num_predictions"]
+    got, want = _flat(states[-1]), _flat(base_states[-1])
+    assert set(got) == set(want)
+    for k in want:
+        if want[k].dtype.kind == "i":  # step counters
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+        elif k.startswith("params/"):
+            # Each step moves a weight by ~1e-3; sharded reductions only reorder
+            # float sums (measured differences ~1.5e-7).
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        else:
+            # Adam's moments, relative to the largest moment of their kind: the
+            # attention key biases have an exactly-zero gradient in theory (softmax
+            # is shift-invariant), so their own moments are rounding noise.
+            kind = k.split("/")[3]
+            scale = max(np.abs(v).max() for j, v in want.items() if j.split("/")[3:4] == [kind])
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5 * scale,
+                                       err_msg=k)
+
+
+def test_train_step_donates_state(host_state0):
+    fns = _fns((2, 2, 2))
+    state = jax.device_put(host_state0, fns.state_sharding)
+    new_state, _ = fns.train_step(state, BATCH)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state.params))
+    for (path, leaf), sharding in zip(
+        jax.tree_util.tree_leaves_with_path(new_state), jax.tree.leaves(fns.state_sharding)
+    ):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), jax.tree_util.keystr(path)
+
+
+def test_same_seed_and_step_give_same_dropout(host_state0):
+    fns = _fns((2, 2, 2))
+    metrics, states = _cached_run((2, 2, 2), host_state0)
+    again, m_again = fns.train_step(jax.device_put(host_state0, fns.state_sharding), BATCH)
+    assert _host(m_again)["loss"] == metrics[0]["loss"]
+    for k, v in _flat(_host(again)).items():
+        np.testing.assert_array_equal(v, _flat(states[1])[k], err_msg=k)
+
+    # Another step number draws other masks: same parameters, another loss.
+    later = host_state0.replace(step=np.asarray(5, np.int32))
+    _, m_later = fns.train_step(jax.device_put(later, fns.state_sharding), BATCH)
+    assert _host(m_later)["loss"] != metrics[0]["loss"]
+
+    # Dropout is really on: the deterministic loss of the same parameters differs.
+    evaluated = fns.eval_step(jax.device_put(host_state0, fns.state_sharding), BATCH)
+    assert abs(float(evaluated["loss"]) - metrics[0]["loss"]) > 1e-4
+
+
+def test_resumed_step_reproduces_update(host_state0):
+    # Restore the state after step 1 (host copy, as from a checkpoint) into the
+    # shardings and take step 2 again: bit-identical to the uninterrupted run.
+    fns = _fns((2, 2, 2))
+    metrics, states = _cached_run((2, 2, 2), host_state0)
+    resumed, m = fns.train_step(jax.device_put(states[1], fns.state_sharding), BATCH)
+    m = _host(m)
+    for key in ("loss", "grad_norm", "learning_rate"):
+        assert m[key] == metrics[1][key], key
+    for k, v in _flat(_host(resumed)).items():
+        np.testing.assert_array_equal(v, _flat(states[2])[k], err_msg=k)
+
+
+def test_eval_step_matches_single_device(host_state0):
+    sharded = _host(_fns((2, 2, 2)).eval_step(
+        jax.device_put(host_state0, _fns((2, 2, 2)).state_sharding), BATCH))
+    single = _host(_fns((1, 1, 1)).eval_step(
+        jax.device_put(host_state0, _fns((1, 1, 1)).state_sharding), BATCH))
+    np.testing.assert_allclose(sharded["loss"], single["loss"], rtol=1e-6)
+    assert sharded["num_predictions"] == single["num_predictions"] == BATCH["mlm_weights"].sum()
+    # Deterministic: no dropout in evaluation.
+    again = _host(_fns((1, 1, 1)).eval_step(
+        jax.device_put(host_state0, _fns((1, 1, 1)).state_sharding), BATCH))
+    assert again["loss"] == single["loss"]
+
+
+def test_batch_errors_name_the_feature(host_state0):
+    fns = _fns((2, 2, 2))
+    incomplete = {k: v for k, v in BATCH.items() if k != "mlm_weights"}
+    with pytest.raises(KeyError, match="mlm_weights"):
+        fns.train_step(fns.abstract_state, incomplete)
+    odd = {k: v[:6] for k, v in BATCH.items()}
+    with pytest.raises(partitioning.MeshShapeError, match="batch size 6.*data x fsdp = 4"):
+        fns.train_step(fns.abstract_state, odd)
+
+
+def _walk(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _walk(inner)
+
+
+def _abstract_batch():
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in BATCH.items()}
+
+
+@pytest.fixture(scope="module")
+def bf16_fns():
+    return _fns((2, 2, 2), cfg=CFG.replace(dtype="bfloat16"))
+
+
+def test_bf16_compute_keeps_fp32_state(bf16_fns):
+    new_state, metrics = jax.eval_shape(
+        bf16_fns.train_step, bf16_fns.abstract_state, _abstract_batch()
+    )
+    for path, leaf in jax.tree_util.tree_leaves_with_path(new_state.params):
+        assert leaf.dtype == jnp.float32, jax.tree_util.keystr(path)
+    adam = new_state.opt_state[1][0]
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves((adam.mu, adam.nu)))
+    assert metrics["loss"].dtype == jnp.float32
+
+    model = network.XLMRForMaskedLM(bf16_fns.model.config)
+    logits = jax.eval_shape(
+        lambda p: model.apply({"params": p}, BATCH["inputs"],
+                              mlm_positions=BATCH["mlm_positions"]),
+        bf16_fns.abstract_state.params,
+    )
+    assert logits.dtype == jnp.bfloat16
+    assert logits.shape == (8, BATCH["mlm_positions"].shape[1], CFG.vocab_size)
+
+
+def test_bf16_matmuls_in_step(bf16_fns):
+    jaxpr = jax.make_jaxpr(bf16_fns.train_step)(bf16_fns.abstract_state, _abstract_batch())
+    dots = [e for e in _walk(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    assert dots
+    dtypes = collections.Counter(str(e.outvars[0].aval.dtype) for e in dots)
+    assert set(dtypes) == {"bfloat16"}, dtypes
+    vocab = [e for e in dots
+             if e.outvars[0].aval.shape == (8, BATCH["mlm_positions"].shape[1], CFG.vocab_size)]
+    assert vocab, "no [batch, slots, vocab] logits matmul in the step"
+
+
+def test_activation_constraints_are_bound():
+    fns = _fns((2, 2, 2))
+    jaxpr = jax.make_jaxpr(fns.train_step)(fns.abstract_state, _abstract_batch())
+    specs = collections.Counter(
+        (e.outvars[0].aval.shape, tuple(e.params["sharding"].spec))
+        for e in _walk(jaxpr.jaxpr) if e.primitive.name == "sharding_constraint"
+    )
+    batch_axes = ("data", "fsdp")
+    assert specs[((8, 32, 64), (batch_axes, None, None))] > 0
+    assert specs[((8, 32, 8, 8), (batch_axes, None, "tensor", None))] > 0
+    assert specs[((8, 32, 128), (batch_axes, None, "tensor"))] > 0
+    # The embedding tables are all-gathered over fsdp before the lookup.
+    assert specs[((1024, 64), ("tensor", None))] > 0
+
+
+def test_no_involuntary_rematerialization(remat_probe):
+    _, err = remat_probe.communicate(timeout=600)
+    assert remat_probe.returncode == 0, err[-3000:]
+    control, _, rest = err.partition("PROBE CONTROL DONE")
+    assert "Involuntary full rematerialization" in control, "XLA's warnings did not show"
+    assert "PROBE STEP DONE" in rest, err[-3000:]
+    offending = [line for line in rest.splitlines() if "Involuntary full rematerialization" in line]
+    assert not offending, "\n".join(offending)
