@@ -67,8 +67,9 @@ def _english_text_files(split: str) -> providers.TextFiles:
         raise mixtures.CorpusError(f"{names.ENGLISH_TEXT_TASK} has no split {split!r}")
     if not patterns:
         binding = "file_patterns" if split == "train" else "validation_file_patterns"
+        macro = "set ENGLISH_FILES or bind" if split == "train" else "bind"
         raise mixtures.CorpusError(
-            f"no English text files configured for {split!r}: bind "
+            f"no English text files configured for {split!r}: {macro} "
             f"english_text_corpus.{binding} (gin/data/english_files.gin)"
         )
     files = mixtures.list_text_files(patterns, what=f"english_text_corpus ({split})")

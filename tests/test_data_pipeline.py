@@ -145,8 +145,11 @@ def test_vocabulary_with_other_special_ids_is_rejected(tmp_path):
 # ----------------------------------------------------------------------------- reading
 
 
-def test_reader_agrees_with_counting_pass(tmp_path):
+@pytest.mark.parametrize("lines_per_element", [3, providers.LINES_PER_ELEMENT])
+def test_reader_agrees_with_counting_pass(tmp_path, monkeypatch, lines_per_element):
     """The tf.data reader keeps and drops exactly the lines the counting pass counts."""
+    # 3 lines per element puts blank runs and documents across element boundaries.
+    monkeypatch.setattr(providers, "LINES_PER_ELEMENT", lines_per_element)
     path = tmp_path / "c.txt"
     path.write_bytes(
         b"\n\npara one\r\npara two \xc3\xa9\n\n\n\xff bad\nlong " + b"y" * 3000
@@ -157,8 +160,9 @@ def test_reader_agrees_with_counting_pass(tmp_path):
         lambda split: providers.TextFiles((str(path),), max_line_bytes=1000)
     )
     got = [
-        (ex["text"].decode(), bool(ex["ends_document"]))
+        (text.decode(), bool(end))
         for ex in source.get_dataset(shuffle=False).as_numpy_iterator()
+        for text, end in zip(ex["text"], ex["ends_document"])
     ]
     assert got == [
         ("para one", False),
@@ -184,11 +188,12 @@ def test_documents_are_sharded_whole(toy):
         docs, current = [], []
         ds = source.get_dataset(shuffle=False, shard_info=shard_info)
         for ex in ds.as_numpy_iterator():
-            if ex["ends_document"]:
-                docs.append(tuple(current))
-                current = []
-            else:
-                current.append(ex["text"].decode())
+            for text, end in zip(ex["text"], ex["ends_document"]):
+                if end:
+                    docs.append(tuple(current))
+                    current = []
+                else:
+                    current.append(text.decode())
         return docs
 
     shards = [documents(seqio.ShardInfo(index=i, num_shards=3)) for i in range(3)]
@@ -234,7 +239,7 @@ def test_packing_is_lossless_full_length_and_starts_with_bos(toy):
 # ----------------------------------------------------------------------------- mixing, masking
 
 MIX_LENGTH = 32
-MIX_BLOCKS = 4000
+MIX_BLOCKS = {0.3: 2500, 1.0: 2000}
 ALPHA_ONE_LANGUAGES = ("en", "ru", "ja", "af")
 
 
@@ -252,7 +257,7 @@ def mixed_blocks(toy):
             num_epochs=None,
             passthrough_features=["language"],
         )
-        out[alpha] = (langs, mix.probabilities(), _take(ds, MIX_BLOCKS))
+        out[alpha] = (langs, mix.probabilities(), _take(ds, MIX_BLOCKS[alpha]))
     return out
 
 
@@ -319,9 +324,9 @@ def test_masking_statistics(mixed_blocks):
         assert np.all(new < VOCAB_SIZE)
         selected += k
         candidates += n
-    assert selected > 15_000
+    assert selected > 10_000
     # Probabilistic rounding is unbiased: E[k] = 0.15 n.
-    assert abs(np.mean(rounding_error)) < 0.03
+    assert abs(np.mean(rounding_error)) < 0.04
     assert selected / candidates == pytest.approx(0.15, abs=0.003)
     # 80 / 10 / 10 (a random replacement equals the original 1/V of the time).
     assert masked / selected == pytest.approx(0.8, abs=0.015)

@@ -75,24 +75,27 @@ def cache_task(
     ]
     documents = tokens = 0
     pending: list[np.ndarray] = []
+
+    def write(doc: np.ndarray) -> None:
+        nonlocal documents, tokens
+        example = seqio.dict_to_tfexample({"tokens": doc.astype(np.int32)})
+        writers[documents % num_shards].write(example.SerializeToString())
+        documents += 1
+        tokens += int(doc.size)
+
     try:
+        # Elements are runs of the token stream; documents end at eos.
         for ex in ds.as_numpy_iterator():
-            piece = ex["tokens"]
-            pending.append(piece)
-            if piece.size and piece[-1] == EOS_ID:
-                doc = np.concatenate(pending).astype(np.int32)
-                pending = []
-                example = seqio.dict_to_tfexample({"tokens": doc})
-                writers[documents % num_shards].write(example.SerializeToString())
-                documents += 1
-                tokens += int(doc.size)
+            run = ex["tokens"]
+            ends = np.flatnonzero(run == EOS_ID)
+            start = 0
+            for end in ends:
+                write(np.concatenate([*pending, run[start : end + 1]]))
+                pending, start = [], end + 1
+            if start < run.size:
+                pending.append(run[start:])
         if pending:  # sources end every document; kept for safety
-            doc = np.concatenate(pending).astype(np.int32)
-            writers[documents % num_shards].write(
-                seqio.dict_to_tfexample({"tokens": doc}).SerializeToString()
-            )
-            documents += 1
-            tokens += int(doc.size)
+            write(np.concatenate(pending))
     finally:
         for w in writers:
             w.close()

@@ -39,8 +39,8 @@ class EnglishTextConfig:
 
 @gin.configurable
 def english_text_corpus(
-    file_patterns: Sequence[str] = (),
-    validation_file_patterns: Sequence[str] = (),
+    file_patterns: Sequence[str] | None = None,
+    validation_file_patterns: Sequence[str] | None = None,
     max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES,
     stats_cache_dir: str | None = None,
 ) -> EnglishTextConfig:
@@ -55,10 +55,12 @@ def english_text_corpus(
       stats_cache_dir: where the one-time file check caches its counts
         (default: next to the data).
     """
-    if isinstance(file_patterns, str):
-        file_patterns = [file_patterns]
-    if isinstance(validation_file_patterns, str):
-        validation_file_patterns = [validation_file_patterns]
+    file_patterns = [file_patterns] if isinstance(file_patterns, str) else file_patterns or ()
+    validation_file_patterns = (
+        [validation_file_patterns]
+        if isinstance(validation_file_patterns, str)
+        else validation_file_patterns or ()
+    )
     if int(max_line_bytes) <= 0:
         raise mixtures.CorpusError(f"max_line_bytes must be positive, got {max_line_bytes}")
     return EnglishTextConfig(
@@ -89,8 +91,8 @@ def english_tfds_corpus(
     """
     if not tfds_name:
         raise mixtures.CorpusError(
-            "no English TFDS dataset configured: bind english_tfds_corpus.tfds_name "
-            "(e.g. 'wikipedia/20230601.en:1.0.0'; see gin/data/english_tfds.gin)"
+            "no English TFDS dataset configured: set ENGLISH_TFDS_NAME (gin/data/english_tfds.gin "
+            "binds english_tfds_corpus.tfds_name), e.g. 'wikipedia/20230601.en:1.0.0'"
         )
     if ":" not in tfds_name:
         raise mixtures.CorpusError(f"TFDS name {tfds_name!r} needs a version, e.g. 'c4/en:3.1.0'")
@@ -117,7 +119,7 @@ class CC100Config:
 @gin.configurable
 def cc100_corpus(
     data_dir: str | None = None,
-    languages: Sequence[str] = XLMR_LANGUAGES,
+    languages: Sequence[str] | None = None,
     alpha: float = 0.3,
     counts: Mapping[str, float] | None = None,
     count_unit: str = "lines",
@@ -131,7 +133,7 @@ def cc100_corpus(
       data_dir: folder with ``{lang}.txt*`` per language (e.g. ``en.txt`` or
         ``en.txt.00.gz``, ``en.txt.01.gz``, ...; decompress CC-100's ``.xz``
         first). Any file system TF reads.
-      languages: the mixture's languages (CC-100 codes; default all 100).
+      languages: the mixture's languages (CC-100 codes); None: all 100.
       alpha: sampling exponent in (0, 1]; 1 samples proportionally to n_l,
         smaller values up-sample low-resource languages (XLM-R: 0.3).
       count_unit: what n_l counts: ``'lines'`` (paragraphs, default) or
@@ -144,9 +146,12 @@ def cc100_corpus(
     """
     if not data_dir:
         raise mixtures.CorpusError(
-            "no CC-100 folder configured: bind cc100_corpus.data_dir (gin/data/cc100.gin)"
+            "no CC-100 folder configured: set CC100_DIR (gin/data/cc100.gin binds "
+            "cc100_corpus.data_dir = %CC100_DIR)"
         )
-    langs = check_languages(languages, what="cc100_corpus.languages")
+    langs = check_languages(
+        XLMR_LANGUAGES if languages is None else languages, what="cc100_corpus.languages"
+    )
     alpha = mixtures.check_alpha(alpha)
     if count_unit not in mixtures.COUNT_UNITS:
         raise mixtures.CorpusError(
@@ -235,7 +240,7 @@ class MC4Config:
 
 @gin.configurable
 def mc4_corpus(
-    languages: Sequence[str] = tuple(lang for lang in XLMR_LANGUAGES if mc4_split_name(lang)),
+    languages: Sequence[str] | None = None,
     alpha: float = 0.3,
     counts: Mapping[str, float] | None = None,
     tfds_name: str = "c4/multilingual:3.1.0",
@@ -245,12 +250,15 @@ def mc4_corpus(
 
     Args:
       languages: CC-100 codes (mapped to mC4's split names, e.g. he -> iw);
-        default: the XLM-R languages mC4 has.
+        None: the XLM-R languages mC4 has (all but the romanised, Zawgyi and
+        Traditional Chinese variants).
       alpha: sampling exponent in (0, 1].
       counts: n_l (documents) per language; default: the TFDS split sizes.
       tfds_name: versioned TFDS name of mC4.
       tfds_data_dir: TFDS data folder where mC4 was prepared.
     """
+    if languages is None:
+        languages = [lang for lang in XLMR_LANGUAGES if mc4_split_name(lang)]
     langs = check_languages(languages, what="mc4_corpus.languages")
     missing = [lang for lang in langs if mc4_split_name(lang) is None]
     if missing:

@@ -40,11 +40,10 @@ from xlmeta_jax.data.vocabulary import BOS_ID, EOS_ID, MASK_ID, NUM_SPECIAL_TOKE
 MASK_RATE = 0.15
 MASK_TOKEN_SHARE = 0.8
 RANDOM_TOKEN_SHARE = 0.1
-# Elements tokenized per SentencePiece call: one kernel call per batch instead of
-# per paragraph (the tokenizer dominates the pipeline's cost).
-_TOKENIZE_BATCH = 256
-# Documents concatenated per packing step.
-_PACK_BATCH = 64
+# Documents tokenized per SentencePiece call (sources of one document per element).
+_TOKENIZE_BATCH = 64
+# Token runs concatenated per packing step.
+_PACK_BATCH = 16
 
 # The graph functions below have no Python control flow on tensors; skipping
 # autograph's source conversion makes building 100 language pipelines faster.
@@ -78,32 +77,35 @@ def block_length(sequence_length: Mapping[str, int] | None) -> int:
 def tokenize_documents(
     dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature]
 ) -> tf.data.Dataset:
-    """``{"text", "ends_document"}`` -> ``{"tokens": int32[n]}`` (+ eos at document ends).
+    """``{"text", "ends_document"}`` -> ``{"tokens": int32[n]}``, eos after each document.
 
-    Elements that produce no token at all (an empty text that does not end a
-    document) are dropped.
+    Each output element is a contiguous run of the corpus' token stream: one
+    document (TFDS sources, which yield scalars, are tokenized
+    _TOKENIZE_BATCH documents per call) or one batch of paragraphs (text files).
     """
     vocab = output_features["targets"].vocabulary
+    if dataset.element_spec["text"].shape.rank == 0:
+        dataset = dataset.batch(_TOKENIZE_BATCH)
 
     @_no_autograph
     def tokenize(batch):
         pieces = tf.cast(vocab.encode_tf(batch["text"]), tf.int32)
         eos = tf.where(batch["ends_document"], EOS_ID, -1)[:, None]
         eos = tf.RaggedTensor.from_tensor(eos, padding=-1)
-        return {"tokens": tf.concat([pieces, eos], axis=1)}
+        return {"tokens": tf.concat([pieces, eos], axis=1).flat_values}
 
-    ds = dataset.batch(_TOKENIZE_BATCH).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.unbatch()
+    ds = dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.filter(lambda ex: tf.size(ex["tokens"]) > 0)
 
 
 def pack_blocks(
     dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
 ) -> tf.data.Dataset:
-    """Concatenates token streams into full blocks ``[<s>, L-1 tokens]`` (``targets``)."""
+    """Concatenates token runs into full blocks ``[<s>, L-1 tokens]`` (``targets``)."""
     length = block_length(sequence_length)
     body = length - 1
 
+    # Several runs per step: cached documents can be short.
     ds = dataset.map(lambda ex: ex["tokens"]).ragged_batch(_PACK_BATCH)
     ds = ds.map(lambda r: r.flat_values)
 

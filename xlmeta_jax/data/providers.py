@@ -3,13 +3,15 @@
 Tasks are registered when ``tasks`` is imported, before gin is parsed, so the
 sources here take *functions* that return their configuration (file lists, TFDS
 names) and call them only when a dataset is built. Every source yields
-``{"text": string, "ends_document": bool}``; the tokenizer appends ``eos`` after
-each element whose ``ends_document`` is true.
+``{"text": string, "ends_document": bool}`` (scalars or equal-length vectors);
+the tokenizer appends ``eos`` after each text whose ``ends_document`` is true.
 
 Text files follow CC-100's layout: one paragraph per line, a blank line between
 documents; each file ends a document. A line that is not valid UTF-8 or that is
 longer than ``max_line_bytes`` is skipped (counted beforehand by
 :func:`xlmeta_jax.data.mixtures.corpus_stats`, which applies the same rules).
+Text files are read LINES_PER_ELEMENT lines per element (``text`` and
+``ends_document`` are then vectors); TFDS sources yield one document per element.
 """
 
 from __future__ import annotations
@@ -37,44 +39,57 @@ class TextFiles:
     max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES
 
 
-def _read_paragraphs(path: tf.Tensor, max_line_bytes: int) -> tf.data.Dataset:
-    """One file as paragraph elements, with a boundary element after each document.
+# Lines handled per tf.data element: the per-line work is vectorised, since
+# per-element overhead would otherwise dominate the reader.
+LINES_PER_ELEMENT = 256
 
-    Emits ``(text, ends_document, document_index)``: a paragraph has
-    ``ends_document=False``; the end of a document (a run of blank lines, or the
-    end of the file) is one element ``("", True)``.
+
+def _read_paragraphs(
+    path: tf.Tensor, max_line_bytes: int, shard: seqio.ShardInfo | None = None
+) -> tf.data.Dataset:
+    """One file as batches of paragraphs, with a boundary entry after each document.
+
+    Each element holds up to LINES_PER_ELEMENT entries: ``text`` (string [n]) and
+    ``ends_document`` (bool [n]). A paragraph has ``ends_document=False``; the end
+    of a document (a run of blank lines, or the end of the file) is one entry
+    ``("", True)``. With ``shard``, only documents whose index in the file is
+    ``index (mod num_shards)`` are kept.
     """
     compression = tf.where(tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", "")
     lines = tf.data.TextLineDataset(path, compression_type=compression, buffer_size=1 << 20)
     # The end of the file ends its last document.
     lines = lines.concatenate(tf.data.Dataset.from_tensors(tf.constant("", tf.string)))
+    lines = lines.batch(LINES_PER_ELEMENT)
 
     @tf.autograph.experimental.do_not_convert
-    def usable(line):
+    def step(state, batch):
+        doc_index, after_boundary = state
         valid = tf.equal(
             tf.strings.unicode_transcode(
-                line, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+                batch, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
             ),
-            line,
+            batch,
         )
-        return tf.logical_and(valid, tf.strings.length(line) <= max_line_bytes)
-
-    lines = lines.filter(usable)
-
-    @tf.autograph.experimental.do_not_convert
-    def step(state, line):
-        doc_index, after_boundary = state
-        blank = tf.equal(tf.strings.length(tf.strings.strip(line)), 0)
+        batch = tf.boolean_mask(batch, valid & (tf.strings.length(batch) <= max_line_bytes))
+        blank = tf.equal(tf.strings.length(tf.strings.strip(batch)), 0)
+        previous_blank = tf.concat([[after_boundary], blank[:-1]], axis=0)
         # Leading blank lines and repeated blank lines are not boundaries.
-        keep = tf.logical_or(tf.logical_not(blank), tf.logical_not(after_boundary))
-        out = (tf.where(blank, "", line), blank, doc_index, keep)
-        next_index = tf.where(tf.logical_and(blank, keep), doc_index + 1, doc_index)
-        return (next_index, blank), out
+        keep = tf.logical_not(blank) | tf.logical_not(previous_blank)
+        boundary = tf.cast(blank & keep, tf.int64)
+        # A boundary belongs to the document it ends.
+        index = doc_index + tf.cumsum(boundary, exclusive=True)
+        if shard is not None:
+            keep &= tf.equal(index % shard.num_shards, shard.index)
+        out = {
+            "text": tf.boolean_mask(tf.where(blank, "", batch), keep),
+            "ends_document": tf.boolean_mask(blank, keep),
+        }
+        last_blank = tf.cond(tf.size(blank) > 0, lambda: blank[-1], lambda: after_boundary)
+        return (doc_index + tf.reduce_sum(boundary), last_blank), out
 
     initial = (tf.constant(0, tf.int64), tf.constant(True))
     out = lines.scan(initial, step)
-    out = out.filter(lambda text, end, index, keep: keep)
-    return out.map(lambda text, end, index, keep: (text, end, index))
+    return out.filter(lambda ex: tf.size(ex["text"]) > 0)
 
 
 class TextLineDocumentsSource(seqio.DataSource):
@@ -125,13 +140,8 @@ class TextLineDocumentsSource(seqio.DataSource):
         if shuffle:
             files_ds = files_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         max_line_bytes = int(text_files.max_line_bytes)
-        ds = files_ds.flat_map(lambda path: _read_paragraphs(path, max_line_bytes))
-        if document_shard is not None:
-            n, i = document_shard.num_shards, document_shard.index
-            ds = ds.filter(lambda text, end, index: tf.equal(index % n, i))
-        return ds.map(
-            lambda text, end, index: {"text": text, "ends_document": end},
-            num_parallel_calls=tf.data.AUTOTUNE,
+        return files_ds.flat_map(
+            lambda path: _read_paragraphs(path, max_line_bytes, document_shard)
         )
 
 
