@@ -101,3 +101,25 @@ def test_bad_layer_is_an_error(shared_data, vocab, tmp_path):
         retrieval.evaluate_retrieval(
             task="xnli", initial_checkpoint_path="init:tiny", model_dir=str(tmp_path)
         )
+
+
+def test_finetune_command_runs_retrieval_gin(shared_data, vocab, tmp_path):
+    from xlmeta_jax import finetune as finetune_cli
+
+    gin.clear_config()
+    try:
+        results = finetune_cli.main([
+            "--gin_file=finetune/bucc_demo.gin",
+            "--gin.INITIAL_CHECKPOINT_PATH='init:tiny'",
+            f"--gin.MODEL_DIR='{tmp_path}'",
+            f"--gin.VOCAB_PATH='{vocab}'",
+            f"--gin.DATA_DIR='{shared_data}'",
+            "--gin.evaluate_retrieval.max_sentences=50",
+        ])
+    finally:
+        gin.clear_config()
+    assert results["task"] == "bucc" and results["metric"] == "f1"
+    zh = results["languages"]["zh"]
+    # All gold sentences are kept, plus 50 others per side.
+    assert (zh["num_examples"], zh["num_source"], zh["num_target"]) == (257, 307, 307)
+    assert 0.0 <= zh["f1"] <= 100.0

@@ -362,10 +362,11 @@ def finetune(
     if spec.kind == "retrieval":
         from xlmeta_jax.evaluation import retrieval
 
+        # Unset values are left to evaluate_retrieval's own gin bindings.
+        optional = dict(data_dir=data_dir, vocab_path=vocab_path, languages=languages)
         return retrieval.evaluate_retrieval(
             task=task, initial_checkpoint_path=initial_checkpoint_path, model_dir=model_dir,
-            data_dir=data_dir, vocab_path=vocab_path, languages=list(langs),
-            allow_pickle=allow_pickle,
+            allow_pickle=allow_pickle, **{k: v for k, v in optional.items() if v is not None},
         )
     known = {f.name for f in dataclasses.fields(FineTuneSettings)}
     unknown = sorted(set(overrides) - known)
