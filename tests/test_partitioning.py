@@ -216,3 +216,11 @@ def test_check_divisible_accepts_exact_fit():
     partitioning.check_divisible(abstract, {"w": P("fsdp", "tensor")}, mesh)
     with pytest.raises(MeshShapeError, match=r"parameter w of shape \(6, 4\)"):
         partitioning.check_divisible(abstract, {"w": P("tensor", "fsdp")}, mesh)
+
+
+def test_step_functions_reject_foreign_mesh():
+    devices = np.asarray(jax.devices()).reshape(2, 4)
+    mesh = jax.sharding.Mesh(devices, ("batch", "model"))
+    cfg = network.get_config("tiny", pad_token_id=0)
+    with pytest.raises(MeshShapeError, match=r"mesh axes \('batch', 'model'\)"):
+        step.make_step_functions(cfg, OptimizerConfig(), mesh)

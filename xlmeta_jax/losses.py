@@ -44,7 +44,19 @@ def weighted_cross_entropy(logits, targets, weights):
 def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True):
     """Applies the MLM network at the gathered positions; returns (loss, metrics).
 
-    The loss is the mean token cross-entropy over slots with weight 1.
+    The LM head (dense, LayerNorm, vocabulary projection) runs only at the
+    ``mlm_positions`` slots, so its cost scales with the slots, not the length.
+
+    Args:
+      module: an ``XLMRForMaskedLM``.
+      params: its parameters (without the ``{'params': ...}`` wrapper).
+      batch: a dict with ``inputs``, ``mlm_positions``, ``mlm_targets`` and ``mlm_weights``.
+      rngs: PRNG keys for ``apply`` (``{'dropout': key}`` when not deterministic).
+      deterministic: disables dropout.
+
+    Returns:
+      ``(loss, metrics)``: the mean cross-entropy over slots of weight 1 (0 when there
+      are none), and ``loss``, ``accuracy`` and ``num_predictions`` (float32 scalars).
     """
     logits = module.apply(
         {"params": params},
@@ -69,8 +81,15 @@ def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True
 def full_vocab_mlm_loss(module, params, batch):
     """Reference: LM head over *every* position, loss restricted by ``weights``.
 
-    Used in tests to check the gathered head; needs ``targets`` and ``weights``
-    ([batch, length]) in the batch.
+    Used in tests to check the gathered head.
+
+    Args:
+      module: an ``XLMRForMaskedLM``.
+      params: its parameters.
+      batch: a dict with ``inputs``, ``targets`` and ``weights`` ([batch, length]).
+
+    Returns:
+      ``(loss, accuracy)`` over the positions of weight 1 (deterministic, no dropout).
     """
     logits = module.apply({"params": params}, batch["inputs"], deterministic=True)
     loss_sum, weight_sum, correct_sum = weighted_cross_entropy(

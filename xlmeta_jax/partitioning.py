@@ -122,6 +122,15 @@ def create_mesh(
     return Mesh(dev_array, MESH_AXES)
 
 
+def check_mesh_axes(mesh: Mesh) -> None:
+    """Raises MeshShapeError unless ``mesh`` has exactly the axes of :data:`MESH_AXES`."""
+    if tuple(mesh.axis_names) != MESH_AXES:
+        raise MeshShapeError(
+            f"mesh axes {tuple(mesh.axis_names)} are not {MESH_AXES}; build the mesh with "
+            "partitioning.create_mesh"
+        )
+
+
 def logical_to_mesh_spec(logical: PartitionSpec, rules=LOGICAL_AXIS_RULES) -> PartitionSpec:
     """Maps one PartitionSpec of logical names to mesh axes."""
     return nn.logical_to_mesh_axes(tuple(logical), rules)

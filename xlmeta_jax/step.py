@@ -94,9 +94,17 @@ def make_step_functions(
         so a resumed run draws the same dropout masks as an uninterrupted one).
       rules: logical-axis rules.
 
+    Returns:
+      A :class:`StepFunctions`. ``init``, ``train_step`` and ``eval_step`` are jitted
+      (traced and compiled on first call); the train step donates its input state.
+      Activation sharding constraints (the network's logical names) are bound to
+      ``mesh`` while tracing.
+
     Raises:
-      partitioning.MeshShapeError: when a parameter cannot be split on this mesh.
+      partitioning.MeshShapeError: when the mesh lacks the ``data``/``fsdp``/``tensor``
+        axes or a parameter cannot be split on it (every such parameter is named).
     """
+    partitioning.check_mesh_axes(mesh)
     model = XLMRForMaskedLM(model_cfg)
     tx = make_optimizer(opt_cfg)
     schedule = linear_warmup_linear_decay(opt_cfg)
