@@ -37,15 +37,20 @@ def measure(iterator, *, seconds: float, warmup_batches: int, tokens_per_batch: 
     for _ in range(warmup_batches):
         jax.block_until_ready(next(iterator))
     batches = 0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds or batches == 0:
         jax.block_until_ready(next(iterator))
         batches += 1
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     return {
         "batches": batches,
         "seconds": elapsed,
         "tokens_per_second": batches * tokens_per_batch / elapsed,
+        # CPU seconds of all of the process's threads: the rate per busy core,
+        # meaningful also on a shared machine.
+        "tokens_per_cpu_second": batches * tokens_per_batch / max(cpu, 1e-9),
+        "cpus_busy": cpu / elapsed,
     }
 
 
@@ -150,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for mode, r in results.items():
         print(
             f"  {mode:<12} {r['tokens_per_second']:>12,.0f} tokens/s "
-            f"({r['batches']} batches in {r['seconds']:.1f} s)"
+            f"({r['batches']} batches in {r['seconds']:.1f} s; "
+            f"{r['tokens_per_cpu_second']:,.0f} tokens per CPU-second, "
+            f"{r['cpus_busy']:.1f} CPUs busy)"
         )
     for name, rate in ACCELERATOR_TOKENS_PER_SECOND.items():
         best = max(r["tokens_per_second"] for r in results.values())
