@@ -421,3 +421,33 @@ def test_undecodable_and_enormous_lines_are_skipped_and_counted(toy, tmp_path, c
     # last, partial block is dropped).
     assert len(words) > 0.9 * len(expected)
     assert words[:-1] == expected[: len(words) - 1]
+
+
+def test_tfds_english_and_mc4_tasks(toy):
+    """The TFDS-backed tasks (data mocked by tfds.testing: nothing is downloaded)."""
+    import tensorflow_datasets as tfds
+
+    _bind_toy(
+        toy,
+        english_tfds_corpus__tfds_name="c4/en:3.1.0",
+        mc4_corpus__languages=["en", "sw", "he"],
+    )
+    with tfds.testing.mock_data(num_examples=20):
+        task = seqio.get_mixture_or_task(names.ENGLISH_TFDS_TASK)
+        (block,) = _take(task.get_dataset({"inputs": 32, "targets": 32}, shuffle=False), 1)
+        assert block["targets"][0] == vocabulary.BOS_ID
+        assert block["mlm_weights"].sum() >= 1
+        mix = seqio.get_mixture_or_task(names.MC4_MIXTURE)
+        # mC4 counts come from the TFDS metadata, which mocked data lacks: a clear error.
+        with pytest.raises(mixtures.CorpusError, match="mC4 split 'en' .* not available"):
+            mix.probabilities()
+        gin.bind_parameter("mc4_corpus.counts", {"en": 1000, "sw": 10, "he": 100})
+        ds = mix.get_dataset(
+            {"inputs": 32, "targets": 32}, shuffle=False, seed=0,
+            passthrough_features=["language"],
+        )  # fmt: skip
+        langs = {ex["language"].decode() for ex in ds.take(60).as_numpy_iterator()}
+        assert langs == {"en", "sw", "he"}
+    _bind_toy(toy, mc4_corpus__languages=["en", "ur_rom"])
+    with pytest.raises(mixtures.CorpusError, match="mC4 has no split for"):
+        seqio.get_mixture_or_task(names.MC4_MIXTURE).probabilities()
