@@ -25,6 +25,11 @@ from jax.sharding import Mesh, NamedSharding
 import gin
 from xlmeta_jax import partitioning
 
+# Registers every gin configurable of the pipeline (corpus locations, vocabulary) when the
+# trainer imports this module, before gin parses and locks its config; neither imports
+# TensorFlow.
+from xlmeta_jax.data import corpora, vocabulary  # noqa: F401, E402
+
 MLM_FEATURES = ("inputs", "targets", "weights", "mlm_positions", "mlm_targets", "mlm_weights")
 
 
