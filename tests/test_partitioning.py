@@ -15,33 +15,46 @@ from xlmeta_jax import network, partitioning, step
 from xlmeta_jax.optimizer import OptimizerConfig
 from xlmeta_jax.partitioning import MeshShapeError
 
-# Per layer of the non-scanned layout; the scanned layout stacks these with a
-# leading, unsharded `layers` dimension.
-_LAYER_SPECS = {
-    "attention/query/kernel": P("fsdp", "tensor", None),
-    "attention/query/bias": P("tensor", None),
-    "attention/key/kernel": P("fsdp", "tensor", None),
-    "attention/key/bias": P("tensor", None),
-    "attention/value/kernel": P("fsdp", "tensor", None),
-    "attention/value/bias": P("tensor", None),
-    "attention/out/kernel": P("tensor", None, "fsdp"),
-    "attention/out/bias": P("fsdp"),
-    "attention_layer_norm/scale": P("fsdp"),
-    "attention_layer_norm/bias": P("fsdp"),
-    "wi/kernel": P("fsdp", "tensor"),
-    "wi/bias": P("tensor"),
-    "wo/kernel": P("tensor", "fsdp"),
-    "wo/bias": P("fsdp"),
-    "output_layer_norm/scale": P("fsdp"),
-    "output_layer_norm/bias": P("fsdp"),
-}
-
-_SHARED_SPECS = {
+# Every parameter of the tiny model (non-scanned layout) -> its mesh PartitionSpec
+# on mesh (data, fsdp, tensor) = (2, 2, 2).
+GOLDEN_SPECS_222 = {
     "encoder/embeddings/word_embeddings": P("tensor", "fsdp"),
     "encoder/embeddings/position_embeddings": P(None, "fsdp"),
     "encoder/embeddings/token_type_embeddings": P(None, "fsdp"),
     "encoder/embeddings/layer_norm/scale": P("fsdp"),
     "encoder/embeddings/layer_norm/bias": P("fsdp"),
+    "encoder/layers_0/attention/query/kernel": P("fsdp", "tensor", None),
+    "encoder/layers_0/attention/query/bias": P("tensor", None),
+    "encoder/layers_0/attention/key/kernel": P("fsdp", "tensor", None),
+    "encoder/layers_0/attention/key/bias": P("tensor", None),
+    "encoder/layers_0/attention/value/kernel": P("fsdp", "tensor", None),
+    "encoder/layers_0/attention/value/bias": P("tensor", None),
+    "encoder/layers_0/attention/out/kernel": P("tensor", None, "fsdp"),
+    "encoder/layers_0/attention/out/bias": P("fsdp"),
+    "encoder/layers_0/attention_layer_norm/scale": P("fsdp"),
+    "encoder/layers_0/attention_layer_norm/bias": P("fsdp"),
+    "encoder/layers_0/wi/kernel": P("fsdp", "tensor"),
+    "encoder/layers_0/wi/bias": P("tensor"),
+    "encoder/layers_0/wo/kernel": P("tensor", "fsdp"),
+    "encoder/layers_0/wo/bias": P("fsdp"),
+    "encoder/layers_0/output_layer_norm/scale": P("fsdp"),
+    "encoder/layers_0/output_layer_norm/bias": P("fsdp"),
+    "encoder/layers_1/attention/query/kernel": P("fsdp", "tensor", None),
+    "encoder/layers_1/attention/query/bias": P("tensor", None),
+    "encoder/layers_1/attention/key/kernel": P("fsdp", "tensor", None),
+    "encoder/layers_1/attention/key/bias": P("tensor", None),
+    "encoder/layers_1/attention/value/kernel": P("fsdp", "tensor", None),
+    "encoder/layers_1/attention/value/bias": P("tensor", None),
+    "encoder/layers_1/attention/out/kernel": P("tensor", None, "fsdp"),
+    "encoder/layers_1/attention/out/bias": P("fsdp"),
+    "encoder/layers_1/attention_layer_norm/scale": P("fsdp"),
+    "encoder/layers_1/attention_layer_norm/bias": P("fsdp"),
+    "encoder/layers_1/wi/kernel": P("fsdp", "tensor"),
+    "encoder/layers_1/wi/bias": P("tensor"),
+    "encoder/layers_1/wo/kernel": P("tensor", "fsdp"),
+    "encoder/layers_1/wo/bias": P("fsdp"),
+    "encoder/layers_1/output_layer_norm/scale": P("fsdp"),
+    "encoder/layers_1/output_layer_norm/bias": P("fsdp"),
     "lm_head/dense/kernel": P("fsdp", "tensor"),
     "lm_head/dense/bias": P("tensor"),
     "lm_head/layer_norm/scale": P("fsdp"),
@@ -49,14 +62,14 @@ _SHARED_SPECS = {
     "lm_head/bias": P("tensor"),
 }
 
-GOLDEN_SPECS_222 = {
-    **_SHARED_SPECS,
-    **{f"encoder/layers_0/{k}": v for k, v in _LAYER_SPECS.items()},
-    **{f"encoder/layers_1/{k}": v for k, v in _LAYER_SPECS.items()},
-}
-
+# The scanned layout: per-layer parameters stacked on a leading, unsharded
+# `layers` dimension.
 GOLDEN_SPECS_222_SCAN = {
-    **_SHARED_SPECS,
+    "encoder/embeddings/word_embeddings": P("tensor", "fsdp"),
+    "encoder/embeddings/position_embeddings": P(None, "fsdp"),
+    "encoder/embeddings/token_type_embeddings": P(None, "fsdp"),
+    "encoder/embeddings/layer_norm/scale": P("fsdp"),
+    "encoder/embeddings/layer_norm/bias": P("fsdp"),
     "encoder/layers/attention/query/kernel": P(None, "fsdp", "tensor", None),
     "encoder/layers/attention/query/bias": P(None, "tensor", None),
     "encoder/layers/attention/key/kernel": P(None, "fsdp", "tensor", None),
@@ -73,6 +86,11 @@ GOLDEN_SPECS_222_SCAN = {
     "encoder/layers/wo/bias": P(None, "fsdp"),
     "encoder/layers/output_layer_norm/scale": P(None, "fsdp"),
     "encoder/layers/output_layer_norm/bias": P(None, "fsdp"),
+    "lm_head/dense/kernel": P("fsdp", "tensor"),
+    "lm_head/dense/bias": P("tensor"),
+    "lm_head/layer_norm/scale": P("fsdp"),
+    "lm_head/layer_norm/bias": P("fsdp"),
+    "lm_head/bias": P("tensor"),
 }
 
 

@@ -16,8 +16,10 @@
 
 import collections
 import os
+import pathlib
 import subprocess
 import sys
+import tempfile
 
 import flax
 import jax
@@ -97,16 +99,19 @@ def remat_probe(request):
     if not wanted:
         yield None
         return
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+    # Warnings on; no persistent compilation cache, whose hits would skip the
+    # very compiles (and warnings) the probe is about.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", JAX_ENABLE_COMPILATION_CACHE="false")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _REMAT_PROBE], env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _REMAT_PROBE], env=env, cwd=pathlib.Path(__file__).parents[1],
+            stdout=subprocess.DEVNULL, stderr=log, text=True,
+        )
+        yield proc, log
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _batch():
@@ -379,8 +384,11 @@ def test_activation_constraints_are_bound():
 
 
 def test_no_involuntary_rematerialization(remat_probe):
-    _, err = remat_probe.communicate(timeout=600)
-    assert remat_probe.returncode == 0, err[-3000:]
+    proc, log = remat_probe
+    proc.wait(timeout=600)
+    log.seek(0)
+    err = log.read()
+    assert proc.returncode == 0, err[-3000:]
     control, _, rest = err.partition("PROBE CONTROL DONE")
     assert "Involuntary full rematerialization" in control, "XLA's warnings did not show"
     assert "PROBE STEP DONE" in rest and "PROBE SCAN STEP DONE" in rest, err[-3000:]
