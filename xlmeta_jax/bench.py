@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import platform
 import resource
 import sys
@@ -44,7 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from xlmeta_jax import hardware, losses, partitioning
 from xlmeta_jax.network import SIZES, get_config
-from xlmeta_jax.optimizer import OptimizerConfig, linear_warmup_linear_decay
+from xlmeta_jax.optimizer import OptimizerConfig, global_norm, linear_warmup_linear_decay
 from xlmeta_jax.step import TrainState, make_step_functions
 
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -81,6 +82,9 @@ class BenchOptions:
     attention: str = "auto"
     # Dropout as configured for the size (False: all dropout rates 0; compiles faster on CPU).
     dropout: bool = True
+    # Dropout on the attention probabilities (False: rate 0, which lets the cuDNN flash
+    # kernel run in training; it has no dropout).
+    attention_dropout: bool = True
     # Compute the LM head over the full vocabulary at every position (for comparison).
     full_head: bool = False
     # Timed steps.
@@ -108,10 +112,14 @@ class BenchOptions:
             raise ValueError(f"bench: --warmup must be >= 0, got {self.warmup}")
 
     def model_config(self):
-        no_dropout = {} if self.dropout else dict(dropout_rate=0.0, attention_dropout_rate=0.0)
+        rates = {}
+        if not self.dropout:
+            rates = dict(dropout_rate=0.0, attention_dropout_rate=0.0)
+        if not self.attention_dropout:
+            rates["attention_dropout_rate"] = 0.0
         return get_config(
             self.size,
-            **no_dropout,
+            **rates,
             dtype=_DTYPES[self.dtype],
             param_dtype="float32",
             scan_layers=self.scan,
@@ -167,12 +175,6 @@ def _peak_memory(devices) -> tuple[int, str]:
     return _max_rss_bytes(), "process max RSS (host; includes everything run before)"
 
 
-def _mesh_context(mesh):
-    # jax >= 0.7 spells it set_mesh; older releases use the Mesh context manager.
-    set_mesh = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
-    return set_mesh(mesh) if set_mesh else mesh
-
-
 def _full_head_step(fns, opt_cfg: OptimizerConfig, seed: int):
     """The train step of ``fns`` with the LM head over every position.
 
@@ -199,123 +201,163 @@ def _full_head_step(fns, opt_cfg: OptimizerConfig, seed: int):
             denom = jnp.maximum(weight_sum, 1.0)
             return loss_sum / denom, {"loss": loss_sum / denom, "accuracy": correct / denom}
 
-        with partitioning.axis_rules_context():
-            (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics)
-        metrics["grad_norm"] = optax.global_norm(grads)
-        metrics["param_norm"] = optax.global_norm(params)
+        metrics["grad_norm"] = global_norm(grads)
+        metrics["param_norm"] = global_norm(params)
         metrics["learning_rate"] = schedule(state.step)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
+    def bound_step_fn(state, batch):
+        # As xlmeta_jax.step binds them: logical rules and the mesh while tracing.
+        with partitioning.axis_rules_context(), partitioning.mesh_context(mesh):
+            return step_fn(state, batch)
+
     jitted = jax.jit(
-        step_fn,
+        bound_step_fn,
         in_shardings=(fns.state_sharding, {k: fns.batch_sharding for k in features}),
         out_shardings=(fns.state_sharding, NamedSharding(mesh, PartitionSpec())),
         donate_argnums=(0,),
     )
 
-    def run(state, batch):
-        with _mesh_context(mesh):
-            return jitted(state, {k: batch[k] for k in features})
+    return lambda state, batch: jitted(state, {k: batch[k] for k in features})
 
-    return run
+
+def attention_kernel(cfg, *, training: bool) -> str:
+    """The attention implementation the network runs under ``cfg`` on this backend.
+
+    Mirrors ``network.SelfAttention``: the cuDNN kernel has no dropout, so with
+    attention dropout in training the portable XLA path runs instead.
+    """
+    impl = cfg.attention_impl
+    if impl == "auto":
+        impl = "cudnn" if jax.default_backend() == "gpu" else "xla"
+    if impl == "cudnn" and training and cfg.attention_dropout_rate > 0:
+        return "xla (cuDNN kernel has no attention dropout)"
+    return impl
+
+
+def _check_finite(loss: float, what: str) -> float:
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"bench: non-finite loss {loss} in {what}")
+    return loss
+
+
+class OursRun:
+    """Our train step under one :class:`BenchOptions`: built, compiled and warmed up
+    on construction; :meth:`time_steps` times further steps; :meth:`summary` reports.
+    """
+
+    def __init__(self, opts: BenchOptions):
+        self.opts = opts
+        cfg = self.cfg = opts.model_config()
+        if opts.length > cfg.max_length:
+            raise ValueError(
+                f"bench: --length={opts.length} exceeds the {opts.size} position table "
+                f"(max {cfg.max_length} tokens)"
+            )
+        devices = jax.devices()
+        if opts.num_devices:
+            if opts.num_devices > len(devices):
+                raise ValueError(
+                    f"bench: --num_devices={opts.num_devices} but only {len(devices)} "
+                    f"{jax.default_backend()} devices exist"
+                )
+            devices = devices[: opts.num_devices]
+        shape = partitioning.mesh_shape_for(
+            opts.data, opts.fsdp, opts.tensor, num_devices=len(devices)
+        )
+        if opts.batch % (shape[0] * shape[1]):
+            raise ValueError(
+                f"bench: --batch={opts.batch} is not divisible by data x fsdp = "
+                f"{shape[0]} x {shape[1]} devices"
+            )
+        self.mesh_shape = shape
+        self.mesh = partitioning.create_mesh(*shape, devices=devices)
+        # One warm-up step of the schedule, so the learning rate is non-zero when timed.
+        opt_cfg = OptimizerConfig(warmup_steps=1, total_steps=10**6)
+        fns = make_step_functions(cfg, opt_cfg, self.mesh, seed=opts.seed)
+        self.slots = losses.max_predictions_for_length(opts.length)
+        host_batch = losses.synthetic_mlm_batch(
+            np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size,
+            slots=self.slots,
+        )
+        self.masked_fraction = float(host_batch["weights"].mean())
+        self.batch = {k: jax.device_put(v, fns.batch_sharding) for k, v in host_batch.items()}
+        self.step = _full_head_step(fns, opt_cfg, opts.seed) if opts.full_head else fns.train_step
+
+        self.state = jax.block_until_ready(fns.init(jax.random.key(opts.seed)))
+        compile_before = _compile_clock()
+        t0 = time.perf_counter()
+        self._run(1)
+        self.first_step_s = time.perf_counter() - t0
+        self.compile_s = _compile_clock() - compile_before
+        self._run(opts.warmup)
+        self.memory = _peak_memory(self.mesh.devices.flat)
+
+    def _run(self, n: int) -> None:
+        for _ in range(n):
+            self.state, self.metrics = self.step(self.state, self.batch)
+        jax.block_until_ready((self.state, self.metrics))
+
+    def time_steps(self, n: int) -> float:
+        """Mean seconds per step over ``n`` steps dispatched back to back."""
+        t0 = time.perf_counter()
+        self._run(n)
+        return (time.perf_counter() - t0) / n
+
+    def summary(self, step_time: float) -> dict[str, Any]:
+        opts, cfg = self.opts, self.cfg
+        loss = _check_finite(float(self.metrics["loss"]), str(opts))
+        tokens = opts.batch * opts.length
+        flops_per_token = losses.mlm_flops_per_token(
+            cfg, opts.length, self.slots, masked_head=not opts.full_head
+        )
+        tflops = flops_per_token * tokens / step_time / 1e12
+        n_dev = self.mesh.devices.size
+        first = self.mesh.devices.flat[0]
+        peak = hardware.peak_flops_per_device(first)
+        if peak is None:
+            mfu, mfu_note = None, "unknown peak for this backend"
+        elif opts.dtype != "bf16":
+            mfu, mfu_note = None, "peak table is bf16 dense; no MFU for fp32"
+        else:
+            mfu = tflops * 1e12 / (peak * n_dev)
+            mfu_note = "model FLOPs / (bf16 dense peak x devices)"
+        return {
+            "options": dataclasses.asdict(opts),
+            "backend": jax.default_backend(),
+            "device": hardware.device_description(first),
+            "num_devices": int(n_dev),
+            "mesh": dict(zip(partitioning.MESH_AXES, self.mesh_shape)),
+            "tokens_per_step": tokens,
+            "mlm_slots_per_sequence": self.slots,
+            "masked_fraction": self.masked_fraction,
+            "attention_kernel": attention_kernel(cfg, training=True),
+            "first_step_s": self.first_step_s,
+            "compile_s": self.compile_s,
+            "step_time_s": step_time,
+            "tokens_per_s": tokens / step_time,
+            "flops_per_token": flops_per_token,
+            "lm_head_counted_at": "all positions" if opts.full_head else (
+                f"masked slots only ({self.slots} of {opts.length} positions per sequence)"
+            ),
+            "model_tflops_per_s": tflops,
+            "peak_tflops_per_device": None if peak is None else peak / 1e12,
+            "mfu": mfu,
+            "mfu_note": mfu_note,
+            "peak_memory_bytes": self.memory[0],
+            "peak_memory_source": self.memory[1],
+            "loss": loss,
+        }
 
 
 def run_ours(opts: BenchOptions) -> dict[str, Any]:
-    """Times our train step under ``opts``; returns the measurements."""
-    cfg = opts.model_config()
-    if opts.length > cfg.max_length:
-        raise ValueError(
-            f"bench: --length={opts.length} exceeds the {opts.size} position table "
-            f"(max {cfg.max_length} tokens)"
-        )
-    devices = jax.devices()
-    if opts.num_devices:
-        if opts.num_devices > len(devices):
-            raise ValueError(
-                f"bench: --num_devices={opts.num_devices} but only {len(devices)} "
-                f"{jax.default_backend()} devices exist"
-            )
-        devices = devices[: opts.num_devices]
-    shape = partitioning.mesh_shape_for(
-        opts.data, opts.fsdp, opts.tensor, num_devices=len(devices)
-    )
-    if opts.batch % (shape[0] * shape[1]):
-        raise ValueError(
-            f"bench: --batch={opts.batch} is not divisible by data x fsdp = "
-            f"{shape[0]} x {shape[1]} devices"
-        )
-    mesh = partitioning.create_mesh(*shape, devices=devices)
-    # Warm-up long enough that the learning rate is non-zero during timing.
-    opt_cfg = OptimizerConfig(warmup_steps=1, total_steps=10**6)
-    fns = make_step_functions(cfg, opt_cfg, mesh, seed=opts.seed)
-    slots = losses.max_predictions_for_length(opts.length)
-    host_batch = losses.synthetic_mlm_batch(
-        np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size, slots=slots
-    )
-    batch = {k: jax.device_put(v, fns.batch_sharding) for k, v in host_batch.items()}
-    step = _full_head_step(fns, opt_cfg, opts.seed) if opts.full_head else fns.train_step
-
-    state = jax.block_until_ready(fns.init(jax.random.key(opts.seed)))
-    compile_before = _compile_clock()
-    t0 = time.perf_counter()
-    state, metrics = step(state, batch)
-    jax.block_until_ready((state, metrics))
-    first_step_s = time.perf_counter() - t0
-    compile_s = _compile_clock() - compile_before
-    for _ in range(opts.warmup):
-        state, metrics = step(state, batch)
-    jax.block_until_ready((state, metrics))
-    t0 = time.perf_counter()
-    for _ in range(opts.steps):
-        state, metrics = step(state, batch)
-    jax.block_until_ready((state, metrics))
-    step_time = (time.perf_counter() - t0) / opts.steps
-    loss = float(metrics["loss"])
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"bench: non-finite loss {loss} under {opts}")
-
-    tokens = opts.batch * opts.length
-    flops_per_token = losses.mlm_flops_per_token(
-        cfg, opts.length, slots, masked_head=not opts.full_head
-    )
-    tflops = flops_per_token * tokens / step_time / 1e12
-    n_dev = mesh.devices.size
-    peak = hardware.peak_flops_per_device(mesh.devices.flat[0])
-    if peak is None:
-        mfu, mfu_note = None, "unknown peak for this backend"
-    elif opts.dtype != "bf16":
-        mfu, mfu_note = None, "peak table is bf16 dense; no MFU for fp32"
-    else:
-        mfu, mfu_note = tflops * 1e12 / (peak * n_dev), "model FLOPs / (bf16 dense peak x devices)"
-    mem, mem_source = _peak_memory(mesh.devices.flat)
-    return {
-        "options": dataclasses.asdict(opts),
-        "backend": jax.default_backend(),
-        "device": hardware.device_description(mesh.devices.flat[0]),
-        "num_devices": int(n_dev),
-        "mesh": dict(zip(partitioning.MESH_AXES, shape)),
-        "tokens_per_step": tokens,
-        "mlm_slots_per_sequence": slots,
-        "masked_fraction": float(host_batch["weights"].mean()),
-        "first_step_s": first_step_s,
-        "compile_s": compile_s,
-        "step_time_s": step_time,
-        "tokens_per_s": tokens / step_time,
-        "flops_per_token": flops_per_token,
-        "lm_head_counted_at": "all positions" if opts.full_head else (
-            f"masked slots only ({slots} of {opts.length} positions per sequence)"
-        ),
-        "model_tflops_per_s": tflops,
-        "peak_tflops_per_device": None if peak is None else peak / 1e12,
-        "mfu": mfu,
-        "mfu_note": mfu_note,
-        "peak_memory_bytes": mem,
-        "peak_memory_source": mem_source,
-        "loss": loss,
-    }
+    """Times our train step under ``opts`` (``opts.steps`` steps); returns the summary."""
+    r = OursRun(opts)
+    return r.summary(r.time_steps(opts.steps))
 
 
 def hf_available() -> bool:
@@ -328,99 +370,117 @@ def hf_available() -> bool:
     return True
 
 
-def run_hf(opts: BenchOptions, *, compile: bool = False,
-           attn_implementation: str = "sdpa") -> dict[str, Any]:
-    """Times Hugging Face's XLMRobertaForMaskedLM training step under ``opts``.
+class HFRun:
+    """Hugging Face's XLMRobertaForMaskedLM training step under ``opts``.
 
     Same sizes, batch and masked positions (labels -100 elsewhere); AdamW with
     RoBERTa's betas/eps/decay without decay on biases and LayerNorms, gradient
-    clipping at 1.0, dropout on; bf16 through autocast (fp32 weights), as HF's
+    clipping at 1.0, dropout as ours; bf16 through autocast (fp32 weights), as HF's
     Trainer does. HF computes the LM head at every position.
     """
-    import torch
-    import transformers
 
-    from xlmeta_jax import hf
+    def __init__(self, opts: BenchOptions, *, compile: bool = False,
+                 attn_implementation: str = "sdpa"):
+        import torch
+        import transformers
 
-    cfg = opts.model_config()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(opts.seed)
-    hf_cfg = transformers.XLMRobertaConfig(**hf.hf_config_from_config(cfg))
-    model = transformers.XLMRobertaForMaskedLM._from_config(
-        hf_cfg, attn_implementation=attn_implementation
-    ).to(device).train()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name
-         else decay).append(p)
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
-    )
-    slots = losses.max_predictions_for_length(opts.length)
-    host = losses.synthetic_mlm_batch(
-        np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size, slots=slots
-    )
-    ids = torch.from_numpy(host["inputs"].astype(np.int64)).to(device)
-    labels = torch.from_numpy(
-        np.where(host["weights"] > 0, host["targets"], -100).astype(np.int64)
-    ).to(device)
-    mask = torch.ones_like(ids)
-    forward = torch.compile(model) if compile else model
-    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16,
-                              enabled=opts.dtype == "bf16")
+        from xlmeta_jax import hf
 
-    def sync():
+        self.opts, self.compile, self.attn = opts, compile, attn_implementation
+        cfg = self.cfg = opts.model_config()
+        self.torch = torch
+        self.framework = f"transformers {transformers.__version__}, torch {torch.__version__}"
+        self.device = device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.manual_seed(opts.seed)
+        hf_cfg = transformers.XLMRobertaConfig(**hf.hf_config_from_config(cfg))
+        model = transformers.XLMRobertaForMaskedLM._from_config(
+            hf_cfg, attn_implementation=attn_implementation
+        ).to(device).train()
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
+                no_decay.append(p)
+            else:
+                decay.append(p)
+        self.model = model
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
+        )
+        self.slots = losses.max_predictions_for_length(opts.length)
+        host = losses.synthetic_mlm_batch(
+            np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size,
+            slots=self.slots,
+        )
+        self.ids = torch.from_numpy(host["inputs"].astype(np.int64)).to(device)
+        self.labels = torch.from_numpy(
+            np.where(host["weights"] > 0, host["targets"], -100).astype(np.int64)
+        ).to(device)
+        self.mask = torch.ones_like(self.ids)
+        self.forward = torch.compile(model) if compile else model
         if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        self._run(1)
+        self.first_step_s = time.perf_counter() - t0
+        self._run(opts.warmup)
+        if device == "cuda":
+            self.memory = (torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated")
+        else:
+            self.memory = (_max_rss_bytes(), "process max RSS (host; includes the JAX runs)")
+
+    def _run(self, n: int) -> None:
+        torch = self.torch
+        for _ in range(n):
+            with torch.autocast(device_type=self.device, dtype=torch.bfloat16,
+                                enabled=self.opts.dtype == "bf16"):
+                loss = self.forward(
+                    input_ids=self.ids, attention_mask=self.mask, labels=self.labels
+                ).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.loss = loss
+        if self.device == "cuda":
             torch.cuda.synchronize()
 
-    def step():
-        with autocast:
-            loss = forward(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+    def time_steps(self, n: int) -> float:
+        """Mean seconds per step over ``n`` steps."""
+        t0 = time.perf_counter()
+        self._run(n)
+        return (time.perf_counter() - t0) / n
 
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    step()
-    sync()
-    first_step_s = time.perf_counter() - t0
-    for _ in range(opts.warmup):
-        step()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(opts.steps):
-        loss = step()
-    sync()
-    step_time = (time.perf_counter() - t0) / opts.steps
-    loss = float(loss.detach())
-    tokens = opts.batch * opts.length
-    # HF's own computation: LM head at every position.
-    flops_per_token = losses.mlm_flops_per_token(cfg, opts.length, slots, masked_head=False)
-    if device == "cuda":
-        mem, mem_source = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
-    else:
-        mem, mem_source = _max_rss_bytes(), "process max RSS (host; includes the JAX run)"
-    return {
-        "framework": f"transformers {transformers.__version__}, torch {torch.__version__}",
-        "device": device,
-        "compile": compile,
-        "attn_implementation": attn_implementation,
-        "torch_threads": torch.get_num_threads(),
-        "first_step_s": first_step_s,
-        "step_time_s": step_time,
-        "tokens_per_s": tokens / step_time,
-        "flops_per_token": flops_per_token,
-        "lm_head_counted_at": "all positions",
-        "model_tflops_per_s": flops_per_token * tokens / step_time / 1e12,
-        "peak_memory_bytes": int(mem),
-        "peak_memory_source": mem_source,
-        "loss": loss,
-    }
+    def summary(self, step_time: float) -> dict[str, Any]:
+        opts = self.opts
+        tokens = opts.batch * opts.length
+        # HF's own computation: LM head at every position.
+        flops_per_token = losses.mlm_flops_per_token(
+            self.cfg, opts.length, self.slots, masked_head=False
+        )
+        return {
+            "framework": self.framework,
+            "device": self.device,
+            "compile": self.compile,
+            "attn_implementation": self.attn,
+            "torch_threads": self.torch.get_num_threads(),
+            "first_step_s": self.first_step_s,
+            "step_time_s": step_time,
+            "tokens_per_s": tokens / step_time,
+            "flops_per_token": flops_per_token,
+            "lm_head_counted_at": "all positions",
+            "model_tflops_per_s": flops_per_token * tokens / step_time / 1e12,
+            "peak_memory_bytes": int(self.memory[0]),
+            "peak_memory_source": self.memory[1],
+            "loss": _check_finite(float(self.loss.detach()), "HF run"),
+        }
+
+
+def run_hf(opts: BenchOptions, *, compile: bool = False,
+           attn_implementation: str = "sdpa") -> dict[str, Any]:
+    """Times HF's training step under ``opts`` (``opts.steps`` steps); see :class:`HFRun`."""
+    r = HFRun(opts, compile=compile, attn_implementation=attn_implementation)
+    return r.summary(r.time_steps(opts.steps))
 
 
 # ---------------------------------------------------------------------------
@@ -482,11 +542,12 @@ def _gib(n):
 
 def format_report(report: dict[str, Any]) -> str:
     """The results as a text table plus notes."""
-    rows = [("variant", "tokens/s", "step ms", "compile s", "TFLOP/s", "MFU",
+    rows = [("variant", "tokens/s", "step ms", "best ms", "compile s", "TFLOP/s", "MFU",
              "peak mem", "vs first", "ours/HF")]
     for r in report["results"]:
         rows.append((
             r["name"], f"{r['tokens_per_s']:,.0f}", f"{1e3 * r['step_time_s']:.1f}",
+            f"{1e3 * r['step_time_best_s']:.1f}",
             f"{r['compile_s']:.1f}", f"{r['model_tflops_per_s']:.4g}",
             "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
             _gib(r["peak_memory_bytes"]), f"{r['ratio_vs_first']:.2f}",
@@ -496,7 +557,8 @@ def format_report(report: dict[str, Any]) -> str:
     if h:
         rows.append((
             "HF XLMRobertaForMaskedLM", f"{h['tokens_per_s']:,.0f}",
-            f"{1e3 * h['step_time_s']:.1f}", "-", f"{h['model_tflops_per_s']:.4g}", "-",
+            f"{1e3 * h['step_time_s']:.1f}", f"{1e3 * h['step_time_best_s']:.1f}", "-",
+            f"{h['model_tflops_per_s']:.4g}", "-",
             _gib(h["peak_memory_bytes"]), "-", "1.00",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -505,11 +567,13 @@ def format_report(report: dict[str, Any]) -> str:
     first = report["results"][0]
     o = first["options"]
     notes = [
-        f"device: {first['device']} (backend {first['backend']}), mesh {first['mesh']}",
+        f"device: {first['device']} (backend {first['backend']}), mesh {first['mesh']}, "
+        f"attention kernel: {first['attention_kernel']}",
         f"model {o['size']}, batch {o['batch']} x length {o['length']} = "
-        f"{first['tokens_per_step']} tokens/step, {o['steps']} timed steps after "
-        f"{o['warmup']} warm-up steps; compile = trace + lowering + XLA compile of the "
-        "first call",
+        f"{first['tokens_per_step']} tokens/step; {report['rounds']} round(s) of "
+        f"{o['steps']} timed steps per run after {o['warmup']} warm-up steps (step ms: median "
+        "over rounds, best ms: fastest round; ratios use the median); compile = trace + "
+        "lowering + XLA compile of the first call",
     ]
     for r in report["results"]:
         notes.append(
@@ -536,44 +600,73 @@ def run(
     hf: str = "auto",
     hf_compile: bool = False,
     hf_attn: str = "sdpa",
+    rounds: int = 1,
 ) -> dict[str, Any]:
-    """Runs every variant (ours), then HF for the first one; returns the report.
+    """Times every variant (and HF for the first one's sizes) in this process.
+
+    All runs are built, compiled and warmed up first; then ``rounds`` rounds each
+    time ``steps`` steps of every run in turn, so that ratios between runs see the
+    same machine conditions. Step times are the median over rounds.
 
     Args:
       variants: (name, options) pairs; ratios are against the first.
       hf: "on" (fail without torch/transformers), "off", or "auto".
       hf_compile: wrap the HF model in ``torch.compile``.
       hf_attn: HF ``attn_implementation`` ("sdpa" or "eager").
+      rounds: timing rounds (interleaved over runs).
+
+    Returns:
+      The report: ``results`` (one dict per variant), ``hf`` (or ``hf_skipped``), host.
     """
     if hf not in ("auto", "on", "off"):
         raise ValueError(f"bench: --hf must be auto, on or off, got {hf!r}")
+    if rounds < 1:
+        raise ValueError(f"bench: --rounds must be >= 1, got {rounds}")
     if hf == "on" and not hf_available():
         raise ImportError("bench: --hf=on needs torch and transformers")
-    results = []
-    for name, opts in variants:
-        r = run_ours(opts)
-        r["name"] = name
-        results.append(r)
-    base = results[0]["tokens_per_s"]
-    for r in results:
-        r["ratio_vs_first"] = r["tokens_per_s"] / base
+    runs: list[tuple[str, Any, int]] = [(name, OursRun(o), o.steps) for name, o in variants]
     report: dict[str, Any] = {
-        "results": results,
         "host": {"platform": platform.platform(), "python": platform.python_version(),
-                 "jax": jax.__version__},
+                 "jax": jax.__version__, "cpu_count": os.cpu_count()},
+        "rounds": rounds,
     }
+    first = variants[0][1]
     if hf == "off":
         report["hf_skipped"] = "--hf=off"
     elif not hf_available():
         report["hf_skipped"] = "torch/transformers not importable"
     else:
-        first = variants[0][1]
-        h = run_hf(first, compile=hf_compile, attn_implementation=hf_attn)
-        report["hf"] = h
-        comparable = ("size", "batch", "length", "dtype")
+        runs.append((None, HFRun(first, compile=hf_compile, attn_implementation=hf_attn),
+                     first.steps))
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for i, (_, r, steps) in enumerate(runs):
+            times[i].append(r.time_steps(steps))
+    summaries = []
+    for (name, r, _), t in zip(runs, times):
+        s = r.summary(float(np.median(t)))
+        s["step_time_rounds_s"] = t
+        # The least disturbed round: on a shared machine the better estimate of speed.
+        s["step_time_best_s"] = min(t)
+        s["tokens_per_s_best"] = s["tokens_per_s"] * s["step_time_s"] / min(t)
+        if name is not None:
+            s["name"] = name
+        summaries.append(s)
+    if "hf_skipped" not in report:
+        report["hf"] = summaries.pop()
+    results = report["results"] = summaries
+    for r in results:
+        r["ratio_vs_first"] = r["tokens_per_s"] / results[0]["tokens_per_s"]
+        r["ratio_vs_first_best"] = r["tokens_per_s_best"] / results[0]["tokens_per_s_best"]
+    if "hf" in report:
+        h = report["hf"]
+        comparable = ("size", "batch", "length", "dtype", "dropout", "attention_dropout")
         for r, (_, opts) in zip(results, variants):
             same = all(getattr(opts, k) == getattr(first, k) for k in comparable)
             r["ratio_vs_hf"] = r["tokens_per_s"] / h["tokens_per_s"] if same else None
+            r["ratio_vs_hf_best"] = (
+                r["tokens_per_s_best"] / h["tokens_per_s_best"] if same else None
+            )
     return report
 
 
@@ -599,11 +692,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default=d.attention, choices=("xla", "cudnn", "auto"))
     p.add_argument("--dropout", default=d.dropout, action=argparse.BooleanOptionalAction,
                    help="dropout as in pretraining (--no-dropout: rates 0, for quick CPU runs)")
+    p.add_argument("--attention_dropout", default=d.attention_dropout,
+                   action=argparse.BooleanOptionalAction,
+                   help="dropout on attention probabilities (the cuDNN kernel runs only without)")
     p.add_argument("--full_head", action="store_true",
                    help="LM head over the full vocabulary at every position (comparison)")
     p.add_argument("--steps", type=int, default=d.steps, help="timed steps")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps after compile")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timing rounds, interleaved over variants and HF (median reported)")
     p.add_argument("--variants", default="",
                    help="';'-separated variants of comma-separated key=value overrides, "
                         "timed in one process (e.g. 'masked;full_head=true;scan=false')")
@@ -621,11 +719,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(BenchOptions)}
     base = BenchOptions(**{k: v for k, v in vars(args).items() if k in fields})
     variants = parse_variants(args.variants, base) if args.variants else [("ours", base)]
-    report = run(variants, hf=args.hf, hf_compile=args.hf_compile, hf_attn=args.hf_attn)
+    report = run(variants, hf=args.hf, hf_compile=args.hf_compile, hf_attn=args.hf_attn,
+                 rounds=args.rounds)
     report["command"] = "python -m xlmeta_jax.bench " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    print(format_report(report))
+    print(format_report(report), flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=2)
