@@ -76,17 +76,17 @@ class FineTuneModel(nn.Module):
         return out
 
 
-# Names kept for readers of the docs: one class per head.
-def SequenceClassifier(config: EncoderConfig, num_labels: int) -> FineTuneModel:  # noqa: N802
+# One constructor per head, named as in the docs.
+def SequenceClassifier(config: EncoderConfig, num_labels: int) -> FineTuneModel:
     """Classification head on ``<s>`` (see module docstring)."""
     return FineTuneModel(config, "classification", num_labels)
 
 
-def SpanQA(config: EncoderConfig) -> FineTuneModel:  # noqa: N802
+def SpanQA(config: EncoderConfig) -> FineTuneModel:
     """Start / end logits per token."""
     return FineTuneModel(config, "qa", 2)
 
 
-def TokenTagger(config: EncoderConfig, num_labels: int) -> FineTuneModel:  # noqa: N802
+def TokenTagger(config: EncoderConfig, num_labels: int) -> FineTuneModel:
     """Tag logits per token."""
     return FineTuneModel(config, "tagging", num_labels)
