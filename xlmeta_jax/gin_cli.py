@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import gin
 

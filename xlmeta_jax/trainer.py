@@ -145,6 +145,19 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
     return shape
 
 
+def _is_complete(model_dir: str, phase: Phase) -> bool:
+    """Whether the phase's final checkpoint exists (finalised by Orbax)."""
+    path = os.path.join(model_dir, phase.name)
+    if not os.path.isdir(path):
+        return False
+    ckpt = checkpoints.PhaseCheckpoints(path, save_interval_steps=1, max_to_keep=None,
+                                        read_only=True)
+    try:
+        return ckpt.latest_step() == phase.num_steps
+    finally:
+        ckpt.close()
+
+
 def _make_iterator(phase: Phase, model: network.EncoderConfig, mesh, seed: int):
     if phase.task == SYNTHETIC:
         from xlmeta_jax.synthetic import SyntheticMLMIterator
@@ -481,9 +494,11 @@ def train(
     mesh = partitioning.create_mesh(*mesh_shape)
     log.info("devices: %s; mesh (data, fsdp, tensor) = %s", hardware.device_description(),
              mesh_shape)
-    # All iterators are built now so a missing file or unknown task fails early.
+    # All iterators are built now so a missing file or unknown task fails early
+    # (except for phases that are already complete).
     iterators = {
-        p.name: _make_iterator(p, model, mesh, seed=seed * 1000 + i + 1)
+        p.name: None if _is_complete(model_dir, p)
+        else _make_iterator(p, model, mesh, seed=seed * 1000 + i + 1)
         for i, p in enumerate(phases)
     }
     if jax.process_index() == 0:
