@@ -32,7 +32,8 @@ xlmeta_jax.trainer.train.mesh_shape = (2, 2, 2)
 xlmeta_jax.trainer.train.checkpoint_every = 5
 xlmeta_jax.trainer.train.keep_checkpoints = 2
 xlmeta_jax.trainer.train.log_every = 10
-xlmeta_jax.trainer.train.phases = [@phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
+xlmeta_jax.trainer.train.phases = [
+    @phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
 xlmeta_jax.trainer.Phase.task = 'synthetic'
 xlmeta_jax.trainer.Phase.num_steps = {steps}
 xlmeta_jax.trainer.Phase.batch_size = 8
@@ -253,17 +254,25 @@ def test_two_processes_match_one(tmp_path):
     one = subprocess.run([sys.executable, script, tmp_path / "one"], env=_env(8), cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    port = 20000 + os.getpid() % 20000
-    procs = [
-        subprocess.Popen(
-            [sys.executable, script, tmp_path / "two", f"--coordinator_address=localhost:{port}",
-             "--process_count=2", f"--process_index={i}"],
-            env=_env(4), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for i in range(2)
-    ]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    for attempt in range(2):
+        port = 20000 + (os.getpid() * 7 + attempt) % 20000
+        procs = [
+            subprocess.Popen(
+                [sys.executable, script, tmp_path / "two",
+                 f"--coordinator_address=localhost:{port}", "--process_count=2",
+                 f"--process_index={i}"],
+                env=_env(4), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            for i in range(2)
+        ]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        codes = [p.returncode for p in procs]
+        # On a loaded machine Gloo's fixed rendezvous timeout can expire while one process
+        # is still compiling: retry that (and only that) once.
+        if codes != [0, 0] and attempt == 0 and "gloo" in (outs[0] + outs[1]).lower():
+            continue
+        break
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     a, meta_a = _final_params(tmp_path / "one", "phase1")
     b, meta_b = _final_params(tmp_path / "two", "phase1")
     # Not bit-identical: gradients are all-reduced across processes (gloo) in another
