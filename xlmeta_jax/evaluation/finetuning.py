@@ -151,11 +151,9 @@ class _Runner:
         self._predict = jax.jit(predict)
 
     def _context(self):
-        mesh_ctx = (
-            jax.sharding.use_mesh(self.mesh) if hasattr(jax.sharding, "use_mesh") else self.mesh
-        )
+        # An abstract mesh, or Flax's logical activation constraints are no-ops.
         stack = contextlib.ExitStack()
-        stack.enter_context(mesh_ctx)
+        stack.enter_context(partitioning.mesh_context(self.mesh))
         stack.enter_context(partitioning.axis_rules_context())
         return stack
 
