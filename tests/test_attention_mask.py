@@ -21,7 +21,7 @@ def _cfg(impl):
 @pytest.fixture(scope="module")
 def params():
     model = XLMRForMaskedLM(_cfg("xla"))
-    variables = model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+    variables = jax.jit(model.init)(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
     return jax.tree.map(np.asarray, network.nn.unbox(variables["params"]))
 
 
