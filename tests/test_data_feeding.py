@@ -3,11 +3,10 @@ dynamic masking, the offline cache, phase-1 English and the throughput command."
 
 import os
 
+import gin
 import jax
 import numpy as np
 import pytest
-
-import gin
 
 seqio = pytest.importorskip("seqio")
 import tensorflow as tf  # noqa: E402

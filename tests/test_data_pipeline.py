@@ -8,10 +8,9 @@ import os
 import subprocess
 import sys
 
+import gin
 import numpy as np
 import pytest
-
-import gin
 
 seqio = pytest.importorskip("seqio")
 import tensorflow as tf  # noqa: E402

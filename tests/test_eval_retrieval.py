@@ -2,12 +2,12 @@
 
 import json
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import gin
 from xlmeta_jax import retrieval as retrieval_cli
 from xlmeta_jax.evaluation import retrieval, scorers, tokenization
 from xlmeta_jax.network import Encoder, get_config

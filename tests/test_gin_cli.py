@@ -2,9 +2,9 @@
 
 import pathlib
 
+import gin
 import pytest
 
-import gin
 from xlmeta_jax import gin_cli
 from xlmeta_jax.evaluation import finetuning, readers, retrieval  # noqa: F401 (configurables)
 

@@ -25,3 +25,12 @@ def test_ci_runs_readme_test_command():
     _, tests = _readme_commands()
     ci = (REPO / ".ci" / "run").read_text()
     assert tests.strip() in ci.splitlines()
+
+
+def test_ruff_clean():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:]

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import gin
 import jax
 
-import gin
 from xlmeta_jax import checkpoints, gin_cli, hardware, losses, network, partitioning, step
 from xlmeta_jax.optimizer import OptimizerConfig
 

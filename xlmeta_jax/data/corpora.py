@@ -23,6 +23,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 import gin
+
 from xlmeta_jax.data import mixtures
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
 

@@ -18,11 +18,11 @@ import logging
 import os
 from collections.abc import Mapping
 
+import gin
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-import gin
 from xlmeta_jax import partitioning
 
 # Registers every gin configurable of the pipeline (corpus locations, vocabulary) when the

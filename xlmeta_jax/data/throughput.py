@@ -67,10 +67,10 @@ def run(
     vocab_size: int,
 ) -> dict[str, dict]:
     """Runs both measurements; returns ``{"on the fly": ..., "seqio cache": ...}``."""
+    import gin
     import jax
     import seqio
 
-    import gin
     import tasks  # noqa: F401  (registers the tasks)
     from tasks import names
     from xlmeta_jax import partitioning

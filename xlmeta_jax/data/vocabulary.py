@@ -42,9 +42,9 @@ import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 
+import gin
 import numpy as np
 
-import gin
 from xlmeta_jax.data import mixtures
 from xlmeta_jax.data.languages import UNSPACED_LANGUAGES, XLMR_LANGUAGE_NAMES
 

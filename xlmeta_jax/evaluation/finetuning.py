@@ -34,13 +34,13 @@ import time
 from typing import Any
 
 import flax.linen as nn
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-import gin
 from xlmeta_jax import partitioning
 from xlmeta_jax.evaluation import encoders, features, readers, scorers
 from xlmeta_jax.evaluation.models import FineTuneModel, TaskHead

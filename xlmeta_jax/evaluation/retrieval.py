@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import gin
 from xlmeta_jax.evaluation import encoders, readers, scorers
 from xlmeta_jax.evaluation.finetuning import write_results
 from xlmeta_jax.evaluation.tokenization import Tokenizer
