@@ -38,15 +38,12 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from jax.sharding import NamedSharding, PartitionSpec
 
 from xlmeta_jax import hardware, losses, partitioning
 from xlmeta_jax.network import SIZES, get_config
-from xlmeta_jax.optimizer import OptimizerConfig, global_norm, linear_warmup_linear_decay
-from xlmeta_jax.step import TrainState, make_step_functions
+from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.step import make_step_functions
 
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 _REMAT = ("none", "full", "dots", "dots_no_batch", "save_named")
@@ -175,56 +172,6 @@ def _peak_memory(devices) -> tuple[int, str]:
     return _max_rss_bytes(), "process max RSS (host; includes everything run before)"
 
 
-def _full_head_step(fns, opt_cfg: OptimizerConfig, seed: int):
-    """The train step of ``fns`` with the LM head over every position.
-
-    Same model, optimizer, shardings, donation and metrics as ``xlmeta_jax.step``;
-    only the loss differs (full-vocabulary logits at all ``length`` positions, loss
-    on the masked ones through the full-length ``targets``/``weights``).
-    """
-    model, tx, mesh = fns.model, fns.tx, fns.mesh
-    schedule = linear_warmup_linear_decay(opt_cfg)
-    base_key = jax.random.key(seed)
-    features = ("inputs", "targets", "weights")
-
-    def step_fn(state, batch):
-        dropout_key = jax.random.fold_in(base_key, state.step)
-
-        def loss_fn(params):
-            logits = model.apply(
-                {"params": params}, batch["inputs"], deterministic=False,
-                rngs={"dropout": dropout_key},
-            )
-            loss_sum, weight_sum, correct = losses.weighted_cross_entropy(
-                logits, batch["targets"], batch["weights"]
-            )
-            denom = jnp.maximum(weight_sum, 1.0)
-            return loss_sum / denom, {"loss": loss_sum / denom, "accuracy": correct / denom}
-
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics)
-        metrics["grad_norm"] = global_norm(grads)
-        metrics["param_norm"] = global_norm(params)
-        metrics["learning_rate"] = schedule(state.step)
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-    def bound_step_fn(state, batch):
-        # As xlmeta_jax.step binds them: logical rules and the mesh while tracing.
-        with partitioning.axis_rules_context(), partitioning.mesh_context(mesh):
-            return step_fn(state, batch)
-
-    jitted = jax.jit(
-        bound_step_fn,
-        in_shardings=(fns.state_sharding, {k: fns.batch_sharding for k in features}),
-        out_shardings=(fns.state_sharding, NamedSharding(mesh, PartitionSpec())),
-        donate_argnums=(0,),
-    )
-
-    return lambda state, batch: jitted(state, {k: batch[k] for k in features})
-
-
 def attention_kernel(cfg, *, training: bool) -> str:
     """The attention implementation the network runs under ``cfg`` on this backend.
 
@@ -278,7 +225,9 @@ class OursRun:
         self.mesh = partitioning.create_mesh(*shape, devices=devices)
         # One warm-up step of the schedule, so the learning rate is non-zero when timed.
         opt_cfg = OptimizerConfig(warmup_steps=1, total_steps=10**6)
-        fns = make_step_functions(cfg, opt_cfg, self.mesh, seed=opts.seed)
+        fns = make_step_functions(
+            cfg, opt_cfg, self.mesh, seed=opts.seed, full_head=opts.full_head
+        )
         self.slots = losses.max_predictions_for_length(opts.length)
         host_batch = losses.synthetic_mlm_batch(
             np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size,
@@ -286,7 +235,7 @@ class OursRun:
         )
         self.masked_fraction = float(host_batch["weights"].mean())
         self.batch = {k: jax.device_put(v, fns.batch_sharding) for k, v in host_batch.items()}
-        self.step = _full_head_step(fns, opt_cfg, opts.seed) if opts.full_head else fns.train_step
+        self.step = fns.train_step
 
         self.state = jax.block_until_ready(fns.init(jax.random.key(opts.seed)))
         compile_before = _compile_clock()

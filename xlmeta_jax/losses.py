@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 MLM_FEATURES = ("inputs", "mlm_positions", "mlm_targets", "mlm_weights")
+# What the full-vocabulary head (every position; benchmarks, references) reads.
+FULL_HEAD_FEATURES = ("inputs", "targets", "weights")
 
 
 def weighted_cross_entropy(logits, targets, weights):
@@ -41,7 +43,8 @@ def weighted_cross_entropy(logits, targets, weights):
     return (nll * weights).sum(), weights.sum(), (correct * weights).sum()
 
 
-def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True):
+def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True,
+                         full_head=False):
     """Applies the MLM network at the gathered positions; returns (loss, metrics).
 
     The LM head (dense, LayerNorm, vocabulary projection) runs only at the
@@ -53,21 +56,26 @@ def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True
       batch: a dict with ``inputs``, ``mlm_positions``, ``mlm_targets`` and ``mlm_weights``.
       rngs: PRNG keys for ``apply`` (``{'dropout': key}`` when not deterministic).
       deterministic: disables dropout.
+      full_head: apply the LM head at every position instead (reads ``inputs``,
+        ``targets`` and ``weights``); for measuring what the gathered head saves.
 
     Returns:
       ``(loss, metrics)``: the mean cross-entropy over slots of weight 1 (0 when there
       are none), and ``loss``, ``accuracy`` and ``num_predictions`` (float32 scalars).
     """
+    if full_head:
+        positions, targets, weights = None, batch["targets"], batch["weights"]
+    else:
+        positions = batch["mlm_positions"]
+        targets, weights = batch["mlm_targets"], batch["mlm_weights"]
     logits = module.apply(
         {"params": params},
         batch["inputs"],
-        mlm_positions=batch["mlm_positions"],
+        mlm_positions=positions,
         deterministic=deterministic,
         rngs=rngs,
     )
-    loss_sum, weight_sum, correct_sum = weighted_cross_entropy(
-        logits, batch["mlm_targets"], batch["mlm_weights"]
-    )
+    loss_sum, weight_sum, correct_sum = weighted_cross_entropy(logits, targets, weights)
     denom = jnp.maximum(weight_sum, 1.0)
     loss = loss_sum / denom
     metrics = {

@@ -83,6 +83,7 @@ def make_step_functions(
     *,
     seed: int = 0,
     rules=partitioning.LOGICAL_AXIS_RULES,
+    full_head: bool = False,
 ) -> StepFunctions:
     """Builds the sharded init / train / eval functions for one mesh.
 
@@ -93,6 +94,8 @@ def make_step_functions(
       seed: seed of dropout randomness (the key for step ``s`` is ``fold_in(seed, s)``,
         so a resumed run draws the same dropout masks as an uninterrupted one).
       rules: logical-axis rules.
+      full_head: apply the LM head at every position (batches then need
+        ``losses.FULL_HEAD_FEATURES``); only to measure what the gathered head saves.
 
     Returns:
       A :class:`StepFunctions`. ``init``, ``train_step`` and ``eval_step`` are jitted
@@ -150,7 +153,8 @@ def make_step_functions(
 
         def loss_fn(params):
             return losses.mlm_loss_and_metrics(
-                model, params, batch, rngs={"dropout": dropout_key}, deterministic=False
+                model, params, batch, rngs={"dropout": dropout_key}, deterministic=False,
+                full_head=full_head,
             )
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -164,10 +168,13 @@ def make_step_functions(
         return new_state, metrics
 
     def eval_step_fn(state: TrainState, batch):
-        _, metrics = losses.mlm_loss_and_metrics(model, state.params, batch, deterministic=True)
+        _, metrics = losses.mlm_loss_and_metrics(
+            model, state.params, batch, deterministic=True, full_head=full_head
+        )
         return metrics
 
-    batch_shardings = {k: batch_sharding for k in losses.MLM_FEATURES}
+    features = losses.FULL_HEAD_FEATURES if full_head else losses.MLM_FEATURES
+    batch_shardings = {k: batch_sharding for k in features}
     train_step = jax.jit(
         _with_rules(train_step_fn),
         in_shardings=(state_sharding, batch_shardings),
@@ -187,18 +194,18 @@ def make_step_functions(
         param_logical_specs=logical,
         abstract_state=abstract,
         init=init,
-        train_step=lambda s, b: train_step(s, _select(b, mesh)),
-        eval_step=lambda s, b: eval_step(s, _select(b, mesh)),
+        train_step=lambda s, b: train_step(s, _select(b, mesh, features)),
+        eval_step=lambda s, b: eval_step(s, _select(b, mesh, features)),
         batch_sharding=batch_sharding,
     )
 
 
-def _select(batch, mesh: Mesh):
-    """The MLM features of ``batch``, checked against the mesh before any tracing."""
-    missing = [k for k in losses.MLM_FEATURES if k not in batch]
+def _select(batch, mesh: Mesh, features=losses.MLM_FEATURES):
+    """The step's features of ``batch``, checked against the mesh before any tracing."""
+    missing = [k for k in features if k not in batch]
     if missing:
         raise KeyError(f"MLM batch is missing features {missing}; has {sorted(batch)}")
-    selected = {k: batch[k] for k in losses.MLM_FEATURES}
+    selected = {k: batch[k] for k in features}
     shards = partitioning.batch_shards(mesh)
     for name, value in selected.items():
         shape = tuple(value.shape)
