@@ -74,6 +74,31 @@ def parse_gin_flags(argv: Sequence[str]) -> GinFlags:
     return GinFlags(files, bindings, paths, rest)
 
 
+def parse_command_line(argv: Sequence[str], *, doc: str, example: str) -> GinFlags | None:
+    """Gin flags of a command that takes nothing else; None after printing ``--help``.
+
+    Args:
+      argv: the command's arguments (program name excluded).
+      doc: printed for ``-h`` / ``--help``.
+      example: a gin file to name when none is given (e.g. ``gin/finetune/tydiqa.gin``).
+
+    Raises:
+      SystemExit: for unknown arguments or no ``--gin_file``.
+    """
+    if any(a in ("-h", "--help") for a in argv):
+        print(doc)
+        return None
+    flags = parse_gin_flags(argv)
+    if flags.remaining:
+        raise SystemExit(
+            f"unknown arguments {flags.remaining}; use --gin_file, --gin_bindings, "
+            "--gin.NAME=VALUE or --gin_search_paths"
+        )
+    if not flags.gin_files:
+        raise SystemExit(f"no --gin_file given (e.g. --gin_file={example})")
+    return flags
+
+
 def apply_gin(
     gin_files: Sequence[str],
     bindings: Sequence[str],
@@ -99,15 +124,6 @@ def apply_gin(
             )
         resolved.append(found)
     gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=finalize)
-
-
-def write_operative_config(model_dir: str, filename: str = "config.gin") -> str:
-    """Writes gin's operative config (what was actually used) to MODEL_DIR."""
-    os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, filename)
-    with open(path, "w") as f:
-        f.write(gin.operative_config_str())
-    return path
 
 
 def write_config(model_dir: str, filename: str = "config.gin") -> str:

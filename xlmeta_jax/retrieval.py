@@ -23,17 +23,9 @@ from xlmeta_jax import gin_cli
 def main(argv: list[str] | None = None) -> dict:
     """Parses gin flags, runs the configured ``evaluate_retrieval``, prints its table."""
     argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
+    flags = gin_cli.parse_command_line(argv, doc=__doc__, example="gin/finetune/tatoeba.gin")
+    if flags is None:
         return {}
-    flags = gin_cli.parse_gin_flags(argv)
-    if flags.remaining:
-        raise SystemExit(
-            f"unknown arguments {flags.remaining}; use --gin_file, --gin_bindings, "
-            "--gin.NAME=VALUE or --gin_search_paths"
-        )
-    if not flags.gin_files:
-        raise SystemExit("no --gin_file given (e.g. --gin_file=gin/finetune/tatoeba.gin)")
     from xlmeta_jax.evaluation import finetuning, retrieval
 
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
