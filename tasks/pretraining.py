@@ -132,10 +132,7 @@ def _mc4_selection() -> tuple[tuple[str, ...], float]:
 def _mc4_counts(languages) -> dict[str, float]:
     config = corpora.mc4_corpus()
     if config.counts is not None:
-        missing = [lang for lang in languages if lang not in config.counts]
-        if missing:
-            raise mixtures.CorpusError(f"mc4_corpus.counts lacks {missing}")
-        return {lang: config.counts[lang] for lang in languages}
+        return mixtures.given_counts(config.counts, languages, what="mc4_corpus.counts")
     out = {}
     for lang in languages:
         source, _ = _mc4_tfds(lang)

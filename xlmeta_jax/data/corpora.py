@@ -213,10 +213,7 @@ def cc100_files(config: CC100Config, lang: str, split: str = "train") -> list[st
 def cc100_counts(config: CC100Config, languages: Sequence[str]) -> dict[str, float]:
     """n_l for ``languages``: the configured counts, or counted (cached) from the files."""
     if config.counts is not None:
-        missing = [lang for lang in languages if lang not in config.counts]
-        if missing:
-            raise mixtures.CorpusError(f"cc100_corpus.counts lacks {missing}")
-        return {lang: config.counts[lang] for lang in languages}
+        return mixtures.given_counts(config.counts, languages, what="cc100_corpus.counts")
     out = {}
     for lang in languages:
         stats = mixtures.corpus_stats(

@@ -360,6 +360,16 @@ def count(stats: Iterable[FileStats], unit: str) -> int:
     return sum(s.lines for s in stats) if unit == "lines" else sum(s.text_bytes for s in stats)
 
 
+def given_counts(
+    counts: Mapping[str, float], languages: Sequence[str], *, what: str
+) -> dict[str, float]:
+    """n_l of ``languages`` from user-given ``counts``; names ``what`` when one lacks it."""
+    missing = [lang for lang in languages if lang not in counts]
+    if missing:
+        raise CorpusError(f"{what} lacks {missing}")
+    return {lang: counts[lang] for lang in languages}
+
+
 def check_alpha(alpha: float) -> float:
     """Validates the sampling exponent: 0 < alpha <= 1."""
     try:
