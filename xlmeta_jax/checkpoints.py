@@ -184,14 +184,10 @@ class PhaseCheckpoints:
 
 
 def read_meta(step_dir) -> dict:
+    """The JSON metadata item of a step directory (Orbax's JsonCheckpointHandler file)."""
     path = epath.Path(step_dir) / META / "metadata"
     if not path.exists():
-        candidates = list((epath.Path(step_dir) / META).glob("*")) if (
-            epath.Path(step_dir) / META
-        ).exists() else []
-        if not candidates:
-            raise CheckpointError(f"{step_dir} has no {META}/ item: not an xlmeta_jax checkpoint")
-        path = candidates[0]
+        raise CheckpointError(f"{step_dir} has no {META}/metadata: not an xlmeta_jax checkpoint")
     return json.loads(path.read_text())
 
 

@@ -398,7 +398,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             last_metrics = check(*pending)
         pending = (phase_step, metrics)
         done = phase_step == phase.num_steps
-        if phase_step % run.log_every == 0 or done or ckpt.manager.should_save(phase_step):
+        save_now = done or ckpt.manager.should_save(phase_step)
+        if phase_step % run.log_every == 0 or save_now:
             last_metrics = check(*pending)
             pending = None
         if phase_step % run.log_every == 0 or done:
@@ -422,7 +423,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
                 _fmt_duration(remaining * step_s),
             )
             t_log, steps_since_log = time.time(), 0
-        ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics), force=done)
+        if save_now:
+            ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics), force=done)
 
     # --------------------------------------------------------- phase end
     ckpt.wait()
