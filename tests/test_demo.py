@@ -19,7 +19,9 @@ def test_demo_runs_both_phases_and_hands_off(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     cmd = [
         sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo.gin",
-        f"--gin.MODEL_DIR='{model_dir}'", "--gin.META_STEPS=6", "--gin.XLING_STEPS=6",
+        # Relative, as in README's command.
+        f"--gin.MODEL_DIR='{os.path.relpath(model_dir, REPO)}'",
+        "--gin.META_STEPS=6", "--gin.XLING_STEPS=6",
         "--gin.WARMUP_STEPS=2",
         "--gin.xlmeta_jax.trainer.train.checkpoint_every=3",
         "--gin.xlmeta_jax.trainer.train.log_every=3",

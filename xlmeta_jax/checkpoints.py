@@ -33,6 +33,12 @@ from xlmeta_jax.network import EncoderConfig
 STATE, DATA, META = "state", "data", "meta"
 
 
+def absolute(path) -> str:
+    """``path`` made absolute (Orbax refuses relative paths); URLs (gs://...) as given."""
+    path = os.fspath(path)
+    return path if "://" in path else os.path.abspath(path)
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable or inconsistent with the run."""
 
@@ -117,7 +123,7 @@ class PhaseCheckpoints:
         async_save: bool = True,
         read_only: bool = False,
     ):
-        self.directory = epath.Path(directory)
+        self.directory = epath.Path(absolute(directory))
         from orbax.checkpoint import checkpoint_managers as policies
 
         options = ocp.CheckpointManagerOptions(
@@ -199,7 +205,7 @@ def restore_params(step_dir, abstract_params=None):
       abstract_params: optional pytree of ShapeDtypeStructs with shardings to
         restore onto (any mesh); default: arrays on the first device.
     """
-    state_dir = epath.Path(step_dir) / STATE
+    state_dir = epath.Path(absolute(step_dir)) / STATE
     if not state_dir.exists():
         raise CheckpointError(f"{step_dir} has no {STATE}/ item: not an xlmeta_jax checkpoint")
     ckptr = ocp.PyTreeCheckpointer()

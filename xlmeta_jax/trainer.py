@@ -445,7 +445,7 @@ def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> 
         "final_accuracy": metrics.get("accuracy"),
         "tokens": phase.num_steps * phase.batch_size * phase.sequence_length,
         "wall_seconds_now": wall,
-        "checkpoint": os.path.abspath(os.fspath(step_dir)),
+        "checkpoint": os.fspath(step_dir),
         "initialized_from": provenance,
     }
 
@@ -492,6 +492,10 @@ def train(
     if prepare is not None:
         prepare()
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
+    # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
+    # vocabulary stay valid from any working directory.
+    model_dir = checkpoints.absolute(model_dir)
+    vocab_path = checkpoints.absolute(vocab_path) if vocab_path else None
     _check_model_dir(model_dir)
     mesh = partitioning.create_mesh(*mesh_shape)
     log.info("devices: %s; mesh (data, fsdp, tensor) = %s", hardware.device_description(),
@@ -506,7 +510,7 @@ def train(
     if jax.process_index() == 0:
         gin_cli.write_config(model_dir)
 
-    summary = {"model_dir": os.path.abspath(model_dir), "phases": []}
+    summary = {"model_dir": model_dir, "phases": []}
     run = _Run(model_dir=model_dir, model=model, phases=list(phases), mesh=mesh, seed=seed,
                checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                async_checkpointing=async_checkpointing, log_every=log_every,
