@@ -191,6 +191,7 @@ def test_checkpoint_refuses_non_finite_params(tmp_path):
          r"sequence_length=512 exceeds"),
         (dict(phases=[train.Phase("p", "synthetic", 2, 8, 32, init_from="q")]),
          r"init_from='q' is not an earlier phase"),
+        (dict(rng_impl="philox"), r"train.rng_impl='philox' is not one of"),
     ],
 )
 def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, match):

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import sys
 import time
@@ -40,10 +41,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from xlmeta_jax import hardware, losses, partitioning
+from xlmeta_jax import hardware, losses, partitioning, profiling
 from xlmeta_jax.network import SIZES, get_config
 from xlmeta_jax.optimizer import OptimizerConfig
-from xlmeta_jax.step import make_step_functions
+from xlmeta_jax.step import RNG_IMPLS, make_step_functions
 
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 _REMAT = ("none", "full", "dots", "dots_no_batch", "save_named")
@@ -84,6 +85,8 @@ class BenchOptions:
     attention_dropout: bool = True
     # Compute the LM head over the full vocabulary at every position (for comparison).
     full_head: bool = False
+    # PRNG of the dropout masks: threefry2x32 (default), rbg or unsafe_rbg.
+    rng_impl: str = "threefry2x32"
     # Timed steps.
     steps: int = 10
     # Untimed steps after the compiling first call.
@@ -98,6 +101,9 @@ class BenchOptions:
             raise ValueError(f"bench: unknown --dtype={self.dtype!r}; expected bf16 or fp32")
         if self.remat not in _REMAT:
             raise ValueError(f"bench: unknown --remat={self.remat!r}; expected one of {_REMAT}")
+        if self.rng_impl not in RNG_IMPLS:
+            raise ValueError(f"bench: unknown --rng_impl={self.rng_impl!r}; "
+                             f"expected one of {RNG_IMPLS}")
         if self.attention not in ("xla", "cudnn", "auto"):
             raise ValueError(f"bench: unknown --attention={self.attention!r}")
         if self.num_devices < 0:
@@ -226,7 +232,8 @@ class OursRun:
         # One warm-up step of the schedule, so the learning rate is non-zero when timed.
         opt_cfg = OptimizerConfig(warmup_steps=1, total_steps=10**6)
         fns = make_step_functions(
-            cfg, opt_cfg, self.mesh, seed=opts.seed, full_head=opts.full_head
+            cfg, opt_cfg, self.mesh, seed=opts.seed, full_head=opts.full_head,
+            rng_impl=opts.rng_impl,
         )
         self.slots = losses.max_predictions_for_length(opts.length)
         host_batch = losses.synthetic_mlm_batch(
@@ -234,12 +241,15 @@ class OursRun:
             slots=self.slots,
         )
         self.masked_fraction = float(host_batch["weights"].mean())
-        self.batch = {k: jax.device_put(v, fns.batch_sharding) for k, v in host_batch.items()}
-        self.step = fns.train_step
+        features = losses.FULL_HEAD_FEATURES if opts.full_head else losses.MLM_FEATURES
+        self.batch = {k: jax.device_put(host_batch[k], fns.batch_sharding) for k in features}
 
         self.state = jax.block_until_ready(fns.init(jax.random.key(opts.seed)))
         compile_before = _compile_clock()
         t0 = time.perf_counter()
+        # Compiled ahead of time, so the profile can map the executable's ops back to
+        # the model (``profile``); it is the same program ``fns.train_step`` runs.
+        self.step = fns.train_step_jit.lower(self.state, self.batch).compile()
         self._run(1)
         self.first_step_s = time.perf_counter() - t0
         self.compile_s = _compile_clock() - compile_before
@@ -250,6 +260,12 @@ class OursRun:
         for _ in range(n):
             self.state, self.metrics = self.step(self.state, self.batch)
         jax.block_until_ready((self.state, self.metrics))
+
+    def profile(self, trace_dir: str, steps: int = 3) -> profiling.Breakdown:
+        """Profiles ``steps`` more steps; the time per model part (and the trace)."""
+        text = self.step.as_text()
+        module = re.match(r"HloModule\s+([\w.\-]+)", text).group(1)
+        return profiling.profile_step(self._run, text, module, trace_dir, steps=steps)
 
     def time_steps(self, n: int) -> float:
         """Mean seconds per step over ``n`` steps dispatched back to back."""
@@ -393,6 +409,12 @@ class HFRun:
             self.loss = loss
         if self.device == "cuda":
             torch.cuda.synchronize()
+
+    def profile(self, trace_dir: str, steps: int = 3) -> profiling.Breakdown:
+        """Profiles ``steps`` more steps; the time per model part (and the trace)."""
+        text = self.step.as_text()
+        module = re.match(r"HloModule\s+([\w.\-]+)", text).group(1)
+        return profiling.profile_step(self._run, text, module, trace_dir, steps=steps)
 
     def time_steps(self, n: int) -> float:
         """Mean seconds per step over ``n`` steps."""
@@ -540,6 +562,9 @@ def format_report(report: dict[str, Any]) -> str:
         )
     elif report.get("hf_skipped"):
         notes.append(f"HF comparison skipped: {report['hf_skipped']}")
+    for r in report["results"]:
+        if "profile" in r:
+            notes += ["", f"{r['name']}: " + profiling.Breakdown(**r["profile"]).format()]
     return "\n".join(lines + [""] + notes)
 
 
@@ -550,6 +575,8 @@ def run(
     hf_compile: bool = False,
     hf_attn: str = "sdpa",
     rounds: int = 1,
+    profile_dir: str = "",
+    profile_steps: int = 3,
 ) -> dict[str, Any]:
     """Times every variant (and HF for the first one's sizes) in this process.
 
@@ -563,6 +590,10 @@ def run(
       hf_compile: wrap the HF model in ``torch.compile``.
       hf_attn: HF ``attn_implementation`` ("sdpa" or "eager").
       rounds: timing rounds (interleaved over runs).
+      profile_dir: when set, each variant then runs ``profile_steps`` more steps under
+        ``jax.profiler`` (trace written under ``profile_dir/<variant index>``) and its
+        result gets a ``profile``: op time per model part (:mod:`xlmeta_jax.profiling`).
+      profile_steps: steps inside each profile.
 
     Returns:
       The report: ``results`` (one dict per variant), ``hf`` (or ``hf_skipped``), host.
@@ -573,6 +604,8 @@ def run(
         raise ValueError(f"bench: --rounds must be >= 1, got {rounds}")
     if hf == "on" and not hf_available():
         raise ImportError("bench: --hf=on needs torch and transformers")
+    if profile_dir and profile_steps < 1:
+        raise ValueError(f"bench: --profile_steps must be >= 1, got {profile_steps}")
     runs: list[tuple[str, Any, int]] = [(name, OursRun(o), o.steps) for name, o in variants]
     report: dict[str, Any] = {
         "host": {"platform": platform.platform(), "python": platform.python_version(),
@@ -601,6 +634,12 @@ def run(
         if name is not None:
             s["name"] = name
         summaries.append(s)
+    if profile_dir:
+        # After the timed rounds, so tracing never disturbs a timing.
+        for i, (s, (_, r, _)) in enumerate(zip(summaries, runs)):
+            if isinstance(r, OursRun):
+                sub = os.path.join(profile_dir, str(i))
+                s["profile"] = r.profile(sub, profile_steps).as_dict()
     if "hf_skipped" not in report:
         report["hf"] = summaries.pop()
     results = report["results"] = summaries
@@ -646,6 +685,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="dropout on attention probabilities (the cuDNN kernel runs only without)")
     p.add_argument("--full_head", action="store_true",
                    help="LM head over the full vocabulary at every position (comparison)")
+    p.add_argument("--rng_impl", default=d.rng_impl, choices=RNG_IMPLS,
+                   help="PRNG of the dropout masks")
     p.add_argument("--steps", type=int, default=d.steps, help="timed steps")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps after compile")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -658,6 +699,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="also time HF XLMRobertaForMaskedLM (auto: when importable)")
     p.add_argument("--hf_compile", action="store_true", help="torch.compile the HF model")
     p.add_argument("--hf_attn", default="sdpa", choices=("sdpa", "eager"))
+    p.add_argument("--profile_dir", default="",
+                   help="after timing, profile each variant: trace written here, op time "
+                        "per model part printed (TensorBoard/Perfetto open the trace)")
+    p.add_argument("--profile_steps", type=int, default=3, help="steps inside each profile")
     p.add_argument("--json_out", default="", help="also write the report as JSON here")
     return p
 
@@ -669,7 +714,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = BenchOptions(**{k: v for k, v in vars(args).items() if k in fields})
     variants = parse_variants(args.variants, base) if args.variants else [("ours", base)]
     report = run(variants, hf=args.hf, hf_compile=args.hf_compile, hf_attn=args.hf_attn,
-                 rounds=args.rounds)
+                 rounds=args.rounds, profile_dir=args.profile_dir,
+                 profile_steps=args.profile_steps)
     report["command"] = "python -m xlmeta_jax.bench " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

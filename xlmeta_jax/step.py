@@ -29,6 +29,9 @@ from xlmeta_jax.optimizer import (
     make_optimizer,
 )
 
+# PRNG implementations the dropout masks may use (``jax.random.key(..., impl=)``).
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -60,6 +63,9 @@ class StepFunctions:
     eval_step: Callable
     # Sharding of every batch array.
     batch_sharding: NamedSharding
+    # The jitted train step itself (takes exactly the step's features; no checks), for
+    # ahead-of-time lowering: ``train_step_jit.lower(state, batch).compile()``.
+    train_step_jit: Callable = None
 
 
 def _dummy_inputs(cfg: EncoderConfig):
@@ -84,6 +90,7 @@ def make_step_functions(
     seed: int = 0,
     rules=partitioning.LOGICAL_AXIS_RULES,
     full_head: bool = False,
+    rng_impl: str = "threefry2x32",
 ) -> StepFunctions:
     """Builds the sharded init / train / eval functions for one mesh.
 
@@ -96,6 +103,10 @@ def make_step_functions(
       rules: logical-axis rules.
       full_head: apply the LM head at every position (batches then need
         ``losses.FULL_HEAD_FEATURES``); only to measure what the gathered head saves.
+      rng_impl: PRNG of the dropout masks: ``"threefry2x32"`` (JAX's default; the
+        same masks on every backend and mesh) or ``"rbg"`` / ``"unsafe_rbg"`` (XLA's
+        RngBitGenerator: cheaper masks, but a different stream, which may differ
+        between backends). Any choice is deterministic, so resume stays exact.
 
     Returns:
       A :class:`StepFunctions`. ``init``, ``train_step`` and ``eval_step`` are jitted
@@ -108,6 +119,9 @@ def make_step_functions(
         axes or a parameter cannot be split on it (every such parameter is named).
     """
     partitioning.check_mesh_axes(mesh)
+    if rng_impl not in RNG_IMPLS:
+        raise ValueError(f"make_step_functions: unknown rng_impl={rng_impl!r}; "
+                         f"expected one of {RNG_IMPLS}")
     model = XLMRForMaskedLM(model_cfg)
     tx = make_optimizer(opt_cfg)
     schedule = linear_warmup_linear_decay(opt_cfg)
@@ -146,7 +160,7 @@ def make_step_functions(
         return wrapped
 
     init = jax.jit(_with_rules(init_fn), out_shardings=state_sharding)
-    base_key = jax.random.key(seed)
+    base_key = jax.random.key(seed, impl=rng_impl)
 
     def train_step_fn(state: TrainState, batch):
         dropout_key = jax.random.fold_in(base_key, state.step)
@@ -197,6 +211,7 @@ def make_step_functions(
         train_step=lambda s, b: train_step(s, _select(b, mesh, features)),
         eval_step=lambda s, b: eval_step(s, _select(b, mesh, features)),
         batch_sharding=batch_sharding,
+        train_step_jit=train_step,
     )
 
 

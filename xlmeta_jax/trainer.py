@@ -280,6 +280,7 @@ class _Run:
     initial_checkpoint_path: str | None
     vocab_path: str | None
     peak_flops: float | None
+    rng_impl: str
 
 
 def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
@@ -287,7 +288,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     model, phases = run.model, run.phases
     phase_dir = os.path.join(run.model_dir, phase.name)
     fns = step.make_step_functions(
-        model, phase.optimizer_config(), run.mesh, seed=run.seed * 1000 + index
+        model, phase.optimizer_config(), run.mesh, seed=run.seed * 1000 + index,
+        rng_impl=run.rng_impl,
     )
     ckpt = checkpoints.PhaseCheckpoints(
         phase_dir,
@@ -470,6 +472,7 @@ def train(
     initial_checkpoint_path: str | None = None,
     vocab_path: str | None = None,
     prepare: Callable[[], Any] | None = None,
+    rng_impl: str = "threefry2x32",
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
 
@@ -486,9 +489,17 @@ def train(
       initial_checkpoint_path: params for the first phase (ours or Hugging Face).
       vocab_path: SentencePiece model used by the tasks (recorded in checkpoints).
       prepare: optional callable run first (e.g. the demo's corpus and vocabulary).
+      rng_impl: PRNG of the dropout masks: ``threefry2x32`` (JAX's default; identical
+        on every backend and mesh), ``rbg`` or ``unsafe_rbg`` (XLA's RngBitGenerator,
+        cheaper on accelerators, stream may differ between backends). Every choice is
+        deterministic, so resume is exact; see docs/performance.md.
     """
     # ---------------------------------------------------------------- validate
     # Everything checkable is checked before any data is read or code compiled.
+    if rng_impl not in step.RNG_IMPLS:
+        raise ConfigError(
+            f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}"
+        )
     if prepare is not None:
         prepare()
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
@@ -515,7 +526,7 @@ def train(
                checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                async_checkpointing=async_checkpointing, log_every=log_every,
                initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
-               peak_flops=hardware.peak_flops_per_device())
+               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl)
     for index, phase in enumerate(phases):
         summary["phases"].append(_train_phase(run, index, phase, iterators[phase.name]))
 
