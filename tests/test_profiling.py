@@ -21,6 +21,12 @@ _BWD = _STEP + "transpose(jvp(XLMRForMaskedLM))/encoder/while/body/closed_call/l
      "dropout masks (PRNG)", "forward"),
     (_FWD + "Dropout_1/jit(_bernoulli)/jit(_uniform)/rng_bit_generator",
      "dropout masks (PRNG)", "forward"),
+    # Masks of fewer bits (jax.random.bits, no scope of its own): threefry's rounds.
+    (_FWD + "Dropout_0/while/body/closed_call/shift_right_logical", "dropout masks (PRNG)",
+     "forward"),
+    (_FWD + "Dropout_0/iota_2x32_shape", "dropout masks (PRNG)", "forward"),
+    (_FWD + "attention/Dropout_0/select_n", "attention: scores, softmax, dropout", "forward"),
+    (_FWD + "Dropout_1/select_n", "layer: residual, LayerNorm, dropout", "forward"),
     (_BWD + "wi/dot_general", "MLP: wi, GELU, wo", "backward"),
     (_STEP + "jvp(XLMRForMaskedLM)/encoder/layers_3/wo/dot_general", "MLP: wi, GELU, wo",
      "forward"),

@@ -87,6 +87,8 @@ class BenchOptions:
     full_head: bool = False
     # PRNG of the dropout masks: threefry2x32 (default), rbg or unsafe_rbg.
     rng_impl: str = "threefry2x32"
+    # Random bits per dropout-mask element: 32, 16 or 8 (EncoderConfig.dropout_mask_bits).
+    dropout_mask_bits: int = 32
     # Timed steps.
     steps: int = 10
     # Untimed steps after the compiling first call.
@@ -128,6 +130,7 @@ class BenchOptions:
             scan_layers=self.scan,
             remat_policy=self.remat,
             attention_impl=self.attention,
+            dropout_mask_bits=self.dropout_mask_bits,
         )
 
 
@@ -687,6 +690,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="LM head over the full vocabulary at every position (comparison)")
     p.add_argument("--rng_impl", default=d.rng_impl, choices=RNG_IMPLS,
                    help="PRNG of the dropout masks")
+    p.add_argument("--dropout_mask_bits", type=int, default=d.dropout_mask_bits,
+                   choices=(8, 16, 32), help="random bits per dropout-mask element")
     p.add_argument("--steps", type=int, default=d.steps, help="timed steps")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps after compile")
     p.add_argument("--seed", type=int, default=d.seed)

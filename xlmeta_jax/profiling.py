@@ -27,9 +27,12 @@ import jax
 # stack names its component. Dropout-mask generation is listed first because it runs
 # inside every other scope.
 COMPONENTS: tuple[tuple[str, str], ...] = (
+    # jax.random.bits has no scope of its own: its threefry rounds show as while /
+    # xor / shift ops directly under the Dropout module.
     ("dropout masks (PRNG)",
      r"_bernoulli|_uniform|threefry|random_bits|rng_bit_generator|random_fold_in|"
-     r"random_split|random_wrap"),
+     r"random_split|random_wrap|iota_2x32|"
+     r"[Dd]ropout(_\d+)?/(while|xor|shift_left|shift_right_logical|or|add|slice)\b"),
     ("attention: q/k/v/out projections", r"/attention/(query|key|value|out)/"),
     ("attention: scores, softmax, dropout", r"/attention/|dot_product_attention"),
     ("MLP: wi, GELU, wo", r"/layers(_\d+)?/(wi|wo)/|/layers(_\d+)?/(erf|gelu)"),
