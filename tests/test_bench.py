@@ -33,6 +33,7 @@ def test_bench_tiny_with_hf_comparison(tmp_path, capsys):
     # CPU has no known peak: MFU is skipped, not invented.
     assert r["mfu"] is None and "unknown" in r["mfu_note"]
     assert "masked slots only" in r["lm_head_counted_at"]
+    assert r["dropout_draws_per_step"] == 0  # --no-dropout
 
     h = report["hf"]
     for key in ("tokens_per_s", "step_time_s", "model_tflops_per_s", "peak_memory_bytes"):
@@ -82,10 +83,22 @@ def test_variants_and_bad_options():
                                           num_devices=2))
 
 
-def test_bench_and_network_import_without_tensorflow_seqio_torch():
+def test_bench_and_network_import_without_tensorflow_seqio_torch_gin():
+    # Accelerator hosts may have none of these; the bench and profiler must still run.
     code = (
-        "import sys, xlmeta_jax.bench, xlmeta_jax.hf, xlmeta_jax.step\n"
-        "bad = [m for m in ('tensorflow', 'seqio', 'torch', 'transformers') if m in sys.modules]\n"
+        "import sys, xlmeta_jax.bench, xlmeta_jax.hf, xlmeta_jax.step, xlmeta_jax.profiling\n"
+        "bad = [m for m in ('tensorflow', 'seqio', 'torch', 'transformers', 'gin')\n"
+        "       if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_dropout_draws_hand_checked():
+    # tiny: h=64, 2 layers, 8 heads; L=16. Hidden: 64 * (1 + 2*2) = 320 per token;
+    # attention probabilities: 2 layers * 8 heads * 16 keys = 256 per token.
+    cfg = get_config("tiny")
+    assert losses.dropout_mask_elements_per_token(cfg, 16) == 320 + 256
+    assert losses.dropout_mask_elements_per_token(cfg, 16, attention_dropout=False) == 320
+    off = get_config("tiny", dropout_rate=0.0, attention_dropout_rate=0.0)
+    assert losses.dropout_mask_elements_per_token(off, 16) == 0

@@ -313,6 +313,10 @@ class OursRun:
                 f"masked slots only ({self.slots} of {opts.length} positions per sequence)"
             ),
             "model_tflops_per_s": tflops,
+            # PRNG work of the dropout masks (32-bit draws per step), to read the profile's
+            # "dropout masks" row against.
+            "dropout_draws_per_step": losses.dropout_mask_elements_per_token(
+                cfg, opts.length) * tokens * cfg.dropout_mask_bits / 32,
             "peak_tflops_per_device": None if peak is None else peak / 1e12,
             "mfu": mfu,
             "mfu_note": mfu_note,
@@ -553,7 +557,8 @@ def format_report(report: dict[str, Any]) -> str:
         notes.append(
             f"{r['name']}: {r['flops_per_token'] / 1e6:.2f} MFLOP/token (training, matmuls, "
             f"3x forward); LM head counted at {r['lm_head_counted_at']}; MFU: {r['mfu_note']}; "
-            f"memory: {r['peak_memory_source']}"
+            f"memory: {r['peak_memory_source']}; dropout masks: "
+            f"{r['dropout_draws_per_step'] / 1e6:.1f}M 32-bit PRNG draws/step"
         )
     notes.append(f"peak FLOP/s source: {PEAK_SOURCE}")
     if h:

@@ -120,6 +120,20 @@ def mlm_flops_per_token(cfg, length: int, slots: int, *, masked_head: bool = Tru
     return 3.0 * (n * per_layer + head)
 
 
+def dropout_mask_elements_per_token(cfg, length: int, *, attention_dropout: bool = True) -> float:
+    """Dropout-mask elements one training step draws per input token.
+
+    The embeddings' and every layer's two hidden-state dropouts draw ``hidden_size``
+    elements per token; attention dropout draws ``num_heads * length`` per token and
+    layer (one per attention probability). Each element costs one PRNG draw at
+    ``dropout_mask_bits=32``, half or a quarter of one at 16 or 8 bits.
+    """
+    h, n = cfg.hidden_size, cfg.num_layers
+    hidden = h * (1 + 2 * n) if cfg.dropout_rate > 0 else 0
+    attn = n * cfg.num_heads * length if attention_dropout and cfg.attention_dropout_rate > 0 else 0
+    return float(hidden + attn)
+
+
 def synthetic_mlm_batch(
     rng: np.random.Generator,
     batch_size: int,
