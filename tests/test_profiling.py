@@ -100,3 +100,23 @@ def test_bench_profile_explains_the_tiny_step(tmp_path, capsys):
     assert "dropout masks (PRNG)" not in [r[0] for r in without["rows"]]
     printed = capsys.readouterr().out
     assert "fwd ms" in printed and "top ops:" in printed
+
+
+def test_breakdown_per_step_and_kernel_names():
+    names = {
+        "fusion.3": "jit(f)/jvp(XLMRForMaskedLM)/encoder/layers_0/wi/dot_general",
+        "dot.1": "jit(f)/transpose(jvp(XLMRForMaskedLM))/encoder/layers_0/wo/dot_general",
+        "add.2": "jit(f)/add",
+    }
+    # Times summed over 2 steps; "loop_fusion_3"-style kernel names (GPU) resolve to
+    # their instruction; unknown kernels count as other.
+    op_ns = {"fusion_3": 4_000_000, "dot.1": 6_000_000, "add.2": 2_000_000,
+             "cutlass_kernel": 1_000_000}
+    rows, total, top = profiling.breakdown(op_ns, names, steps=2)
+    by = {r[0]: r[1:] for r in rows}
+    assert by["MLP: wi, GELU, wo"] == (2.0, 3.0, 0.0, 5.0)
+    assert by["optimizer: AdamW, clipping, norms"] == (0.0, 0.0, 1.0, 1.0)
+    assert by[profiling.OTHER] == (0.0, 0.0, 0.5, 0.5)
+    assert total == 6.5
+    assert rows[0][0] == "MLP: wi, GELU, wo"  # largest first
+    assert [t[1] for t in top] == ["dot.1", "fusion_3", "add.2", "cutlass_kernel"]

@@ -18,6 +18,7 @@ import dataclasses
 import glob
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,9 @@ COMPONENTS: tuple[tuple[str, str], ...] = (
     # Outside value_and_grad: AdamW, clipping, the norms reported as metrics.
     ("optimizer: AdamW, clipping, norms", r"^jit\([^/]*\)/[^/]*$"),
 )
-OTHER = "other (copies, parameter plumbing)"
+# Ops without a name stack: mostly the zero-initialised buffers scan stacks per-layer
+# values into, and copies XLA inserts.
+OTHER = "other (buffer initialisation, copies)"
 
 
 def component_of(op_name: str) -> str:
@@ -113,11 +116,20 @@ def op_times_from_xspace(path: str, module_prefix: str) -> tuple[dict[str, int],
             for ev in line.events:
                 stats = dict((k, v) for k, v in ev.stats if k is not None)
                 op, module = stats.get("hlo_op"), stats.get("hlo_module")
-                if op and module and str(module).startswith(module_prefix):
+                if module is not None and not str(module).startswith(module_prefix):
+                    continue
+                if op is None and kind == "device" and ev.duration_ns > 0:
+                    # A kernel without the op annotation: XLA names fusion kernels
+                    # after their instruction (see ``breakdown``); only this step
+                    # runs while tracing.
+                    op = ev.name
+                if op and (module is not None or kind == "device"):
                     events.append((int(ev.start_ns), int(ev.duration_ns), str(op)))
             if events:
                 per_source[kind].append(_exclusive_times(events))
     source = "device" if per_source["device"] else "host"
+    if source == "host" and jax.default_backend() != "cpu":
+        source = "host (no device op events: these are launch times, not kernel times)"
     totals: dict[str, int] = {}
     for line_times in per_source[source]:
         for op, ns in line_times.items():
@@ -169,8 +181,10 @@ def breakdown(op_ns: dict[str, int], names: dict[str, str], steps: int) -> tuple
     """Groups per-op times (summed over ``steps``) by component and pass, ms per step."""
     table: dict[str, list[float]] = {}
     ops = []
+    # GPU kernels are named after their instruction with '.' and '-' made '_'.
+    sanitized = {re.sub(r"[.\-]", "_", k): v for k, v in names.items()}
     for op, ns in op_ns.items():
-        op_name = names.get(op, "")
+        op_name = names.get(op) or sanitized.get(op, "")
         comp = component_of(op_name) if op_name else OTHER
         ms = ns / 1e6 / steps
         col = {"forward": 0, "backward": 1}.get(pass_of(op_name), 2)
@@ -205,8 +219,6 @@ def profile_step(
     Returns:
       The :class:`Breakdown`.
     """
-    import time
-
     os.makedirs(trace_dir, exist_ok=True)
     before = set(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
     with jax.profiler.trace(trace_dir):
