@@ -219,6 +219,20 @@ def test_unwritable_model_dir(tmp_path, monkeypatch):
                     phases=[train.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
 
 
+def test_model_dir_check_is_safe_for_concurrent_hosts(tmp_path):
+    # Every host of a pod checks the same shared MODEL_DIR at the same time; one
+    # host's probe must never be another's.
+    import concurrent.futures
+
+    def check(_):
+        for _ in range(200):
+            train._check_model_dir(os.fspath(tmp_path))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(check, range(8)))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_macro_names_it(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "xlmeta_jax.train", "--gin_file=models/tiny.gin",
@@ -257,9 +271,10 @@ def test_two_processes_match_one(tmp_path):
     assert one.returncode == 0, one.stderr[-3000:]
     for attempt in range(2):
         port = 20000 + (os.getpid() * 7 + attempt) % 20000
+        two = tmp_path / f"two{attempt}"
         procs = [
             subprocess.Popen(
-                [sys.executable, script, tmp_path / "two",
+                [sys.executable, script, two,
                  f"--coordinator_address=localhost:{port}", "--process_count=2",
                  f"--process_index={i}"],
                 env=_env(4), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -275,7 +290,7 @@ def test_two_processes_match_one(tmp_path):
         break
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     a, meta_a = _final_params(tmp_path / "one", "phase1")
-    b, meta_b = _final_params(tmp_path / "two", "phase1")
+    b, meta_b = _final_params(two, "phase1")
     # Not bit-identical: gradients are all-reduced across processes (gloo) in another
     # summation order than within one process. 1e-7 is ~1000x below one AdamW update
     # (lr 6e-4 x O(1)), so a wrong shard or a missing process's data would show.

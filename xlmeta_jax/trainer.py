@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,9 +93,9 @@ def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
 def _check_model_dir(model_dir: str) -> None:
     try:
         os.makedirs(model_dir, exist_ok=True)
-        probe = os.path.join(model_dir, ".write_test")
-        with open(probe, "w") as f:
-            f.write("ok")
+        # A probe name of its own: on a pod every host checks the same shared directory.
+        fd, probe = tempfile.mkstemp(prefix=".write_test.", dir=model_dir)
+        os.close(fd)
         os.remove(probe)
     except OSError as e:
         raise ConfigError(f"MODEL_DIR {model_dir!r} is not a writable directory: {e}") from e
