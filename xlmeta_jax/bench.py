@@ -32,7 +32,6 @@ import json
 import math
 import os
 import platform
-import re
 import resource
 import sys
 import time
@@ -42,7 +41,7 @@ import jax
 import numpy as np
 
 from xlmeta_jax import hardware, losses, partitioning, profiling
-from xlmeta_jax.network import SIZES, get_config
+from xlmeta_jax.network import DROPOUT_MASK_BITS, SIZES, get_config
 from xlmeta_jax.optimizer import OptimizerConfig
 from xlmeta_jax.step import RNG_IMPLS, make_step_functions
 
@@ -202,7 +201,20 @@ def _check_finite(loss: float, what: str) -> float:
     return loss
 
 
-class OursRun:
+class _TimedRun:
+    """A training step that ``_run(n)`` runs ``n`` times, waiting for the last."""
+
+    def _run(self, n: int) -> None:
+        raise NotImplementedError
+
+    def time_steps(self, n: int) -> float:
+        """Mean seconds per step over ``n`` steps dispatched back to back."""
+        t0 = time.perf_counter()
+        self._run(n)
+        return (time.perf_counter() - t0) / n
+
+
+class OursRun(_TimedRun):
     """Our train step under one :class:`BenchOptions`: built, compiled and warmed up
     on construction; :meth:`time_steps` times further steps; :meth:`summary` reports.
     """
@@ -267,15 +279,7 @@ class OursRun:
 
     def profile(self, trace_dir: str, steps: int = 3) -> profiling.Breakdown:
         """Profiles ``steps`` more steps; the time per model part (and the trace)."""
-        text = self.step.as_text()
-        module = re.match(r"HloModule\s+([\w.\-]+)", text).group(1)
-        return profiling.profile_step(self._run, text, module, trace_dir, steps=steps)
-
-    def time_steps(self, n: int) -> float:
-        """Mean seconds per step over ``n`` steps dispatched back to back."""
-        t0 = time.perf_counter()
-        self._run(n)
-        return (time.perf_counter() - t0) / n
+        return profiling.profile_step(self._run, self.step.as_text(), trace_dir, steps=steps)
 
     def summary(self, step_time: float) -> dict[str, Any]:
         opts, cfg = self.opts, self.cfg
@@ -343,7 +347,7 @@ def hf_available() -> bool:
     return True
 
 
-class HFRun:
+class HFRun(_TimedRun):
     """Hugging Face's XLMRobertaForMaskedLM training step under ``opts``.
 
     Same sizes, batch and masked positions (labels -100 elsewhere); AdamW with
@@ -418,17 +422,6 @@ class HFRun:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
-    def profile(self, trace_dir: str, steps: int = 3) -> profiling.Breakdown:
-        """Profiles ``steps`` more steps; the time per model part (and the trace)."""
-        text = self.step.as_text()
-        module = re.match(r"HloModule\s+([\w.\-]+)", text).group(1)
-        return profiling.profile_step(self._run, text, module, trace_dir, steps=steps)
-
-    def time_steps(self, n: int) -> float:
-        """Mean seconds per step over ``n`` steps."""
-        t0 = time.perf_counter()
-        self._run(n)
-        return (time.perf_counter() - t0) / n
 
     def summary(self, step_time: float) -> dict[str, Any]:
         opts = self.opts
@@ -697,7 +690,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rng_impl", default=d.rng_impl, choices=RNG_IMPLS,
                    help="PRNG of the dropout masks")
     p.add_argument("--dropout_mask_bits", type=int, default=d.dropout_mask_bits,
-                   choices=(8, 16, 32), help="random bits per dropout-mask element")
+                   choices=DROPOUT_MASK_BITS, help="random bits per dropout-mask element")
     p.add_argument("--steps", type=int, default=d.steps, help="timed steps")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps after compile")
     p.add_argument("--seed", type=int, default=d.seed)

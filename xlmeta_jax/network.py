@@ -42,6 +42,10 @@ _REMAT_POLICIES = {
 }
 
 
+# Random bits per dropout-mask element that ``Dropout`` supports.
+DROPOUT_MASK_BITS = (8, 16, 32)
+
+
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
     """Sizes and numerics of the encoder. Use :func:`get_config` for named sizes."""
@@ -103,7 +107,7 @@ class EncoderConfig:
                 f"EncoderConfig: unknown remat_policy={self.remat_policy!r}; expected one "
                 f"of {['none', *_REMAT_POLICIES]}"
             )
-        if self.dropout_mask_bits not in (8, 16, 32):
+        if self.dropout_mask_bits not in DROPOUT_MASK_BITS:
             raise ValueError(
                 f"EncoderConfig: dropout_mask_bits={self.dropout_mask_bits} must be 8, 16 "
                 "or 32"

@@ -201,7 +201,6 @@ def breakdown(op_ns: dict[str, int], names: dict[str, str], steps: int) -> tuple
 def profile_step(
     run: Callable[[int], None],
     compiled_text: str,
-    module_name: str,
     trace_dir: str,
     *,
     steps: int = 3,
@@ -210,8 +209,8 @@ def profile_step(
 
     Args:
       run: runs that many steps of the compiled function and waits for them.
-      compiled_text: ``Compiled.as_text()`` of that function (maps ops to name stacks).
-      module_name: its HLO module name (``jit_<function name>``).
+      compiled_text: ``Compiled.as_text()`` of that function: its HLO module name
+        selects the trace's events, its metadata maps ops to name stacks.
       trace_dir: where the trace is written (created; an existing trace is kept
         beside the new one).
       steps: steps inside the trace.
@@ -219,6 +218,7 @@ def profile_step(
     Returns:
       The :class:`Breakdown`.
     """
+    module_name = re.match(r"HloModule\s+([\w.\-]+)", compiled_text).group(1)
     os.makedirs(trace_dir, exist_ok=True)
     before = set(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
     with jax.profiler.trace(trace_dir):
