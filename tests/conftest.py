@@ -40,3 +40,18 @@ def shared_data() -> pathlib.Path:
             pytest.fail(f"CI expects the shared data folder at {SHARED_DATA}")
         pytest.skip(f"shared data folder {SHARED_DATA} is absent (set XLMETA_SHARED_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def fast_compiles():
+    """Most of XLA's optimisation passes off for one module's tests.
+
+    Compiling dominates on the tiny model; the passes cost far more than they save
+    there and do not change what the tests compare. The SPMD partitioner runs regardless.
+    """
+    import jax
+
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)

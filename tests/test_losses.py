@@ -14,15 +14,7 @@ import pytest
 
 from xlmeta_jax import losses, network
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compiles():
-    # Compiling dominates on the tiny model; XLA's optimisation passes cost far
-    # more than they save here and do not change what these tests compare.
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 _CFG = network.get_config("tiny", pad_token_id=0, dropout_rate=0.0, attention_dropout_rate=0.0)

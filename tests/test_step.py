@@ -40,14 +40,7 @@ OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10)
 STEPS = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compiles():
-    # Compiling dominates on the tiny model; XLA's optimisation passes cost far
-    # more than they save here. The SPMD partitioner runs regardless.
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 # Compiled in a subprocess with XLA's warnings on (the test process silences
