@@ -48,7 +48,7 @@ setuptools.setup(
     },
     entry_points={
         "console_scripts": [
-            "xlmeta-train=xlmeta_jax.trainer:run",
+            "xlmeta-train=xlmeta_jax.train:run",
         ],
     },
 )

@@ -16,8 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlmeta_jax import checkpoints, network
-from xlmeta_jax import trainer as train
+from xlmeta_jax import checkpoints, network, train, trainer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -156,11 +155,11 @@ def test_nan_loss_stops_naming_step_and_never_checkpoints_nan(tmp_path):
 
     # An absurd learning rate makes the parameters overflow after the first update.
     opt = OptimizerConfig(learning_rate=1e38, warmup_steps=0, total_steps=10, max_grad_norm=0)
-    phases = [train.Phase("phase1", "synthetic", 6, 8, 32, optimizer=opt)]
+    phases = [trainer.Phase("phase1", "synthetic", 6, 8, 32, optimizer=opt)]
     with pytest.raises(FloatingPointError, match=r"non-finite loss .* at step 2"):
-        train.train(model_dir=os.fspath(tmp_path), model=_tiny(), phases=phases,
-                    mesh_shape=(8, 1, 1), checkpoint_every=1, log_every=1,
-                    async_checkpointing=False)
+        trainer.train(model_dir=os.fspath(tmp_path), model=_tiny(), phases=phases,
+                      mesh_shape=(8, 1, 1), checkpoint_every=1, log_every=1,
+                      async_checkpointing=False)
     saved = sorted(int(p.name) for p in (tmp_path / "phase1").iterdir() if p.name.isdigit())
     assert saved == [1]
     params = checkpoints.restore_params(tmp_path / "phase1" / "1")
@@ -185,11 +184,11 @@ def test_checkpoint_refuses_non_finite_params(tmp_path):
     [
         (dict(mesh_shape=(3, 1, 1)), r"mesh_shape.*\(3, 1, 1\).*8 are available"),
         (dict(mesh_shape=(2, 2, 4)), r"mesh_shape.*16 devices"),
-        (dict(phases=[train.Phase("p", "synthetic", 2, 6, 32)]),
+        (dict(phases=[trainer.Phase("p", "synthetic", 2, 6, 32)]),
          r"phase 'p': batch_size=6 is not divisible"),
-        (dict(phases=[train.Phase("p", "synthetic", 2, 8, 512)]),
+        (dict(phases=[trainer.Phase("p", "synthetic", 2, 8, 512)]),
          r"sequence_length=512 exceeds"),
-        (dict(phases=[train.Phase("p", "synthetic", 2, 8, 32, init_from="q")]),
+        (dict(phases=[trainer.Phase("p", "synthetic", 2, 8, 32, init_from="q")]),
          r"init_from='q' is not an earlier phase"),
         (dict(rng_impl="philox"), r"train.rng_impl='philox' is not one of"),
     ],
@@ -202,10 +201,10 @@ def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, ma
 
     monkeypatch.setattr(step_lib, "make_step_functions", no_compile)
     args = dict(model_dir=os.fspath(tmp_path), model=_tiny(),
-                phases=[train.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
+                phases=[trainer.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
     args.update(kwargs)
-    with pytest.raises(train.ConfigError, match=match):
-        train.train(**args)
+    with pytest.raises(trainer.ConfigError, match=match):
+        trainer.train(**args)
 
 
 def test_unwritable_model_dir(tmp_path, monkeypatch):
@@ -214,9 +213,9 @@ def test_unwritable_model_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(step_lib, "make_step_functions", None)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(train.ConfigError, match=r"MODEL_DIR .*file/run.* not a writable"):
-        train.train(model_dir=os.fspath(blocker / "run"), model=_tiny(),
-                    phases=[train.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
+    with pytest.raises(trainer.ConfigError, match=r"MODEL_DIR .*file/run.* not a writable"):
+        trainer.train(model_dir=os.fspath(blocker / "run"), model=_tiny(),
+                      phases=[trainer.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
 
 
 def test_model_dir_check_is_safe_for_concurrent_hosts(tmp_path):
@@ -226,7 +225,7 @@ def test_model_dir_check_is_safe_for_concurrent_hosts(tmp_path):
 
     def check(_):
         for _ in range(200):
-            train._check_model_dir(os.fspath(tmp_path))
+            trainer._check_model_dir(os.fspath(tmp_path))
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(check, range(8)))
@@ -253,13 +252,12 @@ def test_unknown_gin_file_is_named():
 MULTIHOST = textwrap.dedent("""
     import sys
     import jax
-    from xlmeta_jax import network
-    from xlmeta_jax import trainer as train
+    from xlmeta_jax import network, train, trainer
     rest = train.initialize_distributed(sys.argv[2:])
     assert jax.device_count() == 8, jax.device_count()
-    train.train(model_dir=sys.argv[1], model=network.get_config("tiny", pad_token_id=0),
-                phases=[train.Phase("phase1", "synthetic", 4, 8, 32)], mesh_shape=(2, 2, 2),
-                checkpoint_every=4, log_every=2)
+    trainer.train(model_dir=sys.argv[1], model=network.get_config("tiny", pad_token_id=0),
+                  phases=[trainer.Phase("phase1", "synthetic", 4, 8, 32)], mesh_shape=(2, 2, 2),
+                  checkpoint_every=4, log_every=2)
 """)
 
 

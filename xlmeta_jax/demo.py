@@ -10,7 +10,9 @@
 
 :func:`prepare_demo` writes the corpus in CC-100's layout under
 ``MODEL_DIR/demo_data/`` and trains the demo's SentencePiece vocabulary there.
-It is idempotent, so a resumed demo reuses what an earlier run prepared.
+gin/demo.gin binds it as the run's VOCAB_PATH, so it runs when the trainer first
+reads that path. It is idempotent, so a resumed demo reuses what an earlier run
+prepared (and every later read of VOCAB_PATH costs one ``stat``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ _GFLANGUAGES_IDS = {
     "pl": "pl_Latn", "id": "id_Latn", "fa": "fa_Arab", "he": "he_Hebr", "uk": "uk_Cyrl",
 }
 ENGLISH_DIR, XLING_DIR, VOCAB_PREFIX = "english", "xling", "spm"
+# Prepared roots already announced in this process (gin evaluates VOCAB_PATH per read).
+_announced: set[str] = set()
 
 
 @gin.configurable(module="xlmeta_jax.demo")
@@ -108,7 +112,9 @@ def prepare_demo(
     root = demo_path(model_dir, "")
     model_path = os.path.join(root, VOCAB_PREFIX + ".model")
     if os.path.exists(model_path):
-        log.info("demo corpus and vocabulary already prepared in %s", root)
+        if root not in _announced:
+            _announced.add(root)
+            log.info("demo corpus and vocabulary already prepared in %s", root)
         return model_path
     if shared_data_dir and not os.path.isdir(shared_data_dir):
         raise FileNotFoundError(f"prepare_demo.shared_data_dir {shared_data_dir!r} does not exist")
@@ -146,6 +152,7 @@ def prepare_demo(
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
+    _announced.add(root)
     log.info(
         "demo corpus in %s: English from %s; %s",
         root,

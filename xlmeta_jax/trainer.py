@@ -1,16 +1,10 @@
-r"""The trainer: one linear loop that runs every pretraining phase of a run.
+"""The trainer: one linear loop that runs every pretraining phase of a run.
 
 Meta-pretraining is two phases of the same loop — phase 1 on English, phase 2 on
 the 100-language mixture starting from phase 1's final parameters — and the
-single-phase XLM-R baseline is one phase. Which phases run is gin config:
-
-  python -m xlmeta_jax.train \
-    --gin_file=gin/meta.gin \
-    --gin.MODEL_DIR="'/path/run'" \
-    --gin.VOCAB_PATH="'/path/spm.model'"
-
-Rerunning the same command after an interruption resumes where it stopped.
-See gin/meta.gin, gin/xlmr.gin and gin/demo.gin.
+single-phase XLM-R baseline is one phase. Which phases run is gin config
+(gin/meta.gin, gin/xlmr.gin, gin/demo.gin); the command line is
+:mod:`xlmeta_jax.train`. A run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -21,10 +15,9 @@ import json
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gin
@@ -472,7 +465,6 @@ def train(
     log_every: int = 100,
     initial_checkpoint_path: str | None = None,
     vocab_path: str | None = None,
-    prepare: Callable[[], Any] | None = None,
     rng_impl: str = "threefry2x32",
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
@@ -489,7 +481,6 @@ def train(
       log_every: steps between progress lines and TensorBoard points.
       initial_checkpoint_path: params for the first phase (ours or Hugging Face).
       vocab_path: SentencePiece model used by the tasks (recorded in checkpoints).
-      prepare: optional callable run first (e.g. the demo's corpus and vocabulary).
       rng_impl: PRNG of the dropout masks: ``threefry2x32`` (JAX's default; identical
         on every backend and mesh), ``rbg`` or ``unsafe_rbg`` (XLA's RngBitGenerator,
         cheaper on accelerators, stream may differ between backends). Every choice is
@@ -501,8 +492,6 @@ def train(
         raise ConfigError(
             f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}"
         )
-    if prepare is not None:
-        prepare()
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
@@ -551,72 +540,3 @@ def _log_summary(summary: dict) -> None:
         )
     lines.append(f"  TensorBoard: tensorboard --logdir {summary['model_dir']}")
     log.info("\n".join(lines))
-
-
-# ============================================================================
-# Command line.
-# ============================================================================
-
-
-def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
-    """Connects processes with ``jax.distributed`` (t5x-like flags); returns other args.
-
-    Flags: ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``.
-    On Cloud TPU VMs with several hosts, ``jax.distributed.initialize()`` needs no flags.
-    """
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="xlmeta_jax.train", add_help=False)
-    parser.add_argument("--coordinator_address", default=None)
-    parser.add_argument("--process_count", type=int, default=None)
-    parser.add_argument("--process_index", type=int, default=None)
-    parser.add_argument("--cpu_collectives", default="gloo",
-                        help="collectives implementation for multi-process CPU runs")
-    args, rest = parser.parse_known_args(list(argv_rest))
-    if args.coordinator_address:
-        if args.process_count is None or args.process_index is None:
-            raise ConfigError("--coordinator_address needs --process_count and --process_index")
-        if args.process_count > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
-        jax.distributed.initialize(
-            coordinator_address=args.coordinator_address,
-            num_processes=args.process_count,
-            process_id=args.process_index,
-        )
-    elif "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
-        jax.distributed.initialize()
-    return rest
-
-
-def setup_logging() -> None:
-    """Progress lines on stdout (independent of absl's root-logger setup)."""
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
-def main(argv: Sequence[str]) -> dict:
-    """Parses gin flags and runs :func:`train`."""
-    setup_logging()
-    flags = gin_cli.parse_gin_flags(argv)
-    rest = initialize_distributed(flags.remaining)
-    if rest:
-        raise ConfigError(f"unknown arguments: {rest}")
-    if not flags.gin_files:
-        raise ConfigError("give at least one --gin_file (e.g. --gin_file=gin/demo.gin)")
-    try:
-        # Registers the input pipeline's gin configurables before the config is locked;
-        # hosts without TensorFlow can still train on the synthetic stream.
-        import xlmeta_jax.data.feeding  # noqa: F401
-    except ImportError as e:
-        log.warning("input pipeline unavailable (%s); only task='synthetic' can run", e)
-    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
-    return train()
-
-
-def run() -> None:
-    """Console entry point (``python -m xlmeta_jax.train`` / ``xlmeta-train``)."""
-    main(sys.argv[1:])
