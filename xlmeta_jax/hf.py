@@ -46,6 +46,8 @@ PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 # Layout of a Flax checkpoint written by `save_flax_checkpoint`.
 FLAX_CONFIG_NAME = "encoder_config.json"
 FLAX_PARAMS_DIR = "params"
+# The vocabulary of that checkpoint's ids, when known.
+FLAX_VOCAB_NAME = "spm.model"
 
 # Keys that may appear in HF checkpoints but have no counterpart in the MLM network:
 # the position-id / token-type-id buffers (persistent in transformers < 4.31) and
@@ -621,8 +623,49 @@ def read_hf_state_dict(path: str | os.PathLike, *, allow_pickle: bool = False) -
     return state
 
 
+_POSITIONS_KEY = "roberta.embeddings.position_embeddings.weight"
+
+
+def _permute_vocab_rows(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """``state`` with the vocabulary rows of the embedding and output bias reordered."""
+    out = dict(state)
+    for key in ("roberta.embeddings.word_embeddings.weight", "lm_head.bias",
+                "lm_head.decoder.weight", "lm_head.decoder.bias"):
+        if key in out:
+            arr = _to_numpy(out[key])
+            if arr.shape[0] != rows.shape[0]:
+                raise ConversionError(
+                    f"HF weight {key!r} has {arr.shape[0]} vocabulary rows, the vocabulary "
+                    f"permutation {rows.shape[0]}"
+                )
+            out[key] = np.ascontiguousarray(arr[rows])
+    return out
+
+
+def _to_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """A state dict in our seqio ids (pad 0) -> XLM-R's ids (pad 1).
+
+    Besides the vocabulary rows, the position table moves: positions count from
+    ``pad_token_id + 1`` (RoBERTa), so the first token reads row 1 with pad 0 and row 2
+    with pad 1. The table gains a leading row (a copy of row 0; XLM-R never reads row
+    0) and ``max_position_embeddings`` grows by one; the longest input stays the same.
+    """
+    out = _permute_vocab_rows(state, rows)
+    positions = _to_numpy(out[_POSITIONS_KEY])
+    out[_POSITIONS_KEY] = np.ascontiguousarray(np.concatenate([positions[:1], positions]))
+    return out
+
+
+def _from_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """Inverse of :func:`_to_xlmr_ids`."""
+    out = _permute_vocab_rows(state, np.argsort(rows))
+    out[_POSITIONS_KEY] = np.ascontiguousarray(_to_numpy(out[_POSITIONS_KEY])[1:])
+    return out
+
+
 def load_hf(
-    path: str | os.PathLike, *, allow_pickle: bool = False, **config_overrides
+    path: str | os.PathLike, *, allow_pickle: bool = False, seqio_ids: bool = False,
+    **config_overrides,
 ) -> tuple[EncoderConfig, dict[str, Any]]:
     """Loads a Hugging Face ``XLMRobertaForMaskedLM`` as (config, our params).
 
@@ -630,46 +673,130 @@ def load_hf(
       path: a ``save_pretrained`` directory (``config.json`` + weights) or a weights
         file whose directory holds ``config.json``.
       allow_pickle: permit ``pytorch_model.bin`` weights (see :func:`read_hf_state_dict`).
+      seqio_ids: undo :func:`save_hf`'s permutation of a model exported from our
+        vocabulary (``config.json`` records it under ``hf_tokenizer.CONFIG_KEY``): the
+        result uses our ids again (pad 0), as before the export. False keeps the HF
+        ids (pad 1), which the directory's ``sentencepiece.bpe.model`` encodes.
       **config_overrides: :class:`EncoderConfig` fields to set (``scan_layers`` picks
         the params layout; ``dtype``, ``remat_policy`` ... only affect the network).
 
     Returns:
       ``(cfg, params)`` with params as host numpy arrays.
+
+    Raises:
+      ConversionError: ``seqio_ids`` for a model that was not exported from our ids.
     """
+    from xlmeta_jax import hf_tokenizer
+
     path = pathlib.Path(path)
     config_path = (path if path.is_dir() else path.parent) / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"HF config {config_path} does not exist")
     with open(config_path) as f:
-        cfg = config_from_hf(json.load(f), **config_overrides)
+        hf_config = json.load(f)
     state = read_hf_state_dict(path, allow_pickle=allow_pickle)
+    if seqio_ids:
+        pieces = hf_config.get(hf_tokenizer.CONFIG_KEY)
+        if pieces is None:
+            raise ConversionError(
+                f"{config_path} has no {hf_tokenizer.CONFIG_KEY!r}: the model was not exported "
+                "from our vocabulary, its ids are XLM-R's"
+            )
+        rows = hf_tokenizer.hf_rows(int(pieces), int(hf_config["vocab_size"]))
+        state = _from_xlmr_ids(_normalise_keys(state), rows)
+        config_overrides = {
+            "pad_token_id": 0,
+            "max_position_embeddings": int(hf_config["max_position_embeddings"]) - 1,
+            **config_overrides,
+        }
+    cfg = config_from_hf(hf_config, **config_overrides)
     return cfg, params_from_hf_state_dict(state, cfg)
 
 
+def _write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
+    """Writes ``path`` through a temporary name, with the umask's usual permissions
+    (safetensors creates its files 0600)."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(str(tmp))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
 def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, Any],
+            *, vocab_path: str | os.PathLike | None = None,
             **config_kwargs) -> pathlib.Path:
-    """Writes ``config.json`` + ``model.safetensors`` loadable by ``from_pretrained``.
+    """Writes a directory that transformers loads as is: weights, config, tokenizer.
+
+    With our vocabulary (pad 0) the vocabulary rows are permuted into XLM-R's ids and
+    the SentencePiece model is rewritten to match, so ``AutoTokenizer`` and
+    ``pipeline('fill-mask')`` work unchanged (``xlmeta_jax.hf_tokenizer`` explains the
+    mapping); a model already in XLM-R's ids is written as it is.
 
     Args:
-      path: output directory (created; existing files of the same names are replaced).
+      path: output directory (created; it must not hold any of the files written).
       cfg: the encoder config of ``params``.
       params: our Flax params in either layout (``cfg.scan_layers`` tells which).
+      vocab_path: the model's SentencePiece file: ours (seqio ids) or an XLM-R
+        ``sentencepiece.bpe.model``. Required for a model with our ids; without it
+        a model in XLM-R's ids is written without tokenizer files.
       **config_kwargs: passed to :func:`hf_config_from_config` (``bos_token_id``,
         ``eos_token_id``).
 
     Returns:
       The output directory.
+
+    Raises:
+      ConversionError: no vocabulary for a model with our ids, a vocabulary whose ids
+        do not fit the model, or an output file that exists already.
     """
     from safetensors.numpy import save_file
 
+    from xlmeta_jax import hf_tokenizer
+
     path = pathlib.Path(path)
-    hf_config = hf_config_from_config(cfg, **config_kwargs)
+    files, rows, seqio_pieces = {}, None, None
+    if vocab_path is None and cfg.pad_token_id != 1:
+        raise ConversionError(
+            f"the model uses our vocabulary's ids (pad {cfg.pad_token_id}): the export needs "
+            "its SentencePiece model to write the tokenizer (vocab_path / --vocab_path)"
+        )
+    if vocab_path is not None:
+        try:
+            files, seqio_pieces = hf_tokenizer.tokenizer_files(
+                vocab_path, cfg.vocab_size, cfg.max_length
+            )
+            if seqio_pieces is not None:
+                rows = hf_tokenizer.hf_rows(seqio_pieces, cfg.vocab_size)
+        except hf_tokenizer.VocabularyLayoutError as e:
+            raise ConversionError(f"{vocab_path}: {e}") from None
+        want_pad = 0 if rows is not None else 1
+        if cfg.pad_token_id != want_pad:
+            raise ConversionError(
+                f"{vocab_path} uses pad id {want_pad} but the model's pad_token_id is "
+                f"{cfg.pad_token_id}"
+            )
+    names = [CONFIG_NAME, SAFE_WEIGHTS_NAME, *files]
+    existing = [n for n in names if (path / n).exists()]
+    if existing:
+        raise ConversionError(f"{path} already holds {existing}; export into a new directory")
     state = hf_state_dict_from_params(params, cfg, include_tied=False)
+    if rows is not None:
+        state = _to_xlmr_ids(state, rows)
+        cfg = cfg.replace(pad_token_id=1, max_position_embeddings=cfg.max_position_embeddings + 1)
+    hf_config = hf_config_from_config(cfg, **config_kwargs)
+    if rows is not None:
+        hf_config[hf_tokenizer.CONFIG_KEY] = seqio_pieces
     path.mkdir(parents=True, exist_ok=True)
-    with open(path / CONFIG_NAME, "w") as f:
-        json.dump(hf_config, f, indent=2, sort_keys=True)
+    for name, data in files.items():
+        _write_file(path / name, lambda p, data=data: pathlib.Path(p).write_bytes(data))
     # transformers refuses safetensors files without format metadata.
-    save_file(state, str(path / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
+    _write_file(path / SAFE_WEIGHTS_NAME,
+                lambda p: save_file(state, p, metadata={"format": "pt"}))
+    # config.json last: a directory with it is complete.
+    text = json.dumps(hf_config, indent=2, sort_keys=True)
+    _write_file(path / CONFIG_NAME, lambda p: pathlib.Path(p).write_text(text))
     return path
 
 
@@ -745,13 +872,41 @@ def load_flax_checkpoint(path: str | os.PathLike) -> tuple[EncoderConfig, dict[s
 
 def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
             allow_pickle: bool = False) -> pathlib.Path:
-    """HF ``save_pretrained`` dir -> Orbax params + ``encoder_config.json``."""
-    cfg, params = load_hf(hf_path, allow_pickle=allow_pickle, scan_layers=scan_layers)
-    return save_flax_checkpoint(output, cfg, params)
+    """HF ``save_pretrained`` dir -> Orbax params + ``encoder_config.json`` (+ ``spm.model``).
+
+    A model that :func:`to_hf` exported from our vocabulary gets our ids back (the
+    round trip is exact) and ``spm.model`` is our SentencePiece model again; any other
+    model keeps XLM-R's ids and its ``sentencepiece.bpe.model`` is copied.
+    """
+    from xlmeta_jax import hf_tokenizer
+
+    src = pathlib.Path(hf_path)
+    src_dir = src if src.is_dir() else src.parent
+    config_path = src_dir / CONFIG_NAME
+    seqio = config_path.is_file() and hf_tokenizer.CONFIG_KEY in json.loads(config_path.read_text())
+    cfg, params = load_hf(hf_path, allow_pickle=allow_pickle, seqio_ids=seqio,
+                          scan_layers=scan_layers)
+    vocab = None
+    if (src_dir / hf_tokenizer.SPM_NAME).is_file():
+        vocab = (hf_tokenizer.seqio_vocabulary_bytes(src_dir) if seqio
+                 else (src_dir / hf_tokenizer.SPM_NAME).read_bytes())
+    out = save_flax_checkpoint(output, cfg, params)
+    if vocab is not None:
+        (out / FLAX_VOCAB_NAME).write_bytes(vocab)
+    return out
 
 
-def to_hf(checkpoint: str, output: str) -> pathlib.Path:
-    """Flax checkpoint -> HF ``save_pretrained`` dir.
+def _flax_vocab(checkpoint: pathlib.Path) -> pathlib.Path | None:
+    from xlmeta_jax import hf_tokenizer
+
+    for name in (FLAX_VOCAB_NAME, hf_tokenizer.SPM_NAME):
+        if (checkpoint / name).is_file():
+            return checkpoint / name
+    return None
+
+
+def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None) -> pathlib.Path:
+    """Flax checkpoint -> HF directory with weights, config and tokenizer (:func:`save_hf`).
 
     Args:
       checkpoint: a directory written by :func:`save_flax_checkpoint` (it holds
@@ -759,14 +914,22 @@ def to_hf(checkpoint: str, output: str) -> pathlib.Path:
         (MODEL_DIR, ``MODEL_DIR/phaseN`` or ``MODEL_DIR/phaseN/<step>``, read with
         ``xlmeta_jax.checkpoints.load_pretrained``).
       output: output directory.
+      vocab_path: the model's SentencePiece file; default: the one the pretraining
+        checkpoint records, or the ``spm.model`` of a :func:`to_flax` directory.
     """
+    existing = [n for n in (CONFIG_NAME, SAFE_WEIGHTS_NAME) if (pathlib.Path(output) / n).exists()]
+    if existing:
+        raise ConversionError(f"{output} already holds {existing}; export into a new directory")
+    if vocab_path is not None and not os.path.isfile(vocab_path):
+        raise FileNotFoundError(f"vocabulary {vocab_path} does not exist")
     if (pathlib.Path(checkpoint) / FLAX_CONFIG_NAME).is_file():
         cfg, params = load_flax_checkpoint(checkpoint)
+        recorded = _flax_vocab(pathlib.Path(checkpoint))
     else:
         from xlmeta_jax import checkpoints
 
-        cfg, params, _ = checkpoints.load_pretrained(checkpoint)
-    return save_hf(output, cfg, params)
+        cfg, params, recorded = checkpoints.load_pretrained(checkpoint)
+    return save_hf(output, cfg, params, vocab_path=vocab_path or recorded)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -785,7 +948,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("to_hf", help="Orbax checkpoint -> HF save_pretrained dir")
     p.add_argument("--checkpoint", required=True,
                    help="dir written by to_flax, or a pretraining MODEL_DIR / phase / step dir")
-    p.add_argument("--output", required=True, help="output dir (config.json + model.safetensors)")
+    p.add_argument("--output", required=True,
+                   help="new output dir (config.json, model.safetensors, tokenizer files)")
+    p.add_argument("--vocab_path", default=None,
+                   help="the model's SentencePiece .model (default: the one the checkpoint "
+                   "records)")
     return parser
 
 
@@ -796,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
         out = to_flax(args.hf_path, args.output, scan_layers=args.scan_layers,
                       allow_pickle=args.allow_pickle)
     else:
-        out = to_hf(args.checkpoint, args.output)
+        out = to_hf(args.checkpoint, args.output, vocab_path=args.vocab_path)
     print(f"wrote {out}")
     return 0
 

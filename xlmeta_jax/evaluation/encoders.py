@@ -8,7 +8,8 @@ Accepted values:
 * a Hugging Face XLM-R ``save_pretrained`` directory (it holds ``config.json``),
   converted with ``xlmeta_jax.hf.load_hf``; the tokenizer is its
   ``sentencepiece.bpe.model`` with fairseq ids;
-* a directory written by ``python -m xlmeta_jax.hf to_flax`` (``encoder_config.json``);
+* a directory written by ``python -m xlmeta_jax.hf to_flax`` (``encoder_config.json``,
+  and ``spm.model``, the vocabulary of its ids);
 * ``init:<size>`` (``init:tiny``, ...): a freshly initialised encoder of that size — for
   demos and tests only; needs ``vocab_path``.
 """
@@ -84,7 +85,8 @@ def load_encoder(
         from xlmeta_jax import hf
 
         cfg, params = hf.load_flax_checkpoint(p)
-        vocab = vocab_path or os.fspath(p / HF_SPM_NAME)
+        spm_name = hf.FLAX_VOCAB_NAME if (p / hf.FLAX_VOCAB_NAME).is_file() else HF_SPM_NAME
+        vocab = vocab_path or os.fspath(p / spm_name)
         if not os.path.isfile(vocab):
             raise FileNotFoundError(
                 f"converted checkpoint {path} has no vocabulary; pass vocab_path"

@@ -1,0 +1,275 @@
+"""``hf to_hf`` of a model with our vocabulary: transformers' tokenizers, fill-mask and
+logits agree with our tokenizer and model; ``to_flax`` undoes the export exactly."""
+
+import dataclasses
+import functools
+import os
+import stat
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from xlmeta_jax import checkpoints, hf, hf_tokenizer  # noqa: E402
+from xlmeta_jax.evaluation import encoders  # noqa: E402
+from xlmeta_jax.network import EncoderConfig, XLMRForMaskedLM  # noqa: E402
+from xlmeta_jax.step import TrainState  # noqa: E402
+
+# The vocabulary is trained on these (UDHR sample texts shipped by gflanguages) ...
+TRAIN_LANGUAGES = ("en_Latn", "fr_Latn", "de_Latn", "ru_Cyrl", "el_Grek", "ar_Arab",
+                   "hi_Deva", "th_Thai", "zh_Hans", "vi_Latn", "sw_Latn", "tr_Latn")
+# ... and tested on those too, whose scripts (Hebrew, Armenian, Georgian, Japanese,
+# Korean, Amharic, Tamil) it has not seen: SentencePiece falls back to UTF-8 bytes.
+UNSEEN_LANGUAGES = ("he_Hebr", "hy_Armn", "ka_Geor", "ja_Jpan", "ko_Kore", "am_Ethi",
+                    "ta_Taml", "uk_Cyrl", "pl_Latn")
+VOCAB_SIZE = 1200
+
+
+def _sample_texts(key):
+    import gflanguages
+
+    sample = gflanguages.LoadLanguages()[key].sample_text
+    texts = [getattr(sample, f.name) for f in sample.DESCRIPTOR.fields]
+    return [t.strip() for t in texts if isinstance(t, str) and t.strip()]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    """Our SentencePiece vocabulary (xlmeta_jax.data.vocabulary: seqio ids, byte fallback)."""
+    from xlmeta_jax.data import vocabulary
+
+    root = tmp_path_factory.mktemp("vocab")
+    files = {}
+    for key in TRAIN_LANGUAGES:
+        path = root / f"{key}.txt"
+        path.write_text("\n".join(_sample_texts(key)) + "\n", encoding="utf-8")
+        files[key] = [str(path)]
+    return vocabulary.train_vocabulary(
+        files, str(root / "spm"), VOCAB_SIZE, num_lines=2000, num_threads=1,
+        print_report=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def texts():
+    out = []
+    for key in TRAIN_LANGUAGES + UNSEEN_LANGUAGES:
+        out += _sample_texts(key)[:4]
+    return out
+
+
+def _random_params(cfg, seed):
+    """Non-trivial values everywhere: zero biases or unit LayerNorms would hide a row or
+    position mix-up."""
+    params = XLMRForMaskedLM(cfg).init(jax.random.key(seed), np.ones((1, 4), np.int32))
+    params = jax.tree.map(np.asarray, nn.unbox(params["params"]))
+    leaves, tree = jax.tree.flatten(params)
+    rng = np.random.default_rng(seed)
+    return jax.tree.unflatten(
+        tree, [(x + 0.2 * rng.standard_normal(x.shape)).astype(x.dtype) for x in leaves]
+    )
+
+
+@pytest.fixture(scope="module")
+def model(vocab):
+    """A tiny model in our ids (pad 0), its vocabulary padded past the SentencePiece size."""
+    cfg = EncoderConfig(
+        vocab_size=VOCAB_SIZE + 8, hidden_size=64, num_layers=2, num_heads=4, mlp_dim=128,
+        max_position_embeddings=66, pad_token_id=0, dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+    )
+    return cfg, _random_params(cfg, 0)
+
+
+@pytest.fixture(scope="module")
+def export(model, vocab, tmp_path_factory):
+    """``hf to_hf`` of a pretraining checkpoint that records its vocabulary."""
+    cfg, params = model
+    root = tmp_path_factory.mktemp("export")
+    ckpts = checkpoints.PhaseCheckpoints(
+        str(root / "run" / "phase2"), save_interval_steps=1, max_to_keep=1, async_save=False
+    )
+    state = TrainState(step=np.int32(3), params=params, opt_state={})
+    meta = {"model_config": dataclasses.asdict(cfg), "vocab_path": vocab}
+    ckpts.save(3, state, None, meta, force=True)
+    ckpts.close()
+    old_umask = os.umask(0o022)
+    try:
+        assert hf.main(["to_hf", f"--checkpoint={root / 'run'}", f"--output={root / 'hf'}"]) == 0
+    finally:
+        os.umask(old_umask)
+    return root / "hf"
+
+
+def _ours_to_hf(vocab_size):
+    """HF id of each of our ids."""
+    return np.argsort(hf_tokenizer.hf_rows(VOCAB_SIZE, vocab_size))
+
+
+def test_export_writes_xlmr_ids_and_normal_permissions(export, model):
+    cfg, _ = model
+    config = transformers.AutoConfig.from_pretrained(export)
+    assert (config.bos_token_id, config.pad_token_id, config.eos_token_id) == (0, 1, 2)
+    assert config.vocab_size == cfg.vocab_size
+    assert config.max_position_embeddings == cfg.max_position_embeddings + 1
+    names = sorted(p.name for p in export.iterdir())
+    assert names == sorted([
+        "config.json", "model.safetensors", "sentencepiece.bpe.model", "tokenizer.json",
+        "tokenizer_config.json", "special_tokens_map.json",
+    ])
+    for p in export.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644, p.name
+
+
+def test_tokenizers_agree_with_ours_on_multilingual_text(export, vocab, texts):
+    ours = spm.SentencePieceProcessor(model_file=vocab)
+    to_hf = _ours_to_hf(VOCAB_SIZE + 8)
+    auto = transformers.AutoTokenizer.from_pretrained(export)
+    # transformers' own XLM-R class, from tokenizer.json and from the SentencePiece file
+    # alone (converted by transformers).
+    stock = transformers.XLMRobertaTokenizer.from_pretrained(export)
+    spm_only = export.parent / "spm_only"
+    spm_only.mkdir()
+    for name in ("config.json", hf_tokenizer.SPM_NAME):
+        (spm_only / name).write_bytes((export / name).read_bytes())
+    converted = transformers.AutoTokenizer.from_pretrained(spm_only)
+    assert type(converted).__name__ == "XLMRobertaTokenizer"
+    for tok in (auto, stock, converted):
+        assert len(tok) == VOCAB_SIZE
+        specials = (tok.bos_token_id, tok.pad_token_id, tok.eos_token_id, tok.unk_token_id,
+                    tok.mask_token_id)
+        assert specials == (0, 1, 2, 3, VOCAB_SIZE - 1)
+        assert specials == tuple(int(to_hf[i]) for i in (3, 0, 1, 2, 4))
+
+    with_bytes = 0
+    for text in texts:
+        ids = ours.encode(text)
+        want = [0, *(int(to_hf[i]) for i in ids), 2]
+        assert auto(text)["input_ids"] == want, text
+        assert auto.decode(want, skip_special_tokens=True) == ours.decode(ids)
+        if any(ours.is_byte(i) for i in ids):
+            # transformers 5's XLMRobertaTokenizer has no byte fallback: <unk> instead.
+            with_bytes += 1
+            assert 3 in stock(text)["input_ids"]
+        else:
+            assert stock(text)["input_ids"] == want, text
+            assert converted(text)["input_ids"] == want, text
+    # Both kinds of text were seen.
+    assert 0 < with_bytes < len(texts)
+
+
+@functools.cache
+def _apply(cfg):
+    return jax.jit(XLMRForMaskedLM(cfg).apply)
+
+
+def _batch(ours, texts, pad, to_ids=lambda i: i, bos=3, eos=1):
+    rows = [[bos, *[to_ids(i) for i in ours.encode(t)][:30], eos] for t in texts]
+    ids = np.full((len(rows), max(map(len, rows))), pad, np.int64)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = r
+    return ids
+
+
+def test_exported_logits_match_ours(export, model, vocab, texts):
+    cfg, params = model
+    ours = spm.SentencePieceProcessor(model_file=vocab)
+    to_hf = _ours_to_hf(cfg.vocab_size)
+    batch = texts[::3]
+    our_ids = _batch(ours, batch, pad=0)
+    hf_ids = _batch(ours, batch, pad=1, to_ids=lambda i: int(to_hf[i]), bos=0, eos=2)
+    np.testing.assert_array_equal(to_hf[our_ids], hf_ids)
+    mask = our_ids != 0
+    assert mask.sum(1).min() < mask.shape[1]  # Padded rows.
+    ref = np.asarray(_apply(cfg)({"params": params}, our_ids.astype(np.int32)))
+    loaded = transformers.AutoModelForMaskedLM.from_pretrained(export).eval()
+    with torch.no_grad():
+        got = loaded(input_ids=torch.from_numpy(hf_ids),
+                     attention_mask=torch.from_numpy(mask.astype(np.int64))).logits.numpy()
+    rows = hf_tokenizer.hf_rows(VOCAB_SIZE, cfg.vocab_size)
+    np.testing.assert_allclose(got[mask], ref[..., rows][mask], atol=1e-4, rtol=0)
+
+
+def test_fill_mask_predictions_equal_ours(export, model, vocab):
+    cfg, params = model
+    ours = spm.SentencePieceProcessor(model_file=vocab)
+    to_hf = _ours_to_hf(cfg.vocab_size)
+    fill = transformers.pipeline("fill-mask", model=str(export), top_k=5)
+    sentences = [
+        ("Everyone has the right to", "."), ("Tout individu a droit à la", "."),
+        ("Каждый человек имеет право на", "."), ("所有人生而自由，在尊严和", "上一律平等。"),
+    ]
+    for prefix, suffix in sentences:
+        our_ids = np.array([[3, *ours.encode(prefix), 4, *ours.encode(suffix), 1]], np.int32)
+        pos = int(np.flatnonzero(our_ids[0] == 4)[0])
+        logits = np.asarray(_apply(cfg)({"params": params}, our_ids))[0, pos]
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        top = np.argsort(-probs)[:5]
+        # "<mask>" takes the space before it (as in XLM-R's tokenizer).
+        got = fill(f"{prefix} <mask>{suffix}")
+        assert [r["token"] for r in got] == [int(to_hf[i]) for i in top], prefix
+        assert [r["token_str"] for r in got] == [ours.decode([int(i)]) for i in top]
+        np.testing.assert_allclose([r["score"] for r in got], probs[top], atol=1e-5)
+
+
+def test_to_flax_undoes_the_export(export, model, vocab, tmp_path, texts):
+    cfg, params = model
+    assert hf.main(["to_flax", f"--hf_path={export}", f"--output={tmp_path / 'flax'}"]) == 0
+    cfg2, params2 = hf.load_flax_checkpoint(tmp_path / "flax")
+    assert cfg2 == cfg
+    jax.tree.map(np.testing.assert_array_equal, params2, params)
+    back = spm.SentencePieceProcessor(model_file=str(tmp_path / "flax" / hf.FLAX_VOCAB_NAME))
+    ours = spm.SentencePieceProcessor(model_file=vocab)
+    assert [back.id_to_piece(i) for i in range(len(ours))] == [
+        ours.id_to_piece(i) for i in range(len(ours))
+    ]
+    for text in texts:
+        assert back.encode(text) == ours.encode(text)
+    # The restored directory exports to the same files again.
+    assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'flax'}",
+                    f"--output={tmp_path / 'again'}"]) == 0
+    for p in export.iterdir():
+        assert (tmp_path / "again" / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+def test_fine_tuning_loads_the_export_as_is(export, model, vocab, texts):
+    """INITIAL_CHECKPOINT_PATH=<export>: XLM-R's ids, tokenised as transformers does, and
+    the encoder computes what ours computes."""
+    cfg, params = model
+    loaded = encoders.load_encoder(str(export))
+    assert loaded.source == "hf" and loaded.tokenizer.kind == "fairseq"
+    auto = transformers.AutoTokenizer.from_pretrained(export)
+    for text in texts:
+        assert loaded.tokenizer.single(loaded.tokenizer.encode(text), 10_000) == (
+            auto(text)["input_ids"]
+        )
+    ours = spm.SentencePieceProcessor(model_file=vocab)
+    our_ids = _batch(ours, texts[:4], pad=0).astype(np.int32)
+    hf_ids = _ours_to_hf(cfg.vocab_size)[our_ids].astype(np.int32)
+    encode = functools.partial(XLMRForMaskedLM.apply, method=XLMRForMaskedLM.encode)
+    ref = encode(XLMRForMaskedLM(cfg), {"params": params}, our_ids)
+    got = encode(XLMRForMaskedLM(loaded.config),
+                 {"params": {"encoder": loaded.params, "lm_head": params["lm_head"]}}, hf_ids)
+    mask = our_ids != 0
+    np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(ref)[mask], atol=1e-5)
+
+
+def test_bad_exports_are_refused_before_writing(export, model, vocab, tmp_path):
+    cfg, params = model
+    with pytest.raises(hf.ConversionError, match="already holds"):
+        hf.to_hf(str(export.parent / "run"), str(export))
+    with pytest.raises(hf.ConversionError, match="vocab_path"):
+        hf.save_hf(tmp_path / "no_vocab", cfg, params)
+    assert not (tmp_path / "no_vocab").exists()
+    small = cfg.replace(vocab_size=VOCAB_SIZE - 1)
+    with pytest.raises(hf.ConversionError, match="pieces but the model only"):
+        hf.save_hf(tmp_path / "small", small, params, vocab_path=vocab)
+    with pytest.raises(hf.ConversionError, match="pad id 0"):
+        hf.save_hf(tmp_path / "pad", cfg.replace(pad_token_id=1), params, vocab_path=vocab)
+    assert not (tmp_path / "small").exists() and not (tmp_path / "pad").exists()
