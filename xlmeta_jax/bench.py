@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from xlmeta_jax import hardware, losses, partitioning, profiling
-from xlmeta_jax.network import DROPOUT_MASK_BITS, SIZES, get_config
+from xlmeta_jax.network import DROPOUT_MASK_BITS, SIZES, get_config, resolve_attention_impl
 from xlmeta_jax.optimizer import OptimizerConfig
 from xlmeta_jax.step import RNG_IMPLS, make_step_functions
 
@@ -187,9 +187,7 @@ def attention_kernel(cfg, *, training: bool) -> str:
     Mirrors ``network.SelfAttention``: the cuDNN kernel has no dropout, so with
     attention dropout in training the portable XLA path runs instead.
     """
-    impl = cfg.attention_impl
-    if impl == "auto":
-        impl = "cudnn" if jax.default_backend() == "gpu" else "xla"
+    impl = resolve_attention_impl(cfg.attention_impl, cfg.dtype)
     if impl == "cudnn" and training and cfg.attention_dropout_rate > 0:
         return "xla (cuDNN kernel has no attention dropout)"
     return impl

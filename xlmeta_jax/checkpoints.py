@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any
 
 import jax
@@ -231,32 +232,73 @@ def restore_params(step_dir, abstract_params=None):
     return restored["params"]
 
 
-def find_step_dir(path) -> epath.Path:
-    """Resolves MODEL_DIR, MODEL_DIR/phaseN or MODEL_DIR/phaseN/<step> to a step dir.
+def configured_phases(model_dir) -> list[str] | None:
+    """Phase names of the run in ``model_dir``, in training order, read from the
+    ``config.gin`` the run wrote (``train.phases`` and each ``Phase.name``); None when
+    there is no such file or it names no phases."""
+    path = epath.Path(model_dir) / "config.gin"
+    if not path.exists():
+        return None
+    text = path.read_text()
+    found = re.search(r"^\S*train\.phases = (?:\\\n\s*)?\[(.*?)\]", text, re.M | re.S)
+    if not found:
+        return None
+    names = []
+    for scope in re.findall(r"@(?:([\w.]+)/)?[\w.]*Phase\(\)", found.group(1)):
+        prefix = re.escape(scope + "/") if scope else ""
+        name = re.search(rf"^{prefix}(?:[\w.]*\.)?Phase\.name = '([^']+)'", text, re.M)
+        if name is None:
+            return None
+        names.append(name.group(1))
+    return names or None
 
-    MODEL_DIR resolves to the last phase's latest step (phase2 before phase1).
+
+def _final_step_dir(phase_dir: epath.Path) -> epath.Path:
+    steps = sorted(
+        int(p.name) for p in phase_dir.iterdir() if p.name.isdigit() and (p / STATE).exists()
+    )
+    if not steps:
+        raise CheckpointError(f"phase directory {phase_dir} holds no checkpoint yet")
+    step_dir = phase_dir / str(steps[-1])
+    meta = read_meta(step_dir)
+    done, total = meta.get("phase_step"), meta.get("num_steps")
+    if done is not None and total is not None and done != total:
+        raise CheckpointError(
+            f"phase {phase_dir.name!r} is not finished (latest checkpoint: step {done} of "
+            f"{total}); to use it anyway, name the step directory: {step_dir}"
+        )
+    return step_dir
+
+
+def find_step_dir(path) -> epath.Path:
+    """Resolves a checkpoint path to a step directory.
+
+    * ``MODEL_DIR/phaseN/<step>``: that step, finished or not (named explicitly);
+    * a phase directory: its final checkpoint; an unfinished phase is refused;
+    * a run's MODEL_DIR: the final checkpoint of the *last configured* phase (per the
+      run's config.gin: ``phase2`` of meta-pretraining, ``xlmr`` of the baseline);
+      refused while that phase is unfinished, even when an earlier one is complete.
     """
     path = epath.Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint path {path} does not exist")
     if (path / STATE).exists():
         return path
-    steps = sorted(
-        (int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / STATE).exists()),
-    )
-    if steps:
-        return path / str(steps[-1])
-    phases = sorted(
-        (p for p in path.iterdir() if p.is_dir() and p.name.startswith("phase")),
-        key=lambda p: p.name,
-        reverse=True,
-    )
-    for phase in phases:
-        try:
-            return find_step_dir(phase)
-        except CheckpointError:
-            continue
-    raise CheckpointError(f"no checkpoint found under {path}")
+    if any(p.name.isdigit() for p in path.iterdir()):
+        return _final_step_dir(path)
+    phases = configured_phases(path)
+    if phases is None:
+        raise CheckpointError(
+            f"{path} is neither a step, a phase nor a run directory (no config.gin naming "
+            "train.phases): pass MODEL_DIR, MODEL_DIR/<phase> or MODEL_DIR/<phase>/<step>"
+        )
+    last = path / phases[-1]
+    if not last.exists():
+        raise CheckpointError(
+            f"the last configured phase {phases[-1]!r} of {path} has not started; name an "
+            "earlier phase's directory or step to use it"
+        )
+    return _final_step_dir(last)
 
 
 def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:

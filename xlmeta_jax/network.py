@@ -92,8 +92,9 @@ class EncoderConfig:
     # "dots_no_batch" or "save_named".
     remat_policy: str = "none"
     # Attention kernel: "xla" (portable einsum + softmax), "cudnn" (flash attention
-    # through jax.nn.dot_product_attention on NVIDIA GPUs) or "auto" (cudnn on GPU,
-    # xla elsewhere).
+    # through jax.nn.dot_product_attention on NVIDIA GPUs, bf16/fp16 only) or "auto"
+    # (cudnn on a GPU in bf16/fp16, xla otherwise: fp32 evaluation of a checkpoint
+    # trained with "auto" stays on XLA).
     attention_impl: str = "xla"
 
     def __post_init__(self):
@@ -316,9 +317,13 @@ def _dense_general(cfg, features, axis, kernel_names, bias_names, name):
     )
 
 
-def _resolve_attention_impl(impl: str) -> str:
+def resolve_attention_impl(impl: str, dtype: str, backend: str | None = None) -> str:
+    """The kernel ``attention_impl`` stands for: "auto" is cuDNN only on a GPU and in a
+    16-bit dtype (JAX's cuDNN attention rejects fp32), XLA otherwise."""
     if impl == "auto":
-        return "cudnn" if jax.default_backend() == "gpu" else "xla"
+        backend = backend or jax.default_backend()
+        sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+        return "cudnn" if backend == "gpu" and sixteen_bit else "xla"
     return impl
 
 
@@ -342,7 +347,7 @@ class SelfAttention(nn.Module):
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
         q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
 
-        impl = _resolve_attention_impl(cfg.attention_impl)
+        impl = resolve_attention_impl(cfg.attention_impl, cfg.dtype)
         use_dropout = not deterministic and cfg.attention_dropout_rate > 0.0
         if impl == "cudnn" and not use_dropout:
             # cuDNN flash attention; `mask` is [batch, kv_length] (True = attend).

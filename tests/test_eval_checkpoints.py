@@ -1,0 +1,95 @@
+"""What an evaluation loads: checkpoint resolution of a run directory, and the attention
+kernel a checkpoint's ``attention_impl='auto'`` stands for at evaluation time."""
+
+from __future__ import annotations
+
+import json
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xlmeta_jax import checkpoints, gin_cli, network
+
+
+def _run_dir(tmp_path, gin_file, steps):
+    """A run directory as the trainer leaves it: config.gin and, per phase, step dirs with
+    a state item and the metadata the trainer writes (no parameters needed here)."""
+    gin.clear_config(clear_constants=True)
+    try:
+        gin_cli.apply_gin([gin_file], [
+            "MODEL_DIR = '/tmp/unused'", "VOCAB_PATH = '/tmp/unused.model'",
+            "INITIAL_CHECKPOINT_PATH = None",
+        ], finalize=False)
+        gin_cli.write_config(str(tmp_path))
+    finally:
+        gin.clear_config(clear_constants=True)
+    for phase, (done, total) in steps.items():
+        step_dir = tmp_path / phase / str(done)
+        (step_dir / checkpoints.STATE).mkdir(parents=True)
+        (step_dir / checkpoints.META).mkdir()
+        (step_dir / checkpoints.META / "metadata").write_text(
+            json.dumps({"phase": phase, "phase_step": done, "num_steps": total}))
+    return tmp_path
+
+
+def test_xlmr_baseline_run_resolves_to_its_only_phase(tmp_path):
+    # The old rule looked for directories named phase*: the baseline's "xlmr" was missed.
+    run = _run_dir(tmp_path, "xlmr.gin", {"xlmr": (500, 500)})
+    assert checkpoints.configured_phases(run) == ["xlmr"]
+    assert checkpoints.find_step_dir(run) == run / "xlmr" / "500"
+
+
+def test_meta_run_resolves_to_the_last_configured_phase_and_refuses_it_unfinished(tmp_path):
+    run = _run_dir(tmp_path, "meta.gin", {"phase1": (100, 100), "phase2": (40, 80)})
+    assert checkpoints.configured_phases(run) == ["phase1", "phase2"]
+    # The old rule returned phase2's latest (unfinished) step without a word.
+    with pytest.raises(checkpoints.CheckpointError, match=r"'phase2' is not finished .*step 40 "
+                       r"of 80.*name the step directory"):
+        checkpoints.find_step_dir(run)
+    with pytest.raises(checkpoints.CheckpointError, match="not finished"):
+        checkpoints.find_step_dir(run / "phase2")
+    # Named explicitly, an unfinished step is taken; a finished phase resolves itself.
+    assert checkpoints.find_step_dir(run / "phase2" / "40") == run / "phase2" / "40"
+    assert checkpoints.find_step_dir(run / "phase1") == run / "phase1" / "100"
+
+
+def test_meta_run_whose_last_phase_has_not_started_is_refused(tmp_path):
+    run = _run_dir(tmp_path, "meta.gin", {"phase1": (100, 100)})
+    with pytest.raises(checkpoints.CheckpointError, match="'phase2' of .* has not started"):
+        checkpoints.find_step_dir(run)
+    with pytest.raises(checkpoints.CheckpointError, match="neither a step, a phase nor a run"):
+        checkpoints.find_step_dir(tmp_path / "phase1" / "100" / "meta")
+
+
+@pytest.mark.parametrize(
+    ("impl", "dtype", "backend", "expected"),
+    [
+        ("auto", "float32", "gpu", "xla"),  # cuDNN attention rejects fp32
+        ("auto", "bfloat16", "gpu", "cudnn"),
+        ("auto", "float16", "gpu", "cudnn"),
+        ("auto", "bfloat16", "cpu", "xla"),
+        ("auto", "bfloat16", "tpu", "xla"),
+        ("cudnn", "float32", "gpu", "cudnn"),  # an explicit choice is kept
+        ("xla", "bfloat16", "gpu", "xla"),
+    ],
+)
+def test_auto_attention_resolution(impl, dtype, backend, expected):
+    assert network.resolve_attention_impl(impl, dtype, backend) == expected
+
+
+def test_fp32_evaluation_of_an_auto_checkpoint_stays_on_xla_on_gpu(monkeypatch):
+    """A dropout-free fp32 pass of an 'auto' encoder, as fine-tuning evaluation and
+    retrieval run it, on a backend that says "gpu": before, this took the cuDNN kernel
+    (which JAX refuses for fp32, and which is absent on CPU); now it runs on XLA and
+    equals the explicit XLA encoder."""
+    cfg = network.get_config("tiny", vocab_size=64, pad_token_id=0, attention_impl="auto",
+                             dropout_rate=0.0, attention_dropout_rate=0.0)
+    ids = jnp.array([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]], jnp.int32)
+    params = network.Encoder(cfg.replace(attention_impl="xla")).init(jax.random.key(0), ids)
+    expected = network.Encoder(cfg.replace(attention_impl="xla")).apply(params, ids)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    got = network.Encoder(cfg).apply(params, ids)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
