@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from xlmeta_jax.evaluation import features, readers, scorers, tokenization
+from xlmeta_jax.evaluation import features, qa_decoding, readers, scorers, tokenization
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +39,31 @@ def test_gold_logits_decode_to_gold_answers(shared_data, tok, lang):
     )
     assert len(feats) > 1.5 * len(examples)
     start, end = _gold_logits(feats, 192)
-    preds = features.decode_qa(start, end, feats, examples, max_answer_length=192)
-    in_window = set(feats.example_index[feats.start_positions > 0].tolist())
+    preds = qa_decoding.compute_predictions(start, end, feats, examples, max_answer_length=192)
+    # Windows holding the whole answer and giving its first token the most context (the
+    # only ones where Hugging Face's decoding accepts that start).
+    has = feats.start_positions > 0
+    usable = has & feats.max_context[np.arange(len(feats)), feats.start_positions]
+    in_window = set(feats.example_index[usable].tolist())
     # Answers whose boundaries fall inside a piece ("1920" in "1920s") cannot be exact,
     # nor can answers longer than a window.
     aligned = [
         ex for i, ex in enumerate(examples) if i in in_window and _token_aligned(tok, ex)
     ]
     assert len(aligned) >= 0.85 * len(examples)
+    # Hugging Face's post-processing returns the gold text, or, where BasicTokenizer
+    # splits it differently ("Italian and Romansh" inside "Romansh.[3]"), the whole
+    # whitespace words around it.
+    exact = 0
     for ex in aligned:
-        assert preds[ex.id] == ex.answers[0]
+        pred = preds[ex.id]
+        words, _ = features.doc_words(ex.context)
+        gold = " ".join(ex.answers[0].split())
+        assert gold in pred and pred in " ".join(words), (pred, gold)
+        exact += pred == ex.answers[0]
+    assert exact >= 0.8 * len(aligned)
     refs = {ex.id: list(ex.answers) for ex in aligned}
-    scores = scorers.qa_scores(preds, refs)
-    assert scores["f1"] == 100.0 and scores["exact_match"] == 100.0
+    assert scorers.qa_scores(preds, refs)["f1"] > 95.0
     overall = scorers.qa_scores(preds, {ex.id: list(ex.answers) for ex in examples})
     assert overall["f1"] > 90.0
 
@@ -75,19 +87,103 @@ def test_windows_cover_every_context_token(shared_data, tok):
         assert seen == set(map(tuple, offs))
 
 
+def _hand_features(words, tokens, word_index, max_context=None, example_index=(0,)):
+    """QAFeatures of hand-made windows: position 0 is <s>, then context pieces."""
+    n, length = len(tokens), max(len(t) for t in tokens)
+    wi = np.full((n, length), -1, np.int32)
+    mc = np.zeros((n, length), bool)
+    for r in range(n):
+        wi[r, : len(word_index[r])] = word_index[r]
+        mc[r, : len(word_index[r])] = (
+            np.asarray(word_index[r]) >= 0 if max_context is None else max_context[r])
+    return features.QAFeatures(
+        input_ids=np.ones((n, length), np.int32), start_positions=np.zeros(n, np.int32),
+        end_positions=np.zeros(n, np.int32), offsets=np.full((n, length, 2), -1, np.int32),
+        example_index=np.asarray(example_index, np.int32), word_index=wi, max_context=mc,
+        tokens=[t + [""] * (length - len(t)) for t in tokens],
+    )
+
+
+def _logits(length, start, end):
+    s, e = np.zeros((1, length)), np.zeros((1, length))
+    s[0, 0] = e[0, 0] = 9.0  # <s> scores highest but is not context
+    s[0, start], e[0, end] = 5.0, 4.0
+    return s, e
+
+
 def test_decode_respects_max_answer_length_and_context():
     ex = readers.QAExample("q", "who?", "alpha beta gamma", ("beta",), (6,))
-    offsets = np.full((1, 8, 2), -1, np.int32)
-    offsets[0, 4:7] = [[0, 5], [6, 10], [11, 16]]
-    feats = features.QAFeatures(
-        input_ids=np.ones((1, 8), np.int32), start_positions=np.zeros(1, np.int32),
-        end_positions=np.zeros(1, np.int32), offsets=offsets,
-        example_index=np.zeros(1, np.int32),
+    feats = _hand_features(None, [["", "▁alpha", "▁beta", "▁gamma"]], [[-1, 0, 1, 2]])
+    start, end = _logits(4, 2, 3)
+    start[0, 1] = 1.0
+    assert qa_decoding.compute_predictions(start, end, feats, [ex])["q"] == "beta gamma"
+    assert qa_decoding.compute_predictions(
+        start, end, feats, [ex], max_answer_length=1)["q"] == "beta"
+
+
+def test_answer_text_is_whole_words_trimmed_as_hugging_face():
+    """A span inside an unspaced Chinese word: the exact pieces ("北京大学") are not what
+    XTREME scores; get_final_text cannot align them with BERT's spaced CJK characters and
+    returns the whole whitespace word."""
+    context = "他在北京大学读书。 真的"
+    ex = readers.QAExample("zh", "?", context, ("北京大学",), (2,))
+    pieces = ["", "▁他在", "北京", "大学", "读书", "。", "▁真的"]
+    feats = _hand_features(None, [pieces], [[-1, 0, 0, 0, 0, 0, 1]])
+    pred = qa_decoding.compute_predictions(*_logits(7, 2, 3), feats, [ex])["zh"]
+    assert pred == "他在北京大学读书。"
+    exact_span = "北京大学"  # what the character offsets of the two pieces give
+    ours = scorers.qa_scores({"zh": pred}, {"zh": ["北京大学"]}, normalization="mlqa", lang="zh")
+    exact = scorers.qa_scores(
+        {"zh": exact_span}, {"zh": ["北京大学"]}, normalization="mlqa", lang="zh")
+    # MLQA's zh F1 counts characters: 4 of the 8 predicted ones are the gold answer.
+    assert exact["f1"] == 100.0 and ours["f1"] == pytest.approx(200 / 3)
+    # Latin script: a span ending inside "1920s," is trimmed back to the pieces' text,
+    # while a span that BasicTokenizer splits ("U.S") is widened to its whole word.
+    ex2 = readers.QAExample("en", "?", "In the 1920s, the U.S. grew", ("1920",), (7,))
+    pieces2 = ["", "▁In", "▁the", "▁1920", "s", ",", "▁the", "▁U", ".", "S", ".", "▁grew"]
+    words2 = [[-1, 0, 1, 2, 2, 2, 3, 4, 4, 4, 4, 5]]
+    feats2 = _hand_features(None, [pieces2], words2)
+    assert qa_decoding.compute_predictions(*_logits(12, 3, 3), feats2, [ex2])["en"] == "1920"
+    assert qa_decoding.compute_predictions(*_logits(12, 7, 9), feats2, [ex2])["en"] == "U.S."
+
+
+def test_start_must_have_its_max_context_in_the_window():
+    # Two windows of one example; "▁beta" (word 1) is in both, but window 1 holds it in
+    # the middle: in window 0 it may not start an answer, though it scores highest there.
+    ex = readers.QAExample("q", "?", "alpha beta gamma delta", ("gamma",), (11,))
+    feats = _hand_features(
+        None, [["", "▁alpha", "▁beta"], ["", "▁beta", "▁gamma", "▁delta"]],
+        [[-1, 0, 1], [-1, 1, 2, 3]],
+        max_context=[[False, True, False], [False, True, True, True]], example_index=(0, 0),
     )
-    start = np.array([[9.0, 0, 0, 0, 1.0, 5.0, 0, 0]])  # position 0 (<s>) is not context
-    end = np.array([[9.0, 0, 0, 0, 0, 1.0, 4.0, 0]])
-    assert features.decode_qa(start, end, feats, [ex])["q"] == "beta gamma"
-    assert features.decode_qa(start, end, feats, [ex], max_answer_length=1)["q"] == "beta"
+    start = np.array([[0, 0, 8.0, -50], [0, 1.0, 6.0, 0]])
+    end = np.array([[0, 0, 8.0, 0], [0, 0, 6.0, 0]])
+    assert qa_decoding.compute_predictions(start, end, feats, [ex])["q"] == "gamma"
+    feats.max_context[0, 2] = True  # without the rule, window 0's "beta" would win
+    assert qa_decoding.compute_predictions(start, end, feats, [ex])["q"] == "beta"
+
+
+def test_max_context_windows_follow_bert():
+    # Windows of 4 tokens, 2 apart over 8 tokens. Token 2 is the 3rd of window 0 (score
+    # min(2, 1) = 1) and the 1st of window 1 (0): window 0. Token 3 is the 4th of window 0
+    # (0) and the 2nd of window 1 (1): window 1.
+    best = features._max_context([0, 2, 4], [4, 4, 4], 8)
+    assert [(np.nonzero(b)[0] + s).tolist() for b, s in zip(best, [0, 2, 4])] == [
+        [0, 1, 2], [3, 4], [5, 6, 7]]
+    # Token 3 of windows [0, 5) and [2, 7) scores min(3, 1) = min(1, 3) in both: the first
+    # window wins (BERT's `score > best_score`).
+    best = features._max_context([0, 2], [5, 5], 7)
+    assert [(np.nonzero(b)[0] + s).tolist() for b, s in zip(best, [0, 2])] == [
+        [0, 1, 2, 3], [4, 5, 6]]
+
+
+def test_basic_tokenizer_matches_hugging_face():
+    tf = pytest.importorskip("transformers.models.prophetnet.tokenization_prophetnet")
+    hf = tf.BasicTokenizer(do_lower_case=False)
+    for text in ["Steve Smith's, “quoted” (ok)!", "他在北京大学读书。 真的", "a\u00a0b\tc–d",
+                 "naïve café 1920s U.S.", "ค่าเงิน 3.5%"]:
+        assert qa_decoding.basic_tokenize(text) == hf.tokenize(text), text
+    assert qa_decoding.get_final_text("Steve Smith", "Steve Smith's") == "Steve Smith"
 
 
 def test_tagging_windows_round_trip_gold_tags(shared_data, tok):

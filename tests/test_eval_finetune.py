@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from xlmeta_jax import finetune as finetune_cli
-from xlmeta_jax.evaluation import encoders, finetuning, tokenization
+from xlmeta_jax.evaluation import encoders, finetuning, tokenization, training
 from xlmeta_jax.network import XLMRForMaskedLM, get_config
 
 
@@ -34,10 +34,11 @@ def _clean_gin():
     gin.clear_config()
 
 
-def test_tydiqa_demo_gin_end_to_end(shared_data, vocab, tmp_path):
+def test_tydiqa_with_demo_override_end_to_end(shared_data, vocab, tmp_path):
     model_dir = tmp_path / "tydiqa"
     results = finetune_cli.main([
-        "--gin_file=finetune/tydiqa_demo.gin",
+        "--gin_file=finetune/tydiqa.gin",
+        "--gin_file=finetune/demo.gin",
         "--gin.INITIAL_CHECKPOINT_PATH='init:tiny'",
         f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.VOCAB_PATH='{vocab}'",
@@ -65,6 +66,11 @@ def test_tydiqa_demo_gin_end_to_end(shared_data, vocab, tmp_path):
     assert "finetune.task = 'tydiqa'" in config and "finetune.train_steps = 24" in config
     preds = json.loads((model_dir / "predictions" / "te.json").read_text())
     assert len(preds) == 6
+    # QA keeps the final parameters (XTREME's run_squad.py selects nothing).
+    assert on_disk["seeds"][0]["selected_step"] == 24 and on_disk["seeds"][0]["selection"] == []
+    prov = on_disk["provenance"]
+    assert prov["data_source"] == "local" and prov["comparable_to_xtreme"] is False
+    assert prov["train_examples"] == 3696 and any("SQuAD" in d for d in prov["differences"])
 
 
 def test_bad_inputs_fail_before_training(shared_data, vocab, tmp_path):
@@ -83,7 +89,9 @@ def test_bad_inputs_fail_before_training(shared_data, vocab, tmp_path):
     with pytest.raises(ValueError, match="exceeds the encoder's 129 positions"):
         finetuning.finetune(task="xnli", max_seq_length=256, **common)
     with pytest.raises(SystemExit, match="unknown arguments"):
-        finetune_cli.main(["--gin_file=finetune/xnli_demo.gin", "--steps=3"])
+        finetune_cli.main(["--gin_file=finetune/xnli.gin", "--steps=3"])
+    with pytest.raises(SystemExit, match="--seeds needs a positive integer"):
+        finetune_cli.main(["--gin_file=finetune/xnli.gin", "--seeds=0"])
 
 
 def _random_params(cfg):
@@ -127,7 +135,7 @@ def test_pretrained_encoder_params_are_used_and_checked():
     cfg = get_config("tiny", vocab_size=300, pad_token_id=0)
     encoder = _random_params(cfg)["encoder"]
     model = FineTuneModel(cfg, "classification", 3)
-    params = finetuning._init_params(model, encoder, 32, seed=0)
+    params = training.init_params(model, encoder, 32, seed=0)
     assert set(params) == {"encoder", "head"}
     assert params["head"]["out_proj"]["kernel"].shape == (64, 3)
     for a, b in zip(jax.tree.leaves(params["encoder"]), jax.tree.leaves(encoder)):
@@ -135,7 +143,7 @@ def test_pretrained_encoder_params_are_used_and_checked():
     bad = jax.tree.map(lambda x: x, encoder)
     bad["embeddings"]["word_embeddings"] = np.zeros((299, 64), np.float32)
     with pytest.raises(ValueError, match=r"encoder\['embeddings'\]\['word_embeddings'\] has shape"):
-        finetuning._init_params(model, bad, 32, seed=0)
+        training.init_params(model, bad, 32, seed=0)
 
 
 def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
@@ -162,3 +170,69 @@ def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
     )
     with pytest.raises(ValueError, match="has 1000 ids but the encoder"):
         encoders.load_encoder(str(tmp_path / "run"))
+
+
+def test_selection_on_english_dev_and_seeds(shared_data, vocab, tmp_path, monkeypatch):
+    """The parameters evaluated are those that scored best on the English selection set
+    (XTREME's --save_only_best_checkpoint: strictly better, first best wins), not the
+    final ones; --seeds=2 reports mean ± std over two runs."""
+    # English-dev scores at steps 3, 6, 9, 12 of seed 42, then of seed 43.
+    scripted = iter([50.0, 60.0, 60.0, 55.0, 10.0, 20.0, 30.0, 40.0])
+    monkeypatch.setattr(finetuning, "_selection_score", lambda spec, scores: next(scripted))
+    seen = []  # a fingerprint of the parameters behind every prediction
+    predict = training.Runner.predict
+
+    def spy(self, input_ids, batch_size):
+        seen.append(float(np.asarray(jax.tree.leaves(self.params)[0]).sum()))
+        return predict(self, input_ids, batch_size)
+
+    monkeypatch.setattr(training.Runner, "predict", spy)
+    results = finetuning.finetune(
+        task="pawsx", initial_checkpoint_path="init:tiny", vocab_path=vocab,
+        data_dir=str(shared_data), languages=["en", "de"], train_steps=12, batch_size=8,
+        learning_rate=2e-3, warmup_steps=2, max_train_examples=96, max_eval_examples=48,
+        max_seq_length=64, eval_batch_size=48, log_every=6, eval_every=3, num_seeds=2,
+        model_dir=str(tmp_path),
+    )
+    first, second = results["seeds"]
+    assert [h["step"] for h in first["selection"]] == [3, 6, 9, 12]
+    assert first["selected_step"] == 6 and second["selected_step"] == 12
+    # Seed 42: 4 selection passes, then en and de with the step-6 parameters.
+    assert seen[4] == seen[5] == seen[1] and seen[4] != seen[3]
+    # Seed 43 improves until the end: the final parameters are evaluated.
+    assert seen[10] == seen[11] == seen[9]
+    # Mean and sample std over the two seeds, per language and of the average.
+    assert [r["seed"] for r in results["seeds"]] == [42, 43]
+    de = [r["languages"]["de"]["accuracy"] for r in results["seeds"]]
+    assert results["languages"]["de"]["accuracy"] == pytest.approx(np.mean(de))
+    assert results["languages"]["de"]["accuracy_std"] == pytest.approx(np.std(de, ddof=1))
+    averages = [r["average"] for r in results["seeds"]]
+    assert results["average"] == pytest.approx(np.mean(averages))
+    assert results["average_std"] == pytest.approx(np.std(averages, ddof=1))
+    assert "±" in finetuning.format_table(results)
+    assert results["settings"]["num_seeds"] == 2
+
+
+def test_optimizer_constants_and_schedule_are_hugging_faces():
+    # A warm-up longer than training (XTREME's QA recipe on a small set) never peaks.
+    sched = training.hf_linear_schedule(1e-3, warmup_steps=500, total_steps=100)
+    assert float(sched(0)) == 0.0 and float(sched(99)) == pytest.approx(1e-3 * 99 / 500)
+    sched = training.hf_linear_schedule(1e-3, warmup_steps=10, total_steps=110)
+    assert float(sched(10)) == pytest.approx(1e-3) and float(sched(60)) == pytest.approx(5e-4)
+    # run_tag.py steps the scheduler first: its first update uses the rate of step 1.
+    tagging = training.hf_linear_schedule(1e-3, 0, 100, offset=1)
+    assert float(tagging(0)) == pytest.approx(1e-3 * 99 / 100)
+    # beta2 / epsilon reach the update (a gin binding changes the numbers).
+    grads = {"w": jnp.array([1e-3, -2.0])}
+    params = {"w": jnp.zeros(2)}
+
+    def update(b2, eps):
+        tx = training.make_finetune_optimizer(
+            learning_rate=1.0, warmup_steps=0, total_steps=10, weight_decay=0.0, b1=0.9,
+            b2=b2, eps=eps, max_grad_norm=0.0)
+        state = tx.init(params)
+        _, state = tx.update(grads, state, params)  # b2 shows from the second step on
+        return np.asarray(tx.update({"w": grads["w"][::-1]}, state, params)[0]["w"])
+
+    assert not np.allclose(update(0.999, 1e-8), update(0.98, 1e-8))
+    assert not np.allclose(update(0.999, 1e-8), update(0.999, 1e-3))

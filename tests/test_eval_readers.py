@@ -26,16 +26,66 @@ def test_mlqa_and_xquad_counts(shared_data):
     assert len(readers.load_eval("xquad", "th", shared_data)) == 1190
 
 
+def _sentences(rows):
+    return {x for r in rows for x in (r.text_a, r.text_b)}
+
+
 def test_xnli_heldout_split_is_disjoint_and_parallel(shared_data):
     train = readers.load_train("xnli", shared_data)
+    select = readers.load_select("xnli", shared_data)
     en_eval = readers.load_eval("xnli", "en", shared_data)
     de_eval = readers.load_eval("xnli", "de", shared_data)
-    assert len(train) + len(en_eval) == 2490
+    assert (len(train), len(select), len(en_eval)) == (996, 249, 1245)
     # The split falls between premises: no training premise is evaluated.
-    assert not {e.text_a for e in train} & {e.text_a for e in en_eval}
+    assert not {e.text_a for e in train + select} & {e.text_a for e in en_eval}
     # Every language is evaluated on the same (translated) lines.
     assert [e.label for e in de_eval] == [e.label for e in en_eval]
-    assert de_eval[0].id == f"xnli-de-{len(train)}"
+    assert [e.id.split("-")[-1] for e in de_eval] == [e.id.split("-")[-1] for e in en_eval]
+
+
+def test_pawsx_split_shares_no_sentence(shared_data):
+    """The old line split (first 1000 / last 1000) leaked 411 evaluation pairs."""
+    rows = readers.read_pair_tsv(shared_data / "pawsx" / "dev-en.tsv", readers.PAWSX_LABELS)
+    old_train = _sentences(rows[:1000])
+    leaked = [r for r in rows[1000:] if r.text_a in old_train or r.text_b in old_train]
+    assert len(leaked) == 411
+    train = readers.load_train("pawsx", shared_data)
+    select = readers.load_select("pawsx", shared_data)
+    for lang in ("en", "de", "zh"):
+        evaluated = readers.load_eval("pawsx", lang, shared_data)
+        assert len(evaluated) == 1000 if lang == "en" else len(evaluated) > 0
+        if lang == "en":
+            assert not _sentences(train) & _sentences(evaluated)
+            assert not _sentences(select) & _sentences(evaluated)
+            assert not _sentences(train) & _sentences(select)
+    # Groups span languages: two English sentences can share one German translation.
+    files = [readers.read_pair_tsv(shared_data / "pawsx" / f"dev-{lang}.tsv",
+                                   readers.PAWSX_LABELS) for lang in ("en", "de")]
+    english_only = readers.dev_split(files[:1], 0.5, 0.1)
+    de_leak = _sentences([files[1][i] for i in english_only["train"]]) & _sentences(
+        [files[1][i] for i in english_only["eval"]])
+    assert de_leak
+    langs = readers.get_task("pawsx").languages
+    every = [readers.read_pair_tsv(shared_data / "pawsx" / f"dev-{lang}.tsv",
+                                   readers.PAWSX_LABELS) for lang in langs]
+    parts = readers.dev_split(every, 0.5, 0.1)
+    for lang, rows in zip(langs, every):
+        seen = _sentences([rows[i] for i in parts["train"] + parts["select"]])
+        assert not seen & _sentences(readers.load_eval("pawsx", lang, shared_data)), lang
+
+
+def test_pair_groups_join_chains_of_shared_sentences():
+    ex = lambda a, b: readers.ClassificationExample("", a, b, 0)  # noqa: E731
+    rows = [ex("a", "b"), ex("c", "d"), ex("b", "e"), ex("f", "a"), ex("d", "g"), ex("h", "i")]
+    assert readers.pair_groups(rows) == [[0, 2, 3], [1, 4], [5]]
+    # A line split after row 3 would put "d" on both sides; the group split does not.
+    parts = readers.dev_split([rows], 0.5, 0.0)
+    assert parts == {"train": [0, 2, 3], "select": [], "eval": [1, 4, 5]}
+    # A translation that merges rows 0 and 5 ("a" and "h" both become "x") joins them.
+    other = [ex("x", "b"), ex("c", "d"), ex("b", "e"), ex("f", "x"), ex("d", "g"), ex("x", "i")]
+    assert readers.pair_groups(rows, other) == [[0, 2, 3, 5], [1, 4]]
+    with pytest.raises(ValueError, match="select_fraction must be in"):
+        readers.dev_split([rows], 0.5, 0.5)
 
 
 def test_majority_label_xnli_is_chance(shared_data):
@@ -55,6 +105,19 @@ def test_tagging_readers(shared_data):
     assert set(t for e in ud for t in e.tags) <= set(readers.UPOS_LABELS)
     en_train = readers.load_train("udpos", shared_data)
     assert len(en_train) == 2001
+    assert len(readers.load_select("udpos", shared_data)) == 2077
+
+
+def test_udpos_pud_languages_follow_english_order(shared_data):
+    assert readers.get_task("udpos").languages == tuple(
+        "ar cs de en es fi fr hi id is it ko pl pt ru sv th tr zh".split())
+    english = [e.id for e in readers.load_eval("udpos", "en", shared_data)]
+    # Icelandic's file lists its sentences sorted by id; read as is, position i would be
+    # another sentence than English's i.
+    raw_is = readers.read_conllu_upos(shared_data / "ud" / readers.UD_TEST_FILES["is"])
+    assert [e.id for e in raw_is] != english
+    for lang in ("is", "de", "zh"):
+        assert [e.id for e in readers.load_eval("udpos", lang, shared_data)] == english
 
 
 def test_conllu_skips_multiword_ranges(tmp_path):
@@ -70,10 +133,12 @@ def test_conllu_skips_multiword_ranges(tmp_path):
     assert (ex.id, ex.tokens, ex.tags) == ("s1", ("de", "el"), ("ADP", "DET"))
 
 
-def test_corrupt_xtreme_udpos_file_is_rejected_with_its_line(shared_data):
-    # The csv export of these files swallowed quote characters (see readers docstring).
-    with pytest.raises(ValueError, match=r"test-et\.tsv:\d+: expected 'token<TAB>tag'"):
-        readers.read_token_tag_tsv(shared_data / "ud" / "xtreme_udpos" / "test-et.tsv")
+def test_corrupt_token_tag_file_is_rejected_with_its_line(tmp_path):
+    # XTREME's udpos csv export swallowed quote characters: tokens without a tag.
+    path = tmp_path / "test-et.tsv"
+    path.write_text("Tere\tINTJ\n\"\n\tPUNCT\n")
+    with pytest.raises(ValueError, match=r"test-et\.tsv:2: expected 'token<TAB>tag'"):
+        readers.read_token_tag_tsv(path)
 
 
 def test_retrieval_readers(shared_data):

@@ -2,21 +2,28 @@
 
 import pytest
 
-from xlmeta_jax import report
-from xlmeta_jax.evaluation import finetuning, scorers
+from xlmeta_jax.evaluation import finetuning, protocol, scorers
+from xlmeta_jax.tools import report
+
+_SETTINGS = {"learning_rate": 3e-5, "num_epochs": 3.0, "max_train_examples": None}
+
+
+def _provenance(task, source="local", settings=_SETTINGS):
+    return {"provenance": protocol.provenance(task, source, "/data", settings, 3696),
+            "settings": dict(settings)}
 
 
 def _qa_results(scores):
     per_lang = {lang: {"f1": f1, "exact_match": f1 - 10, "num_examples": 5}
                 for lang, f1 in scores.items()}
     return {"task": "tydiqa", "metric": "f1", "languages": per_lang,
-            **scorers.transfer_summary(per_lang, "f1")}
+            **scorers.transfer_summary(per_lang, "f1"), **_provenance("tydiqa")}
 
 
 def _tatoeba_results(acc):
-    per_lang = {"de": {"accuracy": acc, "accuracy_en2xx": acc, "num_examples": 9}}
+    per_lang = {"de": {"accuracy": acc, "accuracy_xx2en": acc, "num_examples": 9}}
     return {"task": "tatoeba", "metric": "accuracy", "languages": per_lang,
-            **scorers.transfer_summary(per_lang, "accuracy"),
+            **scorers.transfer_summary(per_lang, "accuracy"), **_provenance("tatoeba"),
             "layer_sweep": {"0": {"xx2en": 1.0, "en2xx": 2.0}, "1": {"xx2en": acc, "en2xx": acc}}}
 
 
@@ -39,6 +46,10 @@ def test_report_tables_and_plots(runs, tmp_path):
     assert "| meta | 80.0 | 60.0 | 50.0 | 63.3 | 55.0 | 80.0 | 25.0 |" in text
     assert "| baseline | 70.0 | 50.0 | 40.0 | 53.3 | 45.0 | 70.0 | 25.0 |" in text
     assert "| meta | 40.0 | 40.0 | 40.0 | – | – |" in text
+    # Provenance under each table: local TyDi QA training is not XTREME's SQuAD training.
+    assert ("* meta: local data; trained on TyDi QA GoldP English train (3696 examples); "
+            "not comparable with XTREME: fine-tuned on TyDi QA GoldP English") in text
+    assert "* meta: local data; trained on None (3696 examples); comparable with XTREME" in text
     for png in ("tydiqa_languages.png", "tatoeba_languages.png", "tatoeba_layers.png",
                 "english_vs_transfer.png"):
         data = (out / png).read_bytes()
@@ -54,3 +65,31 @@ def test_report_bad_input(runs, tmp_path):
         report.gather([str(tmp_path / "empty")])
     with pytest.raises(ValueError, match="two tatoeba results for run 'x'"):
         report.gather([f"x={runs / 'meta'}", f"x={runs / 'xlmr'}"])
+
+
+def test_report_refuses_runs_with_different_data_or_settings(runs, tmp_path):
+    res = _qa_results({"en": 75.0, "sw": 55.0, "te": 45.0})
+    res.update(_provenance("tydiqa", "tfds", {**_SETTINGS, "learning_rate": 5e-5}))
+    (tmp_path / "tfds" / "tydiqa").mkdir(parents=True)
+    finetuning.write_results(tmp_path / "tfds" / "tydiqa", res)
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit, match=r"tydiqa: runs differ in data or settings.*"
+                       r"data_source='tfds' vs meta 'local'.*learning_rate=5e-05"):
+        report.main([str(runs / "meta"), str(tmp_path / "tfds" / "tydiqa"), "--output", str(out)])
+    assert not out.exists()
+    path = report.main([str(runs / "meta"), str(tmp_path / "tfds" / "tydiqa"), "--output",
+                        str(out), "--allow_mixed"])
+    text = path.read_text()
+    assert "| tydiqa | 75.0 | 55.0 | 45.0 |" in text
+    assert "Runs differ (shown together on request)" in text
+    assert "* tydiqa: tfds data" in text
+
+
+def test_report_shows_mean_and_std_over_seeds(tmp_path):
+    res = _qa_results({"en": 80.0, "sw": 60.0})
+    res["languages"]["sw"]["f1_std"] = 1.25
+    res.update(average_std=0.5, seeds=[{}, {}, {}])
+    (tmp_path / "a").mkdir()
+    finetuning.write_results(tmp_path / "a", res)
+    table = report.task_table("tydiqa", report.gather([str(tmp_path / "a")])["tydiqa"])
+    assert "| a | 80.0 | 60.0 ± 1.2 | 70.0 ± 0.5 |" in table

@@ -172,13 +172,61 @@ def test_retrieval_random_embeddings_near_chance():
     assert out["src2tgt"] < 1.0 and out["tgt2src"] < 1.0
 
 
-def test_bitext_mining_f1_threshold():
+def test_bitext_mining_f1_threshold_is_xtremes_midpoint():
     gold = {("a", "x"), ("b", "y"), ("c", "z")}
     cands = [("a", "x", 0.9), ("b", "q", 0.8), ("b", "y", 0.7), ("d", "w", 0.1)]
     out = scorers.bitext_mining_f1(cands, gold)
-    # Best at threshold 0.7: 2 of 3 mined correct, 2 of 3 gold found.
+    # Best prefix ends at 0.7: 2 of 3 mined correct, 2 of 3 gold found. bucc_optimize puts
+    # the threshold halfway to the next score (0.1), not at 0.7.
     assert out["f1"] == pytest.approx(200 / 3)
-    assert out["threshold"] == 0.7
+    assert out["threshold"] == pytest.approx(0.4)
+
+
+def test_bitext_mining_f1_ties_do_not_depend_on_input_order():
+    gold = {("a", "x"), ("b", "y")}
+    cands = [("c", "z", 0.5), ("a", "x", 0.9), ("b", "y", 0.5), ("d", "w", 0.1)]
+    outs = [scorers.bitext_mining_f1(order, gold) for order in (cands, cands[::-1])]
+    assert outs[0] == outs[1]
+    # Tied pairs at 0.5 are ranked by ids: ("b", "y") before ("c", "z"), so the best
+    # prefix is 2 of 2 (F1 100) and its threshold (0.5 + 0.5) / 2 extracts both tied
+    # pairs, as bucc_extract's `score >= threshold`: 2 of 3 mined correct.
+    assert outs[0]["threshold"] == 0.5
+    assert outs[0]["f1"] == pytest.approx(80.0)
+
+
+def test_pos_f1_is_seqeval_over_tags_and_differs_from_accuracy():
+    gold = [["DET", "NOUN", "NOUN", "VERB"], ["PRON", "VERB", "X"]]
+    pred = [["DET", "NOUN", "ADJ", "VERB"], ["PRON", "VERB", "X"]]
+    out = scorers.tag_f1(gold, pred)
+    # Accuracy: 6 of 7 tags. seqeval chunks runs of one tag: gold NOUN NOUN is one chunk
+    # (0, 1..2) that the prediction breaks, so 4 of 5 gold chunks and 4 of 6 predicted
+    # chunks match ("X" after "VERB" starts no chunk in seqeval: its type is "_").
+    assert out["accuracy"] == pytest.approx(600 / 7)
+    seqeval_metrics = pytest.importorskip("seqeval.metrics")
+    assert out["f1"] == pytest.approx(100 * seqeval_metrics.f1_score(gold, pred))
+    assert out["f1"] == pytest.approx(800 / 11) and out["accuracy"] > out["f1"] + 10
+    # NER keeps rejecting tags that are not IOB.
+    with pytest.raises(ValueError, match="invalid tag 'DET'"):
+        scorers.entity_f1(gold, pred)
+
+
+def test_pos_f1_matches_seqeval_on_random_upos_sequences():
+    import warnings
+
+    seqeval_metrics = pytest.importorskip("seqeval.metrics")
+    from xlmeta_jax.evaluation.readers import UPOS_LABELS
+
+    rng = np.random.default_rng(0)
+    tags = list(UPOS_LABELS)
+    for _ in range(200):
+        gold = [[tags[i] for i in rng.integers(0, len(tags), rng.integers(1, 9))]
+                for _ in range(rng.integers(1, 5))]
+        pred = [[t if rng.random() < 0.6 else tags[rng.integers(len(tags))] for t in g]
+                for g in gold]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # seqeval warns that POS tags are not NE tags
+            expected = 100 * seqeval_metrics.f1_score(gold, pred)
+        assert scorers.tag_f1(gold, pred)["f1"] == pytest.approx(expected)
 
 
 def test_transfer_summary():

@@ -53,22 +53,61 @@ def test_search_paths_find_files_and_includes(tmp_path):
     assert gin.query_parameter("finetune.batch_size") == 8
 
 
-@pytest.mark.parametrize("path", FINETUNE_GIN, ids=lambda p: p.name)
-def test_every_finetune_gin_file_parses(path: pathlib.Path):
+TASK_GIN = [p for p in FINETUNE_GIN if p.stem not in ("base", "demo")]
+_MACROS = ["INITIAL_CHECKPOINT_PATH = 'init:tiny'", "MODEL_DIR = '/tmp/x'"]
+
+
+def test_finetune_gin_files_are_base_tasks_and_one_demo_override():
+    assert {p.stem for p in FINETUNE_GIN} == {*readers.TASKS, "base", "demo"}
+    base = (gin_cli.REPO_GIN_DIR / "finetune" / "base.gin").read_text()
+    assert all(f"{m} = %gin.REQUIRED" in base for m in ("INITIAL_CHECKPOINT_PATH", "MODEL_DIR"))
+
+
+@pytest.mark.parametrize("path", TASK_GIN, ids=lambda p: p.name)
+def test_every_finetune_gin_file_parses_alone_and_with_the_demo(path: pathlib.Path):
     text = path.read_text()
-    # Header comment with the command that runs it, and the two required macros.
-    assert text.startswith("#") and "python -m xlmeta_jax." in text
-    gin_cli.apply_gin(
-        [f"finetune/{path.name}"],
-        ["INITIAL_CHECKPOINT_PATH = 'init:tiny'", "MODEL_DIR = '/tmp/x'"],
-        finalize=False,
-    )
-    task = gin.query_parameter("finetune.task")
-    assert task in readers.TASKS
-    assert path.stem.removesuffix("_demo") == task
-    macros = {"INITIAL_CHECKPOINT_PATH", "MODEL_DIR"}
-    full = (path.parent / f"{task}.gin").read_text()
-    assert all(f"{m} = %gin.REQUIRED" in full for m in macros)
+    # Header comment with the command that runs it; the shared part is included.
+    assert text.startswith("#") and "python -m xlmeta_jax.finetune" in text
+    assert "include 'finetune/base.gin'" in text
+    assert len([x for x in text.splitlines() if x and not x.startswith("#")]) <= 12
+    gin_cli.apply_gin([f"finetune/{path.name}"], _MACROS, finalize=False)
+    assert gin.query_parameter("finetune.task") == path.stem
+    full_length = gin.query_parameter("finetune.max_seq_length")
+    gin.clear_config()
+    gin_cli.apply_gin([f"finetune/{path.name}", "finetune/demo.gin"], _MACROS, finalize=False)
+    assert gin.query_parameter("finetune.task") == path.stem
+    assert gin.query_parameter("finetune.train_steps") == 200
+    assert full_length >= gin.query_parameter("finetune.max_seq_length") == 128
+
+
+# XTREME's scripts/train_<task>.sh for a base encoder (and third_party/run_*.py defaults):
+# epochs, learning rate, warm-up steps, weight decay, --save_steps (English-dev selection)
+# and seed. The batch is 8 per GPU x 4 accumulation steps everywhere.
+XTREME_RECIPE = {
+    "xnli": (5.0, 2e-5, 0, 0.0, 100, 42),
+    "pawsx": (5.0, 2e-5, 0, 0.0, 200, 42),
+    "panx": (10.0, 2e-5, 0, 0.0, 1000, 1),
+    "udpos": (10.0, 2e-5, 0, 0.0, 500, 1),
+    "tydiqa": (3.0, 3e-5, 500, 0.0001, None, 42),
+    "xquad": (3.0, 3e-5, 500, 0.0001, None, 42),
+    "mlqa": (3.0, 3e-5, 500, 0.0001, None, 42),
+}
+
+
+@pytest.mark.parametrize("task", sorted(XTREME_RECIPE))
+def test_finetune_recipe_is_xtremes(task):
+    gin_cli.apply_gin([f"finetune/{task}.gin"], _MACROS, finalize=False)
+    q = gin.query_parameter
+    try:
+        eval_every = q("finetune.eval_every")
+    except ValueError:  # unbound: the default, no selection
+        eval_every = finetuning.FineTuneSettings.eval_every
+    got = (q("finetune.num_epochs"), q("finetune.learning_rate"), q("finetune.warmup_steps"),
+           q("finetune.weight_decay"), eval_every, q("finetune.seed"))
+    assert got == XTREME_RECIPE[task]
+    assert (q("finetune.batch_size"), q("finetune.adam_b2"), q("finetune.adam_eps"),
+            q("finetune.max_grad_norm")) == (32, 0.999, 1e-8, 1.0)
+    assert q("finetune.max_seq_length") == (384 if task in ("tydiqa", "xquad", "mlqa") else 128)
 
 
 def test_required_macro_left_unset_is_an_error():

@@ -3,14 +3,22 @@ r"""Zero-shot cross-lingual evaluation: fine-tune on English, test on every lang
 Usage (t5x-style gin flags, see :mod:`xlmeta_jax.gin_cli`)::
 
     python -m xlmeta_jax.finetune --gin_file=gin/finetune/tydiqa.gin \
-        --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/meta/phase2'" \
-        --gin.MODEL_DIR="'/runs/tydiqa_meta'"
+        --gin.INITIAL_CHECKPOINT_PATH="'/ckpts/meta'" \
+        --gin.MODEL_DIR="'/runs/tydiqa_meta'" [--seeds=5]
 
-``INITIAL_CHECKPOINT_PATH`` is a pretraining checkpoint, a Hugging Face XLM-R
-directory, a ``python -m xlmeta_jax.hf to_flax`` output, or ``init:tiny`` (random
-weights; demos). Writes ``MODEL_DIR/results.json`` and ``MODEL_DIR/config.gin``, and
-prints a table of per-language scores. Every ``gin/finetune/*.gin`` file runs this way
-(the retrieval ones too). The work is done by
+    # CPU-sized demo of any task: add the demo override file.
+    python -m xlmeta_jax.finetune --gin_file=gin/finetune/pawsx.gin \
+        --gin_file=gin/finetune/demo.gin \
+        --gin.INITIAL_CHECKPOINT_PATH="'init:tiny'" --gin.MODEL_DIR="'/tmp/pawsx_demo'"
+
+``INITIAL_CHECKPOINT_PATH`` is a pretraining run (its MODEL_DIR: the last configured
+phase's final checkpoint), a phase or step directory, a Hugging Face XLM-R directory,
+a ``python -m xlmeta_jax.hf to_flax`` output, or ``init:tiny`` (random weights;
+demos). ``--seeds=N`` fine-tunes N times (seeds ``seed`` .. ``seed + N - 1``) and
+reports mean ± std. The sentence-retrieval tasks run through the same command
+(``gin/finetune/tatoeba.gin``, ``gin/finetune/bucc.gin``: no fine-tuning). Writes
+``MODEL_DIR/results.json`` and ``MODEL_DIR/config.gin``, and prints a table of
+per-language scores. The work is done by
 :func:`xlmeta_jax.evaluation.finetuning.finetune`.
 """
 
@@ -22,9 +30,25 @@ import sys
 from xlmeta_jax import gin_cli
 
 
+def _pop_seeds(argv: list[str]) -> tuple[list[str], int | None]:
+    """``--seeds=N`` / ``--seeds N`` taken out of argv (None when absent)."""
+    rest, seeds, it = [], None, iter(argv)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if name != "--seeds":
+            rest.append(arg)
+            continue
+        value = value if eq else next(it, "")
+        if not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"--seeds needs a positive integer, got {value!r}")
+        seeds = int(value)
+    return rest, seeds
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """Parses gin flags, runs the configured ``finetune`` and prints its table."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Parses gin flags and ``--seeds``, runs the configured ``finetune``, prints its table."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, seeds = _pop_seeds(argv)
     flags = gin_cli.parse_command_line(argv, doc=__doc__, example="gin/finetune/tydiqa.gin")
     if flags is None:
         return {}
@@ -34,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
     # After parsing: gin logs every include-path probe at INFO.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    results = finetuning.finetune()
+    results = finetuning.finetune(**({} if seeds is None else {"num_seeds": seeds}))
     print(finetuning.format_table(results))
     return results
 

@@ -4,12 +4,11 @@
 * Extractive QA: ``<s> question </s></s> context-window </s>``; a long context is cut
   into windows of at most ``max_seq_length`` tokens whose starts are ``doc_stride``
   context tokens apart (BERT's / XTREME's ``doc_stride``), so consecutive windows
-  overlap. Answer spans are mapped through SentencePiece character offsets; decoding
-  takes the ``n_best`` start and end logits of each window, keeps spans with
-  ``start <= end < start + max_answer_length`` inside the context, and returns the
-  highest ``start + end`` logit sum over all windows of the question (the best span
-  within one window), as the text of the original context between the character
-  offsets of the two tokens.
+  overlap. Answer spans are mapped through SentencePiece character offsets. Each
+  context token also records its whitespace word of the context (SQuAD's
+  ``doc_tokens``) and whether this window gives it the most context (BERT's
+  ``_check_is_max_context``); decoding is
+  :func:`xlmeta_jax.evaluation.qa_decoding.compute_predictions`.
 * Tagging: every word is tokenised on its own; its tag is predicted at its first
   sub-token; sentences longer than a window are split into several windows at word
   boundaries so every word gets a prediction.
@@ -71,6 +70,11 @@ class QAFeatures:
       offsets: [N, L, 2] character span in the example's context of every context
         token; -1 for question, special and padding tokens.
       example_index: [N] index of the window's example.
+      word_index: [N, L] index of the context token's whitespace word (SQuAD
+        ``doc_tokens``); -1 for other tokens.
+      max_context: [N, L] whether this window is the one where the context token has
+        the most context (``token_is_max_context``).
+      tokens: per window, the piece string at every position ("" off the context).
     """
 
     input_ids: np.ndarray
@@ -78,6 +82,9 @@ class QAFeatures:
     end_positions: np.ndarray
     offsets: np.ndarray
     example_index: np.ndarray
+    word_index: np.ndarray
+    max_context: np.ndarray
+    tokens: list[list[str]]
 
     def __len__(self):
         return len(self.input_ids)
@@ -89,6 +96,41 @@ class QAFeatures:
             "start_positions": self.start_positions,
             "end_positions": self.end_positions,
         }
+
+
+def _is_squad_whitespace(c: str) -> bool:
+    return c in " \t\r\n" or ord(c) == 0x202F
+
+
+def doc_words(context: str) -> tuple[list[str], np.ndarray]:
+    """SQuAD's ``doc_tokens`` (whitespace-separated words) and each word's first char."""
+    words, starts, prev_ws = [], [], True
+    for i, c in enumerate(context):
+        if _is_squad_whitespace(c):
+            prev_ws = True
+            continue
+        if prev_ws:
+            words.append(c)
+            starts.append(i)
+        else:
+            words[-1] += c
+        prev_ws = False
+    return words, np.array(starts, dtype=np.int64)
+
+
+def _max_context(window_starts: Sequence[int], window_lengths: Sequence[int], n: int):
+    """Per window, a bool per context token: is this its best window (first on ties)?"""
+    best = np.full(n, -1)
+    best_score = np.full(n, -np.inf)
+    for w, (start, length) in enumerate(zip(window_starts, window_lengths)):
+        j = np.arange(length)
+        score = np.minimum(j, length - 1 - j) + 0.01 * length
+        idx = start + j
+        better = score > best_score[idx]
+        best[idx[better]] = w
+        best_score[idx[better]] = score[better]
+    return [best[s : s + length] == w
+            for w, (s, length) in enumerate(zip(window_starts, window_lengths))]
 
 
 def _answer_token_span(offsets, start_char: int, end_char: int) -> tuple[int, int] | None:
@@ -119,9 +161,15 @@ def qa_features(
         raise ValueError(f"doc_stride must be > 0, got {doc_stride}")
     question_ids = tokenizer.encode_batch([e.question for e in examples])
     ids_rows, starts, ends, offset_rows, ex_index = [], [], [], [], []
+    word_rows, maxctx_rows, token_rows = [], [], []
     for idx, (ex, q_ids) in enumerate(zip(examples, question_ids)):
         q_ids = q_ids[:max_query_length]
-        c_ids, c_offsets = tokenizer.encode_with_offsets(ex.context)
+        c_ids, c_pieces, c_offsets = tokenizer.encode_pieces(ex.context)
+        _, word_starts = doc_words(ex.context)
+        # A piece lies inside one whitespace word (SentencePiece splits at whitespace); a
+        # piece with an empty span (a lone "▁") belongs to the word that follows it.
+        c_words = np.searchsorted(word_starts, [b for b, _ in c_offsets], side="right") - 1
+        c_words = np.maximum(c_words, 0)
         budget = max_seq_length - len(q_ids) - 4
         if budget < 1:
             raise ValueError(
@@ -131,89 +179,51 @@ def qa_features(
         answer = _answer_token_span(
             c_offsets, ex.answer_starts[0], ex.answer_starts[0] + len(ex.answers[0])
         )
+        window_starts, window_lengths = [], []
         window_start = 0
         while True:
             window_end = min(window_start + budget, len(c_ids))
-            prefix = [tokenizer.cls_id, *q_ids, tokenizer.sep_id, tokenizer.sep_id]
-            ids_rows.append(prefix + c_ids[window_start:window_end] + [tokenizer.sep_id])
+            window_starts.append(window_start)
+            window_lengths.append(window_end - window_start)
+            if window_end >= len(c_ids):
+                break
+            window_start += doc_stride
+        prefix = [tokenizer.cls_id, *q_ids, tokenizer.sep_id, tokenizer.sep_id]
+        p0 = len(prefix)
+        for w_start, n_ctx, best in zip(
+            window_starts, window_lengths, _max_context(window_starts, window_lengths, len(c_ids))
+        ):
+            w_end = w_start + n_ctx
+            ids_rows.append(prefix + c_ids[w_start:w_end] + [tokenizer.sep_id])
             offs = np.full((max_seq_length, 2), -1, dtype=np.int32)
-            n_ctx = window_end - window_start
+            words = np.full(max_seq_length, -1, dtype=np.int32)
+            maxctx = np.zeros(max_seq_length, dtype=bool)
             if n_ctx:
-                offs[len(prefix) : len(prefix) + n_ctx] = c_offsets[window_start:window_end]
+                offs[p0 : p0 + n_ctx] = c_offsets[w_start:w_end]
+                words[p0 : p0 + n_ctx] = c_words[w_start:w_end]
+                maxctx[p0 : p0 + n_ctx] = best
             offset_rows.append(offs)
-            if answer is not None and window_start <= answer[0] and answer[1] < window_end:
-                starts.append(len(prefix) + answer[0] - window_start)
-                ends.append(len(prefix) + answer[1] - window_start)
+            word_rows.append(words)
+            maxctx_rows.append(maxctx)
+            token_rows.append([""] * p0 + c_pieces[w_start:w_end])
+            if answer is not None and w_start <= answer[0] and answer[1] < w_end:
+                starts.append(p0 + answer[0] - w_start)
+                ends.append(p0 + answer[1] - w_start)
             else:
                 starts.append(0)
                 ends.append(0)
             ex_index.append(idx)
-            if window_end >= len(c_ids):
-                break
-            window_start += doc_stride
+    empty = np.zeros((0, max_seq_length), np.int32)
     return QAFeatures(
         input_ids=_pad(ids_rows, max_seq_length, tokenizer.pad_id),
         start_positions=np.array(starts, dtype=np.int32),
         end_positions=np.array(ends, dtype=np.int32),
         offsets=np.stack(offset_rows) if offset_rows else np.zeros((0, max_seq_length, 2)),
         example_index=np.array(ex_index, dtype=np.int32),
+        word_index=np.stack(word_rows) if word_rows else empty,
+        max_context=np.stack(maxctx_rows) if maxctx_rows else empty.astype(bool),
+        tokens=token_rows,
     )
-
-
-def decode_qa(
-    start_logits: np.ndarray,
-    end_logits: np.ndarray,
-    features: QAFeatures,
-    examples: Sequence[QAExample],
-    *,
-    n_best: int = 20,
-    max_answer_length: int = 30,
-) -> dict[str, str]:
-    """Best answer text per question id (see the module docstring)."""
-    start_logits = np.asarray(start_logits, dtype=np.float32)
-    end_logits = np.asarray(end_logits, dtype=np.float32)
-    if start_logits.shape != features.input_ids.shape or end_logits.shape != start_logits.shape:
-        raise ValueError(
-            f"decode_qa: logits {start_logits.shape}/{end_logits.shape} do not match "
-            f"features {features.input_ids.shape}"
-        )
-    is_context = features.offsets[..., 0] >= 0
-    neg = np.float32(-1e30)
-    sl = np.where(is_context, start_logits, neg)
-    el = np.where(is_context, end_logits, neg)
-    k = min(n_best, sl.shape[1])
-    top_s = np.argsort(-sl, axis=1, kind="stable")[:, :k]
-    top_e = np.argsort(-el, axis=1, kind="stable")[:, :k]
-    s_score = np.take_along_axis(sl, top_s, axis=1)
-    e_score = np.take_along_axis(el, top_e, axis=1)
-    score = s_score[:, :, None] + e_score[:, None, :]
-    length = top_e[:, None, :] - top_s[:, :, None]
-    valid = (length >= 0) & (length < max_answer_length)
-    valid &= np.take_along_axis(is_context, top_s, axis=1)[:, :, None]
-    valid &= np.take_along_axis(is_context, top_e, axis=1)[:, None, :]
-    score = np.where(valid, score, -np.inf)
-    flat = score.reshape(len(score), -1).argmax(axis=1)
-    best_score = score.reshape(len(score), -1)[np.arange(len(score)), flat]
-
-    best: dict[int, tuple[float, int, int, int]] = {}
-    for f in range(len(score)):
-        if not np.isfinite(best_score[f]):
-            continue
-        ex = int(features.example_index[f])
-        if ex not in best or best_score[f] > best[ex][0]:
-            s_pos = int(top_s[f, flat[f] // k])
-            e_pos = int(top_e[f, flat[f] % k])
-            best[ex] = (float(best_score[f]), f, s_pos, e_pos)
-    out = {}
-    for i, ex in enumerate(examples):
-        if i not in best:
-            out[ex.id] = ""
-            continue
-        _, f, s_pos, e_pos = best[i]
-        begin = int(features.offsets[f, s_pos, 0])
-        end = int(features.offsets[f, e_pos, 1])
-        out[ex.id] = ex.context[begin:end].strip()
-    return out
 
 
 # ----------------------------------------------------------------------------------------

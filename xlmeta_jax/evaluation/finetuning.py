@@ -2,28 +2,31 @@
 
 :func:`finetune` is the gin entry point of ``python -m xlmeta_jax.finetune``. It loads
 the encoder (:mod:`xlmeta_jax.evaluation.encoders`), fine-tunes it with a task head
-(:mod:`xlmeta_jax.evaluation.models`) on the English training data, evaluates each
-target language, and writes ``MODEL_DIR/results.json``::
+(:mod:`xlmeta_jax.evaluation.models`) on the English training data with XTREME's
+recipe, keeps the parameters that score best on English development data where
+XTREME's scripts do (``--save_only_best_checkpoint``: every ``eval_every`` steps and
+at the end; XNLI, PAWS-X, PAN-X, UD POS), evaluates each target language, repeats for
+``num_seeds`` seeds, and writes ``MODEL_DIR/results.json``::
 
     {"task", "metric",
-     "languages": {lang: {metric: ..., ...}},
+     "languages": {lang: {metric: mean over seeds, metric + "_std": ..., ...}},
      "average":        mean over all evaluated languages (XTREME's convention),
+     "average_std":    std over seeds of the per-seed averages,
      "average_target": mean over the languages other than English,
      "english":        the English score,
      "transfer_gap":   english - average_target,
+     "seeds": [{"seed", "languages", "average", "selected_step", ...} per seed],
+     "provenance": {data source, train / selection / eval data, comparable_to_xtreme,
+                    differences},
      "model": {...}, "train": {...}, "settings": {...}}
 
 plus ``MODEL_DIR/config.gin`` (the operative gin config) and, for QA, the predicted
 answers per language under ``MODEL_DIR/predictions/``. Retrieval tasks (tatoeba, bucc)
 are delegated to :func:`xlmeta_jax.evaluation.retrieval.evaluate_retrieval`.
-
-Training is data-parallel: parameters are replicated and every batch is split over all
-devices along the mesh's ``data`` axis.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -33,27 +36,36 @@ import pathlib
 import time
 from typing import Any
 
-import flax.linen as nn
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from jax.sharding import NamedSharding, PartitionSpec
 
 from xlmeta_jax import partitioning
-from xlmeta_jax.evaluation import encoders, features, readers, scorers
-from xlmeta_jax.evaluation.models import FineTuneModel, TaskHead
-from xlmeta_jax.optimizer import OptimizerConfig, make_optimizer
+from xlmeta_jax.evaluation import (
+    encoders,
+    features,
+    protocol,
+    qa_decoding,
+    readers,
+    scorers,
+    training,
+)
+from xlmeta_jax.evaluation.models import FineTuneModel
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class FineTuneSettings:
-    """Hyper-parameters of one fine-tuning run (all settable from gin)."""
+    """Hyper-parameters of one fine-tuning run (all settable from gin).
 
-    # Longest input in tokens (XTREME: 128 for classification/tagging, 384 for QA).
+    Defaults are those of XTREME's scripts for a base-size encoder where they are
+    shared (``third_party/run_*.py`` argument defaults); the per-task gin files set the
+    rest from ``scripts/train_<task>.sh``.
+    """
+
+    # Longest input in tokens (XTREME: 128 for classification/tagging, 384 for QA;
+    # retrieval: 512).
     max_seq_length: int = 128
     # QA: context tokens between the starts of consecutive windows.
     doc_stride: int = 128
@@ -63,180 +75,48 @@ class FineTuneSettings:
     max_answer_length: int = 30
     # QA: start / end candidates per window when decoding.
     n_best: int = 20
-    # Training batch size (global; divisible by the number of devices).
+    # Training batch size (global; XTREME: 8 per GPU x 4 accumulation steps = 32).
     batch_size: int = 32
     # Evaluation batch size (rounded up to a multiple of the number of devices).
     eval_batch_size: int = 128
     # Training steps; None: `num_epochs` passes over the training features.
     train_steps: int | None = None
-    # Epochs when `train_steps` is None.
-    num_epochs: float = 2.0
+    # Epochs when `train_steps` is None (XTREME's --num_train_epochs).
+    num_epochs: float = 3.0
     # Peak AdamW learning rate.
     learning_rate: float = 2e-5
-    # Share of the steps spent in linear warm-up (then linear decay to 0).
-    warmup_ratio: float = 0.1
+    # Steps of linear warm-up from 0 (then linear decay to 0; XTREME's --warmup_steps;
+    # may exceed the training steps, as in Hugging Face's schedule).
+    warmup_steps: int = 0
     # Decoupled weight decay (not on biases / LayerNorm).
-    weight_decay: float = 0.01
+    weight_decay: float = 0.0
+    # AdamW beta1, beta2 and epsilon (Hugging Face AdamW defaults, XTREME's).
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
     # Gradient clipping by global norm (0 disables).
     max_grad_norm: float = 1.0
+    # Model selection on English dev every this many steps and at the end (XTREME's
+    # --save_steps with --save_only_best_checkpoint); None: keep the final parameters.
+    eval_every: int | None = None
     # Dropout on the encoder and head; None keeps the checkpoint's.
     dropout_rate: float | None = None
     # Compute dtype of the encoder ("float32" or "bfloat16").
     dtype: str = "float32"
     # Use at most this many training examples (None: all), a seeded random subset.
     max_train_examples: int | None = None
-    # Evaluate at most this many examples per language (None: all), the first ones.
+    # Evaluate at most this many examples per language (None: all), the first ones;
+    # also caps the selection set; retrieval: sentences (pairs) per language.
     max_eval_examples: int | None = None
     # XNLI / PAWS-X: share of English dev lines used for training (see readers).
     train_fraction: float = 0.5
-    # Seed of head init, data order and dropout.
-    seed: int = 0
+    # XNLI / PAWS-X: share of English dev lines, taken from the training part, held
+    # out for model selection.
+    select_fraction: float = 0.1
+    # Seed of head init, data order and dropout; run i of `num_seeds` uses seed + i.
+    seed: int = 42
     # Log the training loss every this many steps.
     log_every: int = 50
-
-
-# ----------------------------------------------------------------------------------------
-# Training and inference
-# ----------------------------------------------------------------------------------------
-
-
-def _loss(kind: str, outputs, batch, pad_id: int):
-    if kind == "classification":
-        return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"]).mean()
-    if kind == "qa":
-        start, end = outputs
-        valid = batch["input_ids"] != pad_id
-        start = jnp.where(valid, start, -1e9)
-        end = jnp.where(valid, end, -1e9)
-        ce = optax.softmax_cross_entropy_with_integer_labels
-        return 0.5 * (ce(start, batch["start_positions"]) + ce(end, batch["end_positions"])).mean()
-    labels = batch["labels"]
-    valid = (labels >= 0).astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(outputs, jnp.maximum(labels, 0))
-    return (ce * valid).sum() / jnp.maximum(valid.sum(), 1.0)
-
-
-class _Runner:
-    """Jit'ed train / predict functions of one model on a data-parallel mesh."""
-
-    def __init__(self, model: FineTuneModel, params, tx, mesh, seed: int):
-        self.model, self.tx, self.mesh = model, tx, mesh
-        self.replicated = NamedSharding(mesh, PartitionSpec())
-        self.params = jax.device_put(params, self.replicated)
-        self.opt_state = jax.device_put(tx.init(params), self.replicated)
-        self.step = 0
-        base_key = jax.random.key(seed)
-        pad_id = model.config.pad_token_id
-        kind = model.kind
-
-        def train_step(params, opt_state, step, batch):
-            def loss_fn(p):
-                out = model.apply(
-                    {"params": p},
-                    batch["input_ids"],
-                    deterministic=False,
-                    rngs={"dropout": jax.random.fold_in(base_key, step)},
-                )
-                return _loss(kind, out, batch, pad_id)
-
-            loss, grads = jax.value_and_grad(loss_fn)(params)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        def predict(params, input_ids):
-            return model.apply({"params": params}, input_ids, deterministic=True)
-
-        # Traced on first call, inside _context() (mesh + logical-axis rules).
-        self._train = jax.jit(train_step, donate_argnums=(0, 1))
-        self._predict = jax.jit(predict)
-
-    def _context(self):
-        # An abstract mesh, or Flax's logical activation constraints are no-ops.
-        stack = contextlib.ExitStack()
-        stack.enter_context(partitioning.mesh_context(self.mesh))
-        stack.enter_context(partitioning.axis_rules_context())
-        return stack
-
-    def _put(self, arrays: dict[str, np.ndarray]):
-        return {
-            k: jax.device_put(v, NamedSharding(self.mesh, partitioning.batch_spec(v.ndim)))
-            for k, v in arrays.items()
-        }
-
-    def train_step(self, batch: dict[str, np.ndarray]) -> float:
-        with self._context():
-            self.params, self.opt_state, loss = self._train(
-                self.params, self.opt_state, jnp.int32(self.step), self._put(batch)
-            )
-        self.step += 1
-        return loss
-
-    def predict(self, input_ids: np.ndarray, batch_size: int):
-        """Outputs for every row, in batches padded to ``batch_size`` rows."""
-        n = len(input_ids)
-        outs = []
-        pad = self.model.config.pad_token_id
-        for i in range(0, n, batch_size):
-            chunk = input_ids[i : i + batch_size]
-            rows = len(chunk)
-            if rows < batch_size:
-                filler = np.full((batch_size - rows, chunk.shape[1]), pad, chunk.dtype)
-                chunk = np.concatenate([chunk, filler])
-            with self._context():
-                out = self._predict(self.params, self._put({"x": chunk})["x"])
-            outs.append(jax.tree.map(lambda a, r=rows: np.asarray(a)[:r], out))
-        return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
-
-
-def _init_params(model: FineTuneModel, encoder_params, max_seq_length: int, seed: int):
-    """Head params from a fresh init; encoder params from the checkpoint (shape-checked),
-    or freshly initialised too when there is no checkpoint (``init:<size>``)."""
-    cfg = model.config
-    dummy = jnp.full((1, max_seq_length), cfg.pad_token_id + 1, jnp.int32)
-    key = jax.random.key(seed)
-    with partitioning.axis_rules_context():
-        if encoder_params is None:
-            init = jax.jit(lambda r: nn.unbox(model.init(r, dummy, deterministic=True)["params"]))
-            return jax.device_get(init(key))
-        # Only the head is initialised: a pretrained encoder's init would be thrown away.
-        shapes = jax.eval_shape(
-            lambda r: nn.unbox(model.init(r, dummy, deterministic=True)["params"]), key
-        )
-        head = TaskHead(cfg, model.kind, model.num_labels)
-        hidden = jnp.zeros((1, max_seq_length, cfg.hidden_size), jnp.dtype(cfg.dtype))
-        head_params = jax.device_get(
-            jax.jit(lambda r: nn.unbox(head.init(r, hidden, True)["params"]))(key)
-        )
-    expected = jax.tree_util.tree_structure(shapes["encoder"])
-    got = jax.tree_util.tree_structure(encoder_params)
-    if expected != got:
-        raise ValueError(
-            "checkpoint encoder parameters do not match the encoder config: "
-            f"expected tree {expected}, got {got}"
-        )
-    for (path, a), b in zip(
-        jax.tree_util.tree_flatten_with_path(shapes["encoder"])[0],
-        jax.tree.leaves(encoder_params),
-    ):
-        if a.shape != np.shape(b):
-            raise ValueError(
-                f"checkpoint parameter encoder{jax.tree_util.keystr(path)} has shape "
-                f"{np.shape(b)}, the config expects {a.shape}"
-            )
-    encoder = jax.tree.map(
-        lambda a, b: np.asarray(b, dtype=a.dtype), shapes["encoder"], encoder_params
-    )
-    return {"encoder": encoder, "head": head_params}
-
-
-def _batches(n: int, batch_size: int, steps: int, seed: int):
-    rng = np.random.default_rng(seed)
-    order = np.zeros((0,), np.int64)
-    for _ in range(steps):
-        while len(order) < batch_size:
-            order = np.concatenate([order, rng.permutation(n)])
-        yield order[:batch_size]
-        order = order[batch_size:]
 
 
 # ----------------------------------------------------------------------------------------
@@ -269,14 +149,15 @@ def _arrays(feats) -> dict[str, np.ndarray]:
     return feats if isinstance(feats, dict) else feats.arrays()
 
 
-def _evaluate_language(spec, lang, examples, runner, tokenizer, s, eval_batch_size):
-    feats = _features(spec, examples, tokenizer, s)
+def _evaluate_language(spec, lang, examples, runner, tokenizer, s, eval_batch_size,
+                       feats=None):
+    feats = feats if feats is not None else _features(spec, examples, tokenizer, s)
     out = runner.predict(_arrays(feats)["input_ids"], eval_batch_size)
     predictions = None
     if spec.kind == "classification":
         scores = scorers.accuracy(feats["labels"], np.asarray(out).argmax(-1))
     elif spec.kind == "qa":
-        predictions = features.decode_qa(
+        predictions = qa_decoding.compute_predictions(
             out[0], out[1], feats, examples,
             n_best=s.n_best, max_answer_length=s.max_answer_length,
         )
@@ -288,27 +169,42 @@ def _evaluate_language(spec, lang, examples, runner, tokenizer, s, eval_batch_si
     else:
         tags = features.decode_tags(out, feats, examples, spec.labels)
         gold = [list(e.tags) for e in examples]
-        scores = (
-            scorers.entity_f1(gold, tags) if spec.metric == "f1"
-            else scorers.token_accuracy(gold, tags)
-        )
+        # PAN-X: entity F1; UD POS: seqeval F1 over the tags (XTREME) with accuracy.
+        scores = scorers.tag_f1(gold, tags) if spec.name == "udpos" else scorers.entity_f1(
+            gold, tags)
     return scores, predictions
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """Markdown table of one results.json: one row per language, then the summary."""
+    """Markdown table of one results.json: one row per language, then the summary
+    (``mean ± std`` over seeds when there are several)."""
     metric = results["metric"]
-    extra = [m for m in ("exact_match",) if any(m in v for v in results["languages"].values())]
+    seeded = len(results.get("seeds", [])) > 1
+    extra = [m for m in ("exact_match", "accuracy", "accuracy_xx2en")
+             if m != metric and any(m in v for v in results["languages"].values())]
     header = ["language", metric, *extra, "examples"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def cell(v, key):
+        if key not in v:
+            return ""
+        std = v.get(f"{key}_std")
+        return f"{v[key]:.2f} ± {std:.2f}" if seeded and std is not None else f"{v[key]:.2f}"
+
     for lang, v in results["languages"].items():
-        cells = [lang, f"{v[metric]:.2f}", *(f"{v[m]:.2f}" for m in extra)]
+        cells = [lang, *(cell(v, m) for m in (metric, *extra))]
         cells.append(str(v.get("num_examples", "")))
         lines.append("| " + " | ".join(cells) + " |")
     for key in ("average", "average_target", "english", "transfer_gap"):
         value = results.get(key)
         shown = "n/a" if value is None else f"{value:.2f}"
+        if seeded and key == "average" and results.get("average_std") is not None:
+            shown += f" ± {results['average_std']:.2f}"
         lines.append("| **" + key + "** | " + shown + " |" + " |" * (len(header) - 2))
+    if "provenance" in results and not results["provenance"].get("comparable_to_xtreme"):
+        lines.append("")
+        lines.append("Not comparable with XTREME's published numbers: "
+                     + "; ".join(results["provenance"].get("differences", [])) + ".")
     return "\n".join(lines)
 
 
@@ -319,6 +215,119 @@ def write_results(model_dir: str | os.PathLike, results: dict[str, Any]) -> path
     tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False, sort_keys=False))
     tmp.replace(path)
     return path
+
+
+# ----------------------------------------------------------------------------------------
+# One seed: train with model selection, evaluate every language
+# ----------------------------------------------------------------------------------------
+
+
+def _selection_score(spec, scores: dict) -> float:
+    # XTREME selects classification on accuracy, tagging on seqeval F1.
+    return scores["accuracy" if spec.kind == "classification" else "f1"]
+
+
+def _run_seed(spec, seed, s: FineTuneSettings, cfg, loaded, train_examples, select_examples,
+              eval_examples, tokenizer, eval_batch_size, model_dir) -> dict[str, Any]:
+    train_examples = _subsample(train_examples, s.max_train_examples, seed)
+    train_feats = _arrays(_features(spec, train_examples, tokenizer, s))
+    n_train = len(train_feats["input_ids"])
+    steps = s.train_steps or max(1, int(s.num_epochs * n_train // s.batch_size))
+    log.info("%s seed %d: %d training examples -> %d features, %d steps", spec.name, seed,
+             len(train_examples), n_train, steps)
+    model = FineTuneModel(cfg, spec.kind, max(len(spec.labels), 2))
+    params = training.init_params(model, loaded.params, s.max_seq_length, seed)
+    tx = training.make_finetune_optimizer(
+        learning_rate=s.learning_rate, warmup_steps=s.warmup_steps, total_steps=steps,
+        weight_decay=s.weight_decay, b1=s.adam_b1, b2=s.adam_b2, eps=s.adam_eps,
+        max_grad_norm=s.max_grad_norm,
+        # run_tag.py steps its scheduler before the optimizer.
+        schedule_offset=1 if spec.kind == "tagging" else 0,
+    )
+    runner = training.Runner(model, params, tx, partitioning.create_mesh(data=-1), seed)
+    select = select_examples if s.eval_every is not None else None
+    select_feats = _features(spec, select, tokenizer, s) if select else None
+    best = {"score": 0.0, "step": None, "params": None}
+    history = []
+
+    def consider(step):
+        scores, _ = _evaluate_language(spec, "en", select, runner, tokenizer, s,
+                                       eval_batch_size, select_feats)
+        score = _selection_score(spec, scores)
+        history.append({"step": step, "score": score})
+        log.info("%s seed %d step %d: English dev %.2f", spec.name, seed, step, score)
+        # Strictly better, as XTREME's `result > best_score` (first best wins).
+        if score > best["score"]:
+            best.update(score=score, step=step, params=runner.host_params())
+
+    losses, t_train = [], time.time()
+    for step, idx in enumerate(training.batches(n_train, s.batch_size, steps, seed), start=1):
+        losses.append(runner.train_step({k: v[idx] for k, v in train_feats.items()}))
+        if step % s.log_every == 0 or step == steps:
+            recent = float(np.mean(jax.device_get(losses[-s.log_every :])))
+            log.info("step %d/%d loss %.4f", step, steps, recent)
+        if select and (step % s.eval_every == 0 or step == steps):
+            consider(step)
+    losses = [float(x) for x in jax.device_get(losses)]
+    train_seconds = time.time() - t_train
+    bad = [i for i, x in enumerate(losses, start=1) if not math.isfinite(x)]
+    if bad:
+        raise FloatingPointError(f"{spec.name}: non-finite training loss (first at step {bad[0]})")
+    if best["params"] is not None and best["step"] != steps:
+        runner.load_params(best["params"])
+    selected = best["step"] if best["params"] is not None else steps
+
+    per_lang = {}
+    for lang, examples in eval_examples.items():
+        scores, predictions = _evaluate_language(spec, lang, examples, runner, tokenizer, s,
+                                                 eval_batch_size)
+        per_lang[lang] = scores
+        log.info("%s %s seed %d: %s", spec.name, lang, seed,
+                 {k: round(v, 2) for k, v in scores.items()})
+        if predictions is not None:
+            folder = model_dir / "predictions" / (f"seed{seed}" if seed != s.seed else "")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{lang}.json").write_text(
+                json.dumps(predictions, ensure_ascii=False, indent=1))
+    return {
+        "seed": seed,
+        "languages": per_lang,
+        **scorers.transfer_summary(per_lang, spec.metric),
+        "selected_step": selected,
+        "selection": history,
+        "train": {
+            "examples": len(train_examples),
+            "features": n_train,
+            "steps": steps,
+            "first_loss": losses[0],
+            "final_loss": float(np.mean(losses[-max(1, min(s.log_every, len(losses))):])),
+            "seconds": train_seconds,
+        },
+    }
+
+
+def _aggregate(runs: list[dict], metric: str) -> dict[str, Any]:
+    """Mean (and sample std over seeds, 0 for one seed) per language and of the average."""
+
+    def std(xs):
+        return float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
+
+    languages = {}
+    for lang in runs[0]["languages"]:
+        entry = {}
+        for key, value in runs[0]["languages"][lang].items():
+            values = [r["languages"][lang][key] for r in runs]
+            if key.startswith("num_"):
+                entry[key] = value
+                continue
+            entry[key] = float(np.mean(values))
+            entry[f"{key}_std"] = std(values)
+        languages[lang] = entry
+    return {
+        "languages": languages,
+        **scorers.transfer_summary(languages, metric),
+        "average_std": std([r["average"] for r in runs]),
+    }
 
 
 @gin.configurable(denylist=["settings"])
@@ -333,6 +342,7 @@ def finetune(
     allow_pickle: bool = False,
     data_source: str = "local",
     tfds_data_dir: str | None = None,
+    num_seeds: int = 1,
     **overrides,
 ) -> dict[str, Any]:
     """Fine-tunes on English and evaluates zero-shot on every language of ``task``.
@@ -351,46 +361,62 @@ def finetune(
       data_source: "local" (files under ``data_dir``) or "tfds" (TFDS builders, see
         :mod:`xlmeta_jax.evaluation.tfds_readers`; needs internet the first time).
       tfds_data_dir: TFDS data directory (None: TFDS's default).
+      num_seeds: independent fine-tuning runs (seeds ``seed``, ``seed + 1``, ...);
+        results are the mean with the std over seeds (``--seeds=N`` on the command
+        line).
 
     Returns:
       The results dictionary written to ``MODEL_DIR/results.json``.
     """
     spec = readers.get_task(task)
-    langs = readers.check_languages(task, languages)
-    if spec.kind == "retrieval":
-        from xlmeta_jax.evaluation import retrieval
-
-        # Unset values are left to evaluate_retrieval's own gin bindings.
-        optional = dict(data_dir=data_dir, vocab_path=vocab_path, languages=languages)
-        return retrieval.evaluate_retrieval(
-            task=task, initial_checkpoint_path=initial_checkpoint_path, model_dir=model_dir,
-            allow_pickle=allow_pickle, **{k: v for k, v in optional.items() if v is not None},
-        )
     known = {f.name for f in dataclasses.fields(FineTuneSettings)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise TypeError(f"finetune: unknown settings {unknown}; known: {sorted(known)}")
     s = dataclasses.replace(settings or FineTuneSettings(), **overrides)
+    if num_seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {num_seeds}")
+    if s.eval_every is not None and s.eval_every < 1:
+        raise ValueError(f"finetune.eval_every must be >= 1 or None, got {s.eval_every}")
+    if data_source not in ("local", "tfds"):
+        raise ValueError(f"data_source must be 'local' or 'tfds', got {data_source!r}")
+    if spec.kind == "retrieval":
+        from xlmeta_jax.evaluation import retrieval
+
+        if data_source != "local":
+            raise ValueError(f"{task} has no TFDS builder: use data_source='local'")
+        model_dir = pathlib.Path(model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.gin").write_text(gin.operative_config_str())
+        return retrieval.evaluate_retrieval(
+            task, initial_checkpoint_path, model_dir, data_dir=data_dir, vocab_path=vocab_path,
+            languages=languages, max_seq_length=s.max_seq_length,
+            batch_size=s.eval_batch_size, max_sentences=s.max_eval_examples, dtype=s.dtype,
+            seed=s.seed, allow_pickle=allow_pickle,
+            provenance={"provenance": protocol.provenance(
+                task, "local", str(readers._data_dir(data_dir)), dataclasses.asdict(s), None)},
+        )
+    langs = readers.check_languages(task, languages)
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.gin").write_text(gin.operative_config_str())
+    split = dict(train_fraction=s.train_fraction, select_fraction=s.select_fraction)
     if data_source == "local":
-        readers._data_dir(data_dir)
-        load_train = lambda: readers.load_train(task, data_dir, train_fraction=s.train_fraction)
-        load_eval = lambda lang: readers.load_eval(
-            task, lang, data_dir, train_fraction=s.train_fraction
-        )
-    elif data_source == "tfds":
+        resolved_dir = str(readers._data_dir(data_dir))
+        load_train = lambda: readers.load_train(task, data_dir, **split)
+        load_select = lambda: readers.load_select(task, data_dir, **split)
+        load_eval = lambda lang: readers.load_eval(task, lang, data_dir, **split)
+    else:
         from xlmeta_jax.evaluation import tfds_readers
 
+        resolved_dir = tfds_data_dir
         if languages is None:
             langs = tuple(x for x in langs if x in tfds_readers.TFDS_LANGUAGES.get(task, ()))
         for lang in langs:
             tfds_readers._check(task, lang)
         load_train = lambda: tfds_readers.load_train(task, tfds_data_dir)
+        load_select = lambda: tfds_readers.load_select(task, tfds_data_dir)
         load_eval = lambda lang: tfds_readers.load_eval(task, lang, tfds_data_dir)
-    else:
-        raise ValueError(f"data_source must be 'local' or 'tfds', got {data_source!r}")
 
     n_dev = jax.device_count()
     if s.batch_size % n_dev:
@@ -416,76 +442,32 @@ def finetune(
 
     # Read every language first, so a missing file fails before training.
     t0 = time.time()
-    train_examples = _subsample(load_train(), s.max_train_examples, s.seed)
+    train_examples = load_train()
+    select_examples = load_select() if s.eval_every is not None else None
+    if select_examples is not None:
+        select_examples = select_examples[: s.max_eval_examples]
     eval_examples = {lang: load_eval(lang)[: s.max_eval_examples] for lang in langs}
-    train_feats = _arrays(_features(spec, train_examples, tokenizer, s))
-    n_train = len(train_feats["input_ids"])
-    steps = s.train_steps or max(1, math.ceil(s.num_epochs * n_train / s.batch_size))
-    log.info("%s: %d training examples -> %d features, %d steps", task, len(train_examples),
-             n_train, steps)
-
-    model = FineTuneModel(cfg, spec.kind, max(len(spec.labels), 2))
-    params = _init_params(model, loaded.params, s.max_seq_length, s.seed)
-    opt_cfg = OptimizerConfig(
-        learning_rate=s.learning_rate,
-        warmup_steps=int(s.warmup_ratio * steps),
-        total_steps=steps,
-        b2=0.999,
-        eps=1e-8,
-        weight_decay=s.weight_decay,
-        max_grad_norm=s.max_grad_norm,
-    )
-    mesh = partitioning.create_mesh(data=-1)
-    runner = _Runner(model, params, make_optimizer(opt_cfg), mesh, s.seed)
-
-    losses = []
-    t_train = time.time()
-    for step, idx in enumerate(_batches(n_train, s.batch_size, steps, s.seed), start=1):
-        losses.append(runner.train_step({k: v[idx] for k, v in train_feats.items()}))
-        if step % s.log_every == 0 or step == steps:
-            recent = float(np.mean(jax.device_get(losses[-s.log_every :])))
-            log.info("step %d/%d loss %.4f", step, steps, recent)
-    losses = [float(x) for x in jax.device_get(losses)]
-    train_seconds = time.time() - t_train
-    bad = [i for i, x in enumerate(losses, start=1) if not math.isfinite(x)]
-    if bad:
-        raise FloatingPointError(f"{task}: non-finite training loss (first at step {bad[0]})")
-
-    t_eval = time.time()
-    per_lang = {}
-    for lang in langs:
-        scores, predictions = _evaluate_language(
-            spec, lang, eval_examples[lang], runner, tokenizer, s, eval_batch_size
-        )
-        per_lang[lang] = scores
-        log.info("%s %s: %s", task, lang, {k: round(v, 2) for k, v in scores.items()})
-        if predictions is not None:
-            (model_dir / "predictions").mkdir(exist_ok=True)
-            (model_dir / "predictions" / f"{lang}.json").write_text(
-                json.dumps(predictions, ensure_ascii=False, indent=1)
-            )
+    runs = [
+        _run_seed(spec, s.seed + i, s, cfg, loaded, train_examples, select_examples,
+                  eval_examples, tokenizer, eval_batch_size, model_dir)
+        for i in range(num_seeds)
+    ]
     results = {
         "task": task,
         "metric": spec.metric,
-        "languages": per_lang,
-        **scorers.transfer_summary(per_lang, spec.metric),
+        **_aggregate(runs, spec.metric),
+        "seeds": runs,
+        "provenance": protocol.provenance(task, data_source, resolved_dir,
+                                          dataclasses.asdict(s), len(train_examples)),
         "model": {
             "checkpoint": initial_checkpoint_path,
             "source": loaded.source,
             "vocab_path": tokenizer.model_path,
             "encoder": dataclasses.asdict(cfg),
         },
-        "train": {
-            "examples": len(train_examples),
-            "features": n_train,
-            "steps": steps,
-            "first_loss": losses[0],
-            "final_loss": float(np.mean(losses[-max(1, min(s.log_every, len(losses))):])),
-            "seconds": train_seconds,
-        },
-        "eval_seconds": time.time() - t_eval,
+        "train": runs[0]["train"],
         "total_seconds": time.time() - t0,
-        "settings": dataclasses.asdict(s),
+        "settings": {**dataclasses.asdict(s), "num_seeds": num_seeds},
         "data_source": data_source,
     }
     write_results(model_dir, results)

@@ -4,11 +4,13 @@ Parameters are ``{"encoder": <the pretrained encoder's params>, "head": {...}}``
 pretraining checkpoint (``{"encoder", "lm_head"}``) or a converted Hugging Face model
 loads by replacing ``"encoder"``.
 
-* :class:`SequenceClassifier` — RoBERTa's classification head on the ``<s>`` state:
-  dropout, dense + tanh, dropout, projection to the labels.
-* :class:`SpanQA` — one dense layer giving start and end logits per token.
-* :class:`TokenTagger` — dropout and a dense layer giving tag logits per token (the
-  training loss and the decoding use each word's first sub-token only).
+:class:`FineTuneModel` is the encoder plus a :class:`TaskHead` of one kind:
+
+* ``"classification"`` — RoBERTa's classification head on the ``<s>`` state: dropout,
+  dense + tanh, dropout, projection to the labels;
+* ``"qa"`` — one dense layer giving start and end logits per token;
+* ``"tagging"`` — dropout and a dense layer giving tag logits per token (the training
+  loss and the decoding use each word's first sub-token only).
 """
 
 from __future__ import annotations
@@ -75,18 +77,3 @@ class FineTuneModel(nn.Module):
             return out[..., 0], out[..., 1]
         return out
 
-
-# One constructor per head, named as in the docs.
-def SequenceClassifier(config: EncoderConfig, num_labels: int) -> FineTuneModel:
-    """Classification head on ``<s>`` (see module docstring)."""
-    return FineTuneModel(config, "classification", num_labels)
-
-
-def SpanQA(config: EncoderConfig) -> FineTuneModel:
-    """Start / end logits per token."""
-    return FineTuneModel(config, "qa", 2)
-
-
-def TokenTagger(config: EncoderConfig, num_labels: int) -> FineTuneModel:
-    """Tag logits per token."""
-    return FineTuneModel(config, "tagging", num_labels)

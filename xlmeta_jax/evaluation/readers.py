@@ -6,24 +6,32 @@ PAWS-X; CoNLL-style ``token<TAB>tag`` for PAN-X; CoNLL-U for UD POS; line-aligne
 for Tatoeba; ``id<TAB>sentence`` files for BUCC.
 
 Splits when only labelled dev data exists (XNLI, PAWS-X): the dev files are parallel
-(line i of every language is a translation of line i of English), so the first
-``train_fraction`` of the English lines is the training set and every language is
-evaluated on the remaining lines only — no evaluation sentence has a translation in
-the training data.
+(line i of every language is a translation of line i of English). Lines are first joined
+into groups of pairs that share a sentence word for word in any language (XNLI: the
+three hypotheses of a premise; PAWS-X: 411 of the second half's 1000 English pairs
+share a sentence with the first half, and translations add a few more), and the split
+runs between groups: the first ``train_fraction`` of the lines
+(whole groups) trains, the last ``select_fraction`` of that part is held out as the
+English development set for model selection, and every language is evaluated on the
+remaining groups only — no evaluation sentence, nor its translation, is in the training
+data. :func:`pair_groups` computes the groups.
 
 QA has no English training data for XQuAD / MLQA here: all three QA tasks fine-tune on
 TyDi QA GoldP's English training set (3696 questions).
 
-UD POS: the XTREME ``xtreme_udpos/test-*.tsv`` files in ``../shared/data`` are corrupt
-(a csv export swallowed quote characters: after the first ``"`` token the tags are
-shifted against the tokens), so UD POS uses the CoNLL-U treebanks only: English-EWT
-(dev for training, test for evaluation) and the PUD test sets of de, ko, ru, th, tr, zh.
+UD POS: the English-EWT dev set trains, the English-EWT test set is the English
+development set for model selection, and the 19 parallel PUD test sets (ar cs de en es fi
+fr hi id is it ko pl pt ru sv th tr zh) are evaluated, every language's sentences put in
+English-PUD's order by ``# sent_id`` (Icelandic lists them sorted by id), so that the
+first N sentences are the same sentences in every language. The XTREME
+``xtreme_udpos/test-*.tsv`` export is not used (it was corrupt);
 :func:`read_token_tag_tsv` rejects such files with the line number.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -92,14 +100,18 @@ TYDIQA_FOLDERS = {
     "ar": "arabic", "bn": "bengali", "en": "english", "fi": "finnish", "id": "indonesian",
     "ko": "korean", "ru": "russian", "sw": "swahili", "te": "telugu",
 }
+# English training (EWT dev) and model-selection (EWT test) treebanks of UD POS.
+UD_TRAIN_FILE = "UD_English-EWT/en_ewt-ud-dev.conllu"
+UD_SELECT_FILE = "UD_English-EWT/en_ewt-ud-test.conllu"
+# The 19 parallel PUD test treebanks: language -> folder name.
+UD_PUD = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
+    "fi": "Finnish", "fr": "French", "hi": "Hindi", "id": "Indonesian", "is": "Icelandic",
+    "it": "Italian", "ko": "Korean", "pl": "Polish", "pt": "Portuguese", "ru": "Russian",
+    "sv": "Swedish", "th": "Thai", "tr": "Turkish", "zh": "Chinese",
+}
 UD_TEST_FILES = {
-    "en": "UD_English-EWT/en_ewt-ud-test.conllu",
-    "de": "UD_German-PUD/de_pud-ud-test.conllu",
-    "ko": "UD_Korean-PUD/ko_pud-ud-test.conllu",
-    "ru": "UD_Russian-PUD/ru_pud-ud-test.conllu",
-    "th": "UD_Thai-PUD/th_pud-ud-test.conllu",
-    "tr": "UD_Turkish-PUD/tr_pud-ud-test.conllu",
-    "zh": "UD_Chinese-PUD/zh_pud-ud-test.conllu",
+    lang: f"UD_{name}-PUD/{lang}_pud-ud-test.conllu" for lang, name in UD_PUD.items()
 }
 PANX_LANGUAGES = tuple(
     "af ar az bg bn de el en es et eu fa fi fr gu he hi hu id it ja jv ka kk ko lt ml mr ms "
@@ -146,7 +158,8 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec("mlqa", "qa", tuple("ar de en es hi vi zh".split()), "f1",
                  qa_normalization="mlqa"),
         TaskSpec("panx", "tagging", PANX_LANGUAGES, "f1", PANX_LABELS),
-        TaskSpec("udpos", "tagging", tuple(UD_TEST_FILES), "accuracy", UPOS_LABELS),
+        # XTREME scores UD-POS with seqeval's F1 over the tag sequence (evaluate.py).
+        TaskSpec("udpos", "tagging", tuple(UD_TEST_FILES), "f1", UPOS_LABELS),
         TaskSpec("tatoeba", "retrieval", tuple(TATOEBA_CODES), "accuracy"),
         TaskSpec("bucc", "retrieval", ("zh",), "f1"),
     )
@@ -367,35 +380,123 @@ def _data_dir(data_dir) -> pathlib.Path:
     return path
 
 
-def _heldout_boundary(task: str, n: int, train_fraction: float) -> int:
+def pair_groups(*files: Sequence[ClassificationExample]) -> list[list[int]]:
+    """Row indices joined into groups of pairs that share a sentence (word for word).
+
+    Connected components over the sentences: rows i and j are in one group when, in any
+    of the line-aligned ``files`` (one per language), they share ``text_a`` or
+    ``text_b`` (either side), directly or through other rows. Groups are listed by their
+    first row, rows in file order.
+    """
+    n = len(files[0])
+    parent = list(range(n))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_row: dict[tuple[int, str], int] = {}
+    for f, rows in enumerate(files):
+        for i, row in enumerate(rows):
+            for sentence in (row.text_a, row.text_b):
+                j = first_row.setdefault((f, sentence), i)
+                a, b = find(i), find(j)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(find(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _check_fractions(train_fraction: float, select_fraction: float) -> None:
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
-    k = int(round(n * train_fraction))
-    if task == "xnli":
-        # XNLI lists three hypotheses per premise: split between premises.
-        k -= k % 3
-    return k
+    if not 0.0 <= select_fraction < train_fraction:
+        raise ValueError(
+            f"select_fraction must be in [0, train_fraction={train_fraction}), "
+            f"got {select_fraction}"
+        )
 
 
-def _parallel_dev(task, lang, data_dir, train_fraction, part):
+def dev_split(
+    files: Sequence[Sequence[ClassificationExample]], train_fraction: float,
+    select_fraction: float,
+) -> dict[str, list[int]]:
+    """Row indices of the "train", "select" and "eval" parts of parallel dev files.
+
+    Whole groups of :func:`pair_groups` (over all languages' files) go, in file order,
+    to training until ``train_fraction`` of the rows are reached; the last groups of
+    that part (about ``select_fraction`` of all rows) become the model-selection set;
+    the rest is evaluated. In no language does a sentence occur in two parts.
+    """
+    _check_fractions(train_fraction, select_fraction)
+    n = len(files[0])
+    parts: dict[str, list[int]] = {"train": [], "select": [], "eval": []}
+    train_end = round(n * train_fraction)
+    select_start = round(n * (train_fraction - select_fraction))
+    taken = 0
+    for group in pair_groups(*files):
+        if taken >= train_end:
+            parts["eval"].extend(group)
+            continue
+        parts["select" if taken >= select_start and select_fraction > 0 else "train"].extend(group)
+        taken += len(group)
+    return parts
+
+
+@functools.lru_cache(maxsize=8)
+def _parallel_files(task: str, data_dir: pathlib.Path) -> dict[str, list]:
     spec = get_task(task)
-    rows = read_pair_tsv(data_dir / task / f"dev-{lang}.tsv", spec.labels, f"{task}-{lang}-")
-    k = _heldout_boundary(task, len(rows), train_fraction)
-    return rows[:k] if part == "train" else rows[k:]
+    files = {
+        lang: read_pair_tsv(data_dir / task / f"dev-{lang}.tsv", spec.labels, f"{task}-{lang}-")
+        for lang in spec.languages
+    }
+    for lang, rows in files.items():
+        if len(rows) != len(files["en"]):
+            raise ValueError(
+                f"{task}: dev-{lang}.tsv has {len(rows)} lines but dev-en.tsv "
+                f"{len(files['en'])}; the dev files must be line-aligned translations"
+            )
+    return files
 
 
-def load_train(task: str, data_dir=None, *, train_fraction: float = 0.5) -> list:
+def _parallel_dev(task, lang, data_dir, train_fraction, select_fraction, part):
+    # The split is computed once over every language, so all use the same lines.
+    files = _parallel_files(task, pathlib.Path(data_dir))
+    parts = dev_split(list(files.values()), train_fraction, select_fraction)
+    return [files[lang][i] for i in parts[part]]
+
+
+def _pud_in_english_order(lang: str, data_dir: pathlib.Path) -> list[TaggingExample]:
+    rows = read_conllu_upos(data_dir / "ud" / UD_TEST_FILES[lang])
+    if lang == "en":
+        return rows
+    order = [ex.id for ex in read_conllu_upos(data_dir / "ud" / UD_TEST_FILES["en"])]
+    by_id = {ex.id: ex for ex in rows}
+    if set(by_id) != set(order):
+        raise ValueError(
+            f"udpos: {UD_TEST_FILES[lang]} does not hold the same # sent_id set as English PUD"
+        )
+    return [by_id[i] for i in order]
+
+
+def load_train(
+    task: str, data_dir=None, *, train_fraction: float = 0.5, select_fraction: float = 0.1
+) -> list:
     """English training examples of ``task`` from the local data.
 
     Args:
       task: a registered task name (not a retrieval task).
       data_dir: folder laid out like ``../shared/data`` (default: that folder).
-      train_fraction: XNLI / PAWS-X only — share of English dev lines used for training.
+      train_fraction, select_fraction: XNLI / PAWS-X only — see :func:`dev_split`.
     """
     spec = get_task(task)
     data_dir = _data_dir(data_dir)
     if task in ("xnli", "pawsx"):
-        return _parallel_dev(task, "en", data_dir, train_fraction, "train")
+        return _parallel_dev(task, "en", data_dir, train_fraction, select_fraction, "train")
     if spec.kind == "qa":
         return read_squad_json(
             data_dir / "tydiqa" / "language_data" / "english" / "english_tydiqa_train.json"
@@ -403,17 +504,44 @@ def load_train(task: str, data_dir=None, *, train_fraction: float = 0.5) -> list
     if task == "panx":
         return read_token_tag_tsv(data_dir / "panx" / "train-en.tsv", PANX_LABELS, "panx-en-train-")
     if task == "udpos":
-        return read_conllu_upos(data_dir / "ud" / "UD_English-EWT" / "en_ewt-ud-dev.conllu")
+        return read_conllu_upos(data_dir / "ud" / UD_TRAIN_FILE)
     raise ValueError(f"task {task!r} ({spec.kind}) has no training data: it is not fine-tuned")
 
 
-def load_eval(task: str, lang: str, data_dir=None, *, train_fraction: float = 0.5) -> list:
+def load_select(
+    task: str, data_dir=None, *, train_fraction: float = 0.5, select_fraction: float = 0.1
+) -> list | None:
+    """English development examples on which XTREME selects the best checkpoint.
+
+    XNLI / PAWS-X: the held-out "select" part of English dev (:func:`dev_split`); PAN-X:
+    English dev (also its English evaluation set here); UD POS: English-EWT test. None for
+    QA (XTREME keeps the final parameters).
+    """
+    spec = get_task(task)
+    data_dir = _data_dir(data_dir)
+    if task in ("xnli", "pawsx"):
+        if select_fraction == 0:
+            return None
+        return _parallel_dev(task, "en", data_dir, train_fraction, select_fraction, "select")
+    if task == "panx":
+        return read_token_tag_tsv(data_dir / "panx" / "dev-en.tsv", PANX_LABELS, "panx-en-")
+    if task == "udpos":
+        return read_conllu_upos(data_dir / "ud" / UD_SELECT_FILE)
+    if spec.kind == "qa":
+        return None
+    raise ValueError(f"task {task!r} ({spec.kind}) is not fine-tuned")
+
+
+def load_eval(
+    task: str, lang: str, data_dir=None, *, train_fraction: float = 0.5,
+    select_fraction: float = 0.1,
+) -> list:
     """Evaluation examples of ``task`` in language ``lang`` from the local data."""
     spec = get_task(task)
     check_languages(task, [lang])
     data_dir = _data_dir(data_dir)
     if task in ("xnli", "pawsx"):
-        return _parallel_dev(task, lang, data_dir, train_fraction, "eval")
+        return _parallel_dev(task, lang, data_dir, train_fraction, select_fraction, "eval")
     if task == "tydiqa":
         folder = TYDIQA_FOLDERS[lang]
         return read_squad_json(
@@ -430,7 +558,7 @@ def load_eval(task: str, lang: str, data_dir=None, *, train_fraction: float = 0.
             data_dir / "panx" / f"dev-{lang}.tsv", PANX_LABELS, f"panx-{lang}-"
         )
     if task == "udpos":
-        return read_conllu_upos(data_dir / "ud" / UD_TEST_FILES[lang])
+        return _pud_in_english_order(lang, data_dir)
     raise ValueError(f"{spec.name} is a retrieval task: use read_tatoeba / read_bucc")
 
 

@@ -7,10 +7,15 @@
   Unicode punctuation (every ``P*`` category plus ASCII punctuation), per-language
   articles, and for Chinese a mixed segmentation in which every CJK character and
   punctuation mark is its own token.
-* Token tagging: entity-level micro F1 as ``seqeval`` computes it by default (conlleval
-  chunking of IOB/IOBES tags) for NER, and token accuracy for POS.
+* Token tagging: micro F1 as ``seqeval`` computes it by default (conlleval chunking) —
+  over entities of IOB/IOBES tags for NER, and, as XTREME's ``evaluate.py`` does for
+  UD POS, over the raw tag sequence (seqeval reads a tag's first character as its
+  prefix and the rest after the first ``-`` as its type, so runs of one tag form a
+  chunk); token accuracy for POS beside it.
 * Sentence classification: accuracy.
 * Sentence retrieval (Tatoeba): cosine nearest-neighbour accuracy in both directions.
+* Bitext mining (BUCC): F1 of the mined pairs at the threshold tuned as XTREME's
+  ``bucc_optimize`` (midpoint between consecutive scores), extracted as ``bucc_extract``.
 
 All scores that the scripts report in percent are returned in percent.
 """
@@ -204,7 +209,11 @@ def qa_scores(
 # ----------------------------------------------------------------------------------------
 
 
-def _split_tag(tag: str) -> tuple[str, str]:
+def _split_tag(tag: str, validate: bool = True) -> tuple[str, str]:
+    if not validate:
+        # seqeval 1.2's reading of any tag: first character = prefix, the rest after its
+        # first "-" = type ("NOUN" -> ("N", "OUN"), "B-PER" -> ("B", "PER")).
+        return tag[0], tag[1:].split("-", maxsplit=1)[-1] or "_"
     if tag == "O":
         return "O", "_"
     prefix, sep, type_ = tag.partition("-")
@@ -231,16 +240,17 @@ def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
     return tag != "O" and prev_type != type_
 
 
-def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+def get_entities(tags: Sequence[str], validate: bool = True) -> list[tuple[str, int, int]]:
     """Entity chunks ``(type, first, last)`` of one tag sequence (IOB1/IOB2/IOBES).
 
     Matches ``seqeval.metrics.sequence_labeling.get_entities``: an ``I-X`` after ``O`` or
-    after another type starts a new entity, a type change ends one.
+    after another type starts a new entity, a type change ends one. With
+    ``validate=False`` any tag is accepted and read as seqeval reads it (POS tags).
     """
     chunks = []
     prev_tag, prev_type, begin = "O", "", 0
     for i, chunk in enumerate(list(tags) + ["O"]):
-        tag, type_ = _split_tag(chunk)
+        tag, type_ = _split_tag(chunk, validate)
         if _end_of_chunk(prev_tag, tag, prev_type, type_):
             chunks.append((prev_type, begin, i - 1))
         if _start_of_chunk(prev_tag, tag, prev_type, type_):
@@ -250,24 +260,27 @@ def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
 
 
 def entity_f1(
-    y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]
+    y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]], *, validate: bool = True
 ) -> dict[str, float]:
     """Micro-averaged entity precision / recall / F1 (percent), seqeval's default mode.
 
     Args:
       y_true: gold tag sequences, one per sentence.
       y_pred: predicted tag sequences, same lengths.
+      validate: reject tags that are not IOB/IOBES (NER); False scores any tag set as
+        seqeval does (XTREME's UD-POS F1, see :func:`tag_f1`).
     """
     if len(y_true) != len(y_pred):
         raise ValueError(f"entity_f1: {len(y_true)} gold sentences but {len(y_pred)} predicted")
-    true_ents, pred_ents = set(), set()
     for i, (t, p) in enumerate(zip(y_true, y_pred)):
         if len(t) != len(p):
             raise ValueError(
                 f"entity_f1: sentence {i} has {len(t)} gold tags but {len(p)} predicted"
             )
-        true_ents.update((i, *e) for e in get_entities(t))
-        pred_ents.update((i, *e) for e in get_entities(p))
+    # As seqeval: one sequence, an "O" after every sentence (which matters for tags that
+    # seqeval reads with the type "_", such as UPOS "X").
+    true_ents = set(get_entities([x for t in y_true for x in [*t, "O"]], validate))
+    pred_ents = set(get_entities([x for p in y_pred for x in [*p, "O"]], validate))
     correct = len(true_ents & pred_ents)
     precision = correct / len(pred_ents) if pred_ents else 0.0
     recall = correct / len(true_ents) if true_ents else 0.0
@@ -278,6 +291,15 @@ def entity_f1(
         "recall": 100.0 * recall,
         "num_examples": len(y_true),
     }
+
+
+def tag_f1(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -> dict:
+    """XTREME's UD-POS score: seqeval F1 over the raw tag sequences, plus token accuracy.
+
+    Returns:
+      {"f1", "precision", "recall", "accuracy", "num_examples"} (percent).
+    """
+    return {**token_accuracy(y_true, y_pred), **entity_f1(y_true, y_pred, validate=False)}
 
 
 def token_accuracy(
@@ -344,34 +366,44 @@ def retrieval_accuracy(source: np.ndarray, target: np.ndarray) -> dict[str, floa
 def bitext_mining_f1(
     candidates: Sequence[tuple[str, str, float]], gold: set[tuple[str, str]]
 ) -> dict[str, float]:
-    """BUCC: best F1 (percent) over score thresholds of mined pairs against gold pairs.
+    """BUCC F1 (percent) of mined pairs at the threshold XTREME tunes on gold pairs.
+
+    As ``utils_retrieve.bucc_optimize`` / ``bucc_extract``: candidates ranked by score
+    (ties by source then target id, so the result does not depend on input order); the
+    threshold is the midpoint between the scores of the F1-maximising prefix's last pair
+    and the next one; every pair scoring at least the threshold is extracted and scored.
 
     Args:
-      candidates: (source id, target id, score) mined pairs, one per source sentence.
+      candidates: (source id, target id, score) mined pairs (one per id pair).
       gold: set of gold (source id, target id) pairs.
 
     Returns:
-      {"f1", "precision", "recall", "threshold"} at the threshold maximising F1 (as
-      XTREME picks it on the dev set; with only dev data this is an optimistic number).
+      {"f1", "precision", "recall", "threshold", "num_mined"}.
     """
     if not gold:
         raise ValueError("bitext_mining_f1: no gold pairs")
-    ranked = sorted(candidates, key=lambda c: -c[2])
-    best = {"f1": 0.0, "precision": 0.0, "recall": 0.0, "threshold": float("inf")}
-    correct = 0
+    ranked = sorted(candidates, key=lambda c: (-c[2], c[0], c[1]))
+    threshold, best_f1, correct = float("inf"), 0.0, 0
     for k, (s, t, score) in enumerate(ranked, start=1):
         correct += (s, t) in gold
         if correct == 0:
             continue
-        precision, recall = correct / k, correct / len(gold)
-        f1 = 2 * precision * recall / (precision + recall)
-        if f1 > best["f1"]:
-            best = {"f1": f1, "precision": precision, "recall": recall, "threshold": score}
+        f1 = 2 * correct / (k + len(gold))
+        if f1 > best_f1:
+            best_f1 = f1
+            nxt = ranked[k][2] if k < len(ranked) else score
+            threshold = (score + nxt) / 2
+    extracted = {(s, t) for s, t, score in ranked if score >= threshold}
+    ncorrect = len(extracted & set(gold))
+    precision = ncorrect / len(extracted) if ncorrect else 0.0
+    recall = ncorrect / len(gold)
+    f1 = 2 * precision * recall / (precision + recall) if ncorrect else 0.0
     return {
-        "f1": 100.0 * best["f1"],
-        "precision": 100.0 * best["precision"],
-        "recall": 100.0 * best["recall"],
-        "threshold": float(best["threshold"]),
+        "f1": 100.0 * f1,
+        "precision": 100.0 * precision,
+        "recall": 100.0 * recall,
+        "threshold": float(threshold),
+        "num_mined": len(ranked),
     }
 
 

@@ -1,8 +1,9 @@
 """The same examples as :mod:`xlmeta_jax.evaluation.readers`, from TFDS builders.
 
 For users with internet access (TFDS downloads and prepares each dataset once into
-``tfds_data_dir``). Splits follow XTREME: English training data, each language's test
-split (TyDi QA GoldP and XQuAD have no other labelled split in TFDS):
+``tfds_data_dir``). Splits follow XTREME: English training data, English validation data for model
+selection (XNLI, PAWS-X, PAN-X), each language's test split (TyDi QA GoldP and XQuAD
+have no other labelled split in TFDS):
 
 | task | training (English) | evaluation |
 | --- | --- | --- |
@@ -138,25 +139,41 @@ def load_eval(task: str, lang: str, data_dir=None) -> list:
         rows, _ = _load(name.format(lang=lang), split.format(lang=lang), data_dir)
         return _qa_examples(rows, training=False)
     if task == "xnli":
-        rows, info = _load("xnli", "test", data_dir)
-        labels = _label_map(info, task)
-        out, missing = [], 0
-        for i, r in enumerate(rows):
-            hyp = dict(zip((_text(x) for x in r["hypothesis"]["language"]),
-                           (_text(x) for x in r["hypothesis"]["translation"])))
-            if lang not in hyp:
-                missing += 1
-                continue
-            out.append(ClassificationExample(
-                f"xnli-{lang}-{i}", _text(r["premise"][lang]), hyp[lang],
-                labels[int(r["label"])],
-            ))
-        if missing:
-            log.warning("xnli: %d test rows have no %s hypothesis", missing, lang)
-        return out
+        return _xnli(lang, "test", data_dir)
     if task == "pawsx":
         return _pawsx(lang, "test", data_dir)
     return _wikiann(lang, "test", data_dir)
+
+
+def load_select(task: str, data_dir=None) -> list | None:
+    """English validation examples for XTREME's best-checkpoint selection (None for QA,
+    where XTREME keeps the final parameters)."""
+    _check(task)
+    if task == "xnli":
+        return _xnli("en", "validation", data_dir)
+    if task == "pawsx":
+        return _pawsx("en", "validation", data_dir)
+    if task == "panx":
+        return _wikiann("en", "validation", data_dir)
+    return None
+
+
+def _xnli(lang, split, data_dir):
+    rows, info = _load("xnli", split, data_dir)
+    labels = _label_map(info, "xnli")
+    out, missing = [], 0
+    for i, r in enumerate(rows):
+        hyp = dict(zip((_text(x) for x in r["hypothesis"]["language"]),
+                       (_text(x) for x in r["hypothesis"]["translation"])))
+        if lang not in hyp:
+            missing += 1
+            continue
+        out.append(ClassificationExample(
+            f"xnli-{lang}-{i}", _text(r["premise"][lang]), hyp[lang], labels[int(r["label"])],
+        ))
+    if missing:
+        log.warning("xnli: %d %s rows have no %s hypothesis", missing, split, lang)
+    return out
 
 
 def _pawsx(lang, split, data_dir):

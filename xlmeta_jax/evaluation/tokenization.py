@@ -94,17 +94,23 @@ class Tokenizer:
         starts at the first visible character; a piece that covers no visible
         character gets an empty span.
         """
+        ids, _, offsets = self.encode_pieces(text)
+        return ids, offsets
+
+    def encode_pieces(self, text: str) -> tuple[list[int], list[str], list[tuple[int, int]]]:
+        """Ids, piece strings (with ``▁``, as Hugging Face's ``tokenize``) and offsets."""
         proto = self.sp.encode(text, out_type="proto")
         # SentencePiece reports byte offsets into the UTF-8 input.
         byte_to_char = _byte_to_char_map(text)
-        ids, offsets = [], []
+        ids, pieces, offsets = [], [], []
         for piece in proto.pieces:
             begin, end = byte_to_char[piece.begin], byte_to_char[piece.end]
             while begin < end and text[begin].isspace():
                 begin += 1
             ids.append(piece.id)
+            pieces.append(piece.piece)
             offsets.append((begin, end))
-        return self._map(ids), offsets
+        return self._map(ids), pieces, offsets
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids, skipping special ids."""

@@ -2,16 +2,23 @@ r"""Gathers ``results.json`` files of several runs into one markdown report with
 
 Usage::
 
-    python -m xlmeta_jax.report runs/meta runs/xlmr --output reports/meta_vs_xlmr
-    python -m xlmeta_jax.report meta=runs/meta/tydiqa xlmr=runs/xlmr/tydiqa --output out
+    python -m xlmeta_jax.tools.report runs/meta runs/xlmr --output reports/meta_vs_xlmr
+    python -m xlmeta_jax.tools.report meta=runs/meta/tydiqa xlmr=runs/xlmr/tydiqa --output out
 
 Each RUN argument is ``[LABEL=]DIR``: ``DIR/results.json`` itself, or every
 ``DIR/*/results.json`` (one sub-folder per task). The label defaults to the folder
 name. Writes ``OUTPUT/report.md`` (one table per task: runs x languages, then the
-average, the average over non-English languages, English and the transfer gap) and
-PNG plots: ``<task>_languages.png`` (per-language bars, one colour per run),
-``english_vs_transfer.png`` (English score next to the non-English average, per task
-and run) and, for Tatoeba, ``tatoeba_layers.png`` (accuracy of every layer).
+average, the average over non-English languages, English and the transfer gap; mean ±
+std over seeds where a run has several) and PNG plots: ``<task>_languages.png``
+(per-language bars, one colour per run), ``english_vs_transfer.png`` (English score
+next to the non-English average, per task and run) and, for Tatoeba,
+``tatoeba_layers.png`` (accuracy of every layer).
+
+Under each table: every run's data source, training set and whether its numbers are
+comparable with XTREME's published ones (results.json ``provenance``). Runs of one task
+whose data source or settings differ are refused in one comparison (their numbers do
+not measure the same thing) unless ``--allow_mixed`` is given; the table then names the
+differences.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from collections.abc import Sequence
 from typing import Any
 
 SUMMARY_KEYS = ("average", "average_target", "english", "transfer_gap")
+# Settings that may differ between compared runs (bookkeeping, not protocol).
+_FREE_SETTINGS = ("log_every", "eval_batch_size")
 
 
 def _parse_run(arg: str) -> tuple[str | None, pathlib.Path]:
@@ -76,12 +85,55 @@ def _fmt(value) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-def task_table(task: str, by_run: dict[str, dict]) -> str:
-    """Markdown table of one task: a row per run, a column per language + summary."""
+def _comparison_key(r: dict) -> dict:
+    """What must be equal for two runs' numbers to be compared: data and settings."""
+    prov = r.get("provenance", {})
+    settings = {k: v for k, v in r.get("settings", {}).items() if k not in _FREE_SETTINGS}
+    return {
+        "data_source": prov.get("data_source", r.get("data_source")),
+        "train_data": prov.get("train_data"),
+        "eval_data": prov.get("eval_data"),
+        "settings": settings,
+    }
+
+
+def check_comparable(task: str, by_run: dict[str, dict]) -> list[str]:
+    """Differences between the runs of one task (empty when they compare)."""
+    keys = {label: _comparison_key(r) for label, r in by_run.items()}
+    first_label, first = next(iter(keys.items()))
+    out = []
+    for label, key in keys.items():
+        for field in ("data_source", "train_data", "eval_data"):
+            if key[field] != first[field]:
+                out.append(f"{label} {field}={key[field]!r} vs {first_label} {first[field]!r}")
+        names = sorted(set(key["settings"]) | set(first["settings"]))
+        for name in names:
+            a, b = key["settings"].get(name), first["settings"].get(name)
+            if a != b:
+                out.append(f"{label} {name}={a!r} vs {first_label} {b!r}")
+    return out
+
+
+def _fmt_seeded(value, std) -> str:
+    return _fmt(value) if std is None else f"{_fmt(value)} ± {std:.1f}"
+
+
+def task_table(task: str, by_run: dict[str, dict], allow_mixed: bool = False) -> str:
+    """Markdown table of one task: a row per run, a column per language + summary.
+
+    Raises:
+      ValueError: runs with different data sources or settings, unless ``allow_mixed``.
+    """
     metrics = {r["metric"] for r in by_run.values()}
     if len(metrics) != 1:
         raise ValueError(f"{task}: runs report different metrics {sorted(metrics)}")
     metric = metrics.pop()
+    differences = check_comparable(task, by_run)
+    if differences and not allow_mixed:
+        raise ValueError(
+            f"{task}: runs differ in data or settings, so their numbers do not compare: "
+            + "; ".join(differences) + " (pass --allow_mixed to tabulate them anyway)"
+        )
     langs = _languages(by_run)
     header = ["run", *langs, *SUMMARY_KEYS]
     lines = [
@@ -91,10 +143,27 @@ def task_table(task: str, by_run: dict[str, dict]) -> str:
         "|" + "---|" * len(header),
     ]
     for label, r in by_run.items():
+        seeded = len(r.get("seeds", [])) > 1
         cells = [label]
-        cells += [_fmt(r["languages"].get(lang, {}).get(metric)) for lang in langs]
-        cells += [_fmt(r.get(k)) for k in SUMMARY_KEYS]
+        for lang in langs:
+            v = r["languages"].get(lang, {})
+            cells.append(_fmt_seeded(v.get(metric), v.get(f"{metric}_std") if seeded else None))
+        cells += [_fmt_seeded(r.get(k), r.get(f"{k}_std") if seeded else None)
+                  for k in SUMMARY_KEYS]
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for label, r in by_run.items():
+        prov = r.get("provenance")
+        if prov is None:
+            lines.append(f"* {label}: no provenance recorded (an older results.json).")
+            continue
+        comparable = "comparable with XTREME" if prov.get("comparable_to_xtreme") else (
+            "not comparable with XTREME: " + "; ".join(prov.get("differences", [])))
+        lines.append(f"* {label}: {prov.get('data_source')} data; trained on "
+                     f"{prov.get('train_data')} ({prov.get('train_examples')} examples); "
+                     f"{comparable}.")
+    if differences:
+        lines.append(f"* Runs differ (shown together on request): {'; '.join(differences)}.")
     return "\n".join(lines)
 
 
@@ -149,11 +218,11 @@ def _plot_layers(by_run, path):
     for label, r in by_run.items():
         sweep = r["layer_sweep"]
         layers = sorted(sweep, key=int)
-        ax.plot([int(i) for i in layers], [sweep[i]["xx2en"] for i in layers], "o-",
+        ax.plot([int(i) for i in layers], [sweep[i]["en2xx"] for i in layers], "o-",
+                label=f"{label} en→xx (XTREME)")
+        ax.plot([int(i) for i in layers], [sweep[i]["xx2en"] for i in layers], "x--",
                 label=f"{label} xx→en")
-        ax.plot([int(i) for i in layers], [sweep[i]["en2xx"] for i in layers], "x--",
-                label=f"{label} en→xx")
-    ax.set_xlabel("layer (0 = embeddings)")
+    ax.set_xlabel("hidden_states index (0 = embeddings; XTREME's layer = index - 1)")
     ax.set_ylabel("mean accuracy (%)")
     ax.set_title("Tatoeba retrieval by layer")
     ax.legend()
@@ -162,12 +231,20 @@ def _plot_layers(by_run, path):
     plt.close(fig)
 
 
-def write_report(runs: Sequence[str], output: str | pathlib.Path) -> pathlib.Path:
-    """Writes OUTPUT/report.md and the PNG plots; returns the report path."""
+def write_report(
+    runs: Sequence[str], output: str | pathlib.Path, allow_mixed: bool = False
+) -> pathlib.Path:
+    """Writes OUTPUT/report.md and the PNG plots; returns the report path.
+
+    Raises:
+      ValueError: runs of one task differ in data or settings (unless ``allow_mixed``),
+        checked before anything is written.
+    """
+    tasks = gather(runs)
+    tables = {task: task_table(task, tasks[task], allow_mixed) for task in sorted(tasks)}
     import matplotlib
 
     matplotlib.use("Agg")
-    tasks = gather(runs)
     output = pathlib.Path(output)
     output.mkdir(parents=True, exist_ok=True)
     parts = ["# Zero-shot cross-lingual evaluation", ""]
@@ -177,7 +254,7 @@ def write_report(runs: Sequence[str], output: str | pathlib.Path) -> pathlib.Pat
     )
     for task in sorted(tasks):
         by_run = tasks[task]
-        parts += ["", task_table(task, by_run), "", f"![{task}]({task}_languages.png)"]
+        parts += ["", tables[task], "", f"![{task}]({task}_languages.png)"]
         _plot_languages(task, by_run, output / f"{task}_languages.png")
         if any("layer_sweep" in r for r in by_run.values()):
             _plot_layers({k: r for k, r in by_run.items() if "layer_sweep" in r},
@@ -195,12 +272,17 @@ def write_report(runs: Sequence[str], output: str | pathlib.Path) -> pathlib.Pat
 
 def main(argv: list[str] | None = None) -> pathlib.Path:
     parser = argparse.ArgumentParser(
-        prog="python -m xlmeta_jax.report", description=__doc__.splitlines()[0]
+        prog="python -m xlmeta_jax.tools.report", description=__doc__.splitlines()[0]
     )
     parser.add_argument("runs", nargs="+", help="[LABEL=]DIR holding results.json files")
     parser.add_argument("--output", required=True, help="folder for report.md and PNG plots")
+    parser.add_argument("--allow_mixed", action="store_true",
+                        help="tabulate runs whose data source or settings differ")
     args = parser.parse_args(argv)
-    path = write_report(args.runs, args.output)
+    try:
+        path = write_report(args.runs, args.output, args.allow_mixed)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"report: {e}") from None
     print(path.read_text())
     return path
 

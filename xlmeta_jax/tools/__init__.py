@@ -1,0 +1,1 @@
+"""Tools around the library (benchmark, profiling, reports, data throughput and caching); not on the train path."""
