@@ -19,7 +19,7 @@ from xlmeta_jax.evaluation import readers, tokenization
 
 def demo_sentences(data_dir=None, english_lines: int = 4000, per_language: int = 100):
     """English lines plus ``per_language`` Leipzig sentences of every language."""
-    data_dir = readers._data_dir(data_dir)
+    data_dir = readers.resolve_data_dir(data_dir)
     shakespeare = data_dir / "english_pd" / "tinyshakespeare" / "input.txt"
     lines = [line for line in readers.read_lines(shakespeare) if line.strip()][:english_lines]
     leipzig = sorted((data_dir / "leipzig_sentences" / "sentences").glob("*.txt"))

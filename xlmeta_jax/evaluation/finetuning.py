@@ -394,7 +394,8 @@ def finetune(
             batch_size=s.eval_batch_size, max_sentences=s.max_eval_examples, dtype=s.dtype,
             seed=s.seed, allow_pickle=allow_pickle,
             provenance={"provenance": protocol.provenance(
-                task, "local", str(readers._data_dir(data_dir)), dataclasses.asdict(s), None)},
+                task, "local", str(readers.resolve_data_dir(data_dir)), dataclasses.asdict(s),
+                None)},
         )
     langs = readers.check_languages(task, languages)
     model_dir = pathlib.Path(model_dir)
@@ -402,7 +403,7 @@ def finetune(
     (model_dir / "config.gin").write_text(gin.operative_config_str())
     split = dict(train_fraction=s.train_fraction, select_fraction=s.select_fraction)
     if data_source == "local":
-        resolved_dir = str(readers._data_dir(data_dir))
+        resolved_dir = str(readers.resolve_data_dir(data_dir))
         load_train = lambda: readers.load_train(task, data_dir, **split)
         load_select = lambda: readers.load_select(task, data_dir, **split)
         load_eval = lambda lang: readers.load_eval(task, lang, data_dir, **split)
@@ -413,7 +414,7 @@ def finetune(
         if languages is None:
             langs = tuple(x for x in langs if x in tfds_readers.TFDS_LANGUAGES.get(task, ()))
         for lang in langs:
-            tfds_readers._check(task, lang)
+            tfds_readers.check_task(task, lang)
         load_train = lambda: tfds_readers.load_train(task, tfds_data_dir)
         load_select = lambda: tfds_readers.load_select(task, tfds_data_dir)
         load_eval = lambda lang: tfds_readers.load_eval(task, lang, tfds_data_dir)

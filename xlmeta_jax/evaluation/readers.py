@@ -370,7 +370,8 @@ def read_id_sentences(path: str | os.PathLike) -> dict[str, str]:
 # ----------------------------------------------------------------------------------------
 
 
-def _data_dir(data_dir) -> pathlib.Path:
+def resolve_data_dir(data_dir) -> pathlib.Path:
+    """``data_dir`` (None: the default shared-data folder), checked to exist."""
     path = pathlib.Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
     if not path.is_dir():
         raise FileNotFoundError(
@@ -494,7 +495,7 @@ def load_train(
       train_fraction, select_fraction: XNLI / PAWS-X only — see :func:`dev_split`.
     """
     spec = get_task(task)
-    data_dir = _data_dir(data_dir)
+    data_dir = resolve_data_dir(data_dir)
     if task in ("xnli", "pawsx"):
         return _parallel_dev(task, "en", data_dir, train_fraction, select_fraction, "train")
     if spec.kind == "qa":
@@ -518,7 +519,7 @@ def load_select(
     QA (XTREME keeps the final parameters).
     """
     spec = get_task(task)
-    data_dir = _data_dir(data_dir)
+    data_dir = resolve_data_dir(data_dir)
     if task in ("xnli", "pawsx"):
         if select_fraction == 0:
             return None
@@ -539,7 +540,7 @@ def load_eval(
     """Evaluation examples of ``task`` in language ``lang`` from the local data."""
     spec = get_task(task)
     check_languages(task, [lang])
-    data_dir = _data_dir(data_dir)
+    data_dir = resolve_data_dir(data_dir)
     if task in ("xnli", "pawsx"):
         return _parallel_dev(task, lang, data_dir, train_fraction, select_fraction, "eval")
     if task == "tydiqa":
@@ -567,7 +568,7 @@ def read_tatoeba(lang: str, data_dir=None) -> tuple[list[str], list[str]]:
 
     ``lang`` is an XTREME code (``de``) or a LASER / ISO 639-3 code (``deu``).
     """
-    data_dir = _data_dir(data_dir)
+    data_dir = resolve_data_dir(data_dir)
     code = TATOEBA_CODES.get(lang, lang)
     if len(code) != 3:
         raise ValueError(
@@ -591,7 +592,7 @@ def read_tatoeba(lang: str, data_dir=None) -> tuple[list[str], list[str]]:
 def read_bucc(pair: str = "zh-en", split: str = "dev", data_dir=None):
     """BUCC 2018 corpora and gold pairs: (source {id: sentence}, English {id: sentence},
     gold set of (source id, English id))."""
-    data_dir = _data_dir(data_dir) / "bucc2018"
+    data_dir = resolve_data_dir(data_dir) / "bucc2018"
     src_lang, _, tgt_lang = pair.partition("-")
     if tgt_lang != "en":
         raise ValueError(f"bucc: pair must be '<lang>-en', got {pair!r}")

@@ -61,7 +61,8 @@ def _text(x) -> str:
     return x.decode("utf-8") if isinstance(x, bytes) else str(x)
 
 
-def _check(task: str, lang: str | None = None) -> None:
+def check_task(task: str, lang: str | None = None) -> None:
+    """Raises ValueError for a task or language without a TFDS builder here."""
     if task not in TFDS_LANGUAGES:
         raise ValueError(
             f"task {task!r} has no TFDS source; use the local files (data_source='local')"
@@ -111,7 +112,7 @@ def _label_map(info, task: str) -> dict[int, int]:
 
 def load_train(task: str, data_dir=None) -> list:
     """English training examples of ``task`` from TFDS (see module table)."""
-    _check(task)
+    check_task(task)
     if task == "tydiqa":
         rows, _ = _load("tydi_qa/goldp", "train", data_dir)
         return _qa_examples(rows, training=True, id_prefix="english")
@@ -133,7 +134,7 @@ def load_train(task: str, data_dir=None) -> list:
 
 def load_eval(task: str, lang: str, data_dir=None) -> list:
     """Evaluation examples of ``task`` in ``lang`` from TFDS (see module table)."""
-    _check(task, lang)
+    check_task(task, lang)
     if task in _QA_EVAL:
         name, split = _QA_EVAL[task]
         rows, _ = _load(name.format(lang=lang), split.format(lang=lang), data_dir)
@@ -148,7 +149,7 @@ def load_eval(task: str, lang: str, data_dir=None) -> list:
 def load_select(task: str, data_dir=None) -> list | None:
     """English validation examples for XTREME's best-checkpoint selection (None for QA,
     where XTREME keeps the final parameters)."""
-    _check(task)
+    check_task(task)
     if task == "xnli":
         return _xnli("en", "validation", data_dir)
     if task == "pawsx":
