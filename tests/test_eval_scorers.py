@@ -194,6 +194,7 @@ def test_bitext_mining_f1_ties_do_not_depend_on_input_order():
     assert outs[0]["f1"] == pytest.approx(80.0)
 
 
+@pytest.mark.filterwarnings("ignore:.*seems not to be NE tag")
 def test_pos_f1_is_seqeval_over_tags_and_differs_from_accuracy():
     gold = [["DET", "NOUN", "NOUN", "VERB"], ["PRON", "VERB", "X"]]
     pred = [["DET", "NOUN", "ADJ", "VERB"], ["PRON", "VERB", "X"]]
