@@ -31,12 +31,17 @@ _TEST = [
     "ruff>=0.6",
     # Reference implementation the entity-F1 scorer is cross-checked against.
     "seqeval>=1.2",
+    # tests/test_notebooks.py executes notebooks/ headless.
+    "nbclient>=0.10",
+    "nbconvert>=7",
+    "ipykernel>=6",
 ]
 
 setuptools.setup(
     name="xlmeta_jax",
     version="0.1.0",
     description="Cross-lingual language model meta-pretraining (XLM-R-style MLM) in JAX/Flax",
+    url="https://github.com/xlmeta/xlmeta_jax",
     packages=setuptools.find_packages(include=["xlmeta_jax", "xlmeta_jax.*", "tasks", "tasks.*"]),
     package_data={"": ["*.gin"]},
     python_requires=">=3.10",

@@ -1,0 +1,106 @@
+"""The notebooks in notebooks/: stored without outputs, each with its Colab badge and its
+runtimes; executed headless at tiny size on CPU, where any failing cell fails the test."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+META = NOTEBOOKS / "meta_pretraining.ipynb"
+# Time limit of one cell (the trainer and fine-tuning cells are the long ones: about two
+# minutes each on 2 CPU cores, mostly compilation).
+CELL_TIMEOUT_S = 900
+
+
+def _repo_url() -> str:
+    match = re.search(r'url="(https://github\.com/[^"]+)"', (REPO / "setup.py").read_text())
+    assert match, "setup.py names the repository url"
+    return match.group(1)
+
+
+def _code(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_notebooks_are_stored_stripped_with_badge_and_runtimes():
+    paths = sorted(NOTEBOOKS.glob("*.ipynb"))
+    assert [p.name for p in paths] == [META.name]
+    repo = _repo_url().removeprefix("https://github.com/")
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        for cell in _code(nb):
+            assert cell.outputs == [] and cell.execution_count is None, (path.name, cell.id)
+        assert "widgets" not in nb.metadata, path.name
+        intro = nb.cells[0].source
+        badge = f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/{path.name}"
+        assert badge in intro, path.name
+        runtime = intro[intro.index("**Runtime.**"):]
+        assert "TPU" in runtime and "CPU" in runtime and "minutes" in runtime, path.name
+        # One parameter cell (papermill's tag) that CI's environment variable sets.
+        params = [c for c in _code(nb) if "parameters" in c.metadata.get("tags", [])]
+        assert len(params) == 1 and "XLMETA_NOTEBOOK_SIZE" in params[0].source, path.name
+        # The same repository everywhere it is named.
+        for url in re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", "".join(
+                c.source for c in nb.cells)):
+            assert url == _repo_url(), (path.name, url)
+
+
+def _execute(path: pathlib.Path, env: dict[str, str]):
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    )
+    # Raises CellExecutionError at the first failing cell, CellTimeoutError past the limit.
+    client.execute(env=env)
+    return nb
+
+
+def _outputs(cell, kind: str) -> list:
+    out = []
+    for o in cell.outputs:
+        if kind == "stream" and o.output_type == "stream":
+            out.append(o.text)
+        elif kind in o.get("data", {}):
+            out.append(o["data"][kind])
+    return out
+
+
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory):
+    env = dict(os.environ)
+    env.update(
+        XLMETA_NOTEBOOK_SIZE="tiny",
+        XLMETA_NOTEBOOK_RUN_DIR=str(tmp_path_factory.mktemp("notebooks")),
+        JAX_PLATFORMS="cpu",
+        # One CPU device, as on a laptop (the test session fakes eight).
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        MPLBACKEND="module://matplotlib_inline.backend_inline",
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def meta_run(kernel_env):
+    return _execute(META, kernel_env)
+
+
+@pytest.mark.slow
+def test_meta_pretraining_notebook_runs(meta_run, kernel_env):
+    cells = _code(meta_run)
+    text = "".join(t for c in cells for t in _outputs(c, "stream"))
+    assert "[phase1] step 40/40" in text and "[phase2] step 40/40" in text
+    assert "phase 2 started from" in text and "phase1/40: phase 1's final checkpoint" in text
+    plots = [c for c in cells if _outputs(c, "image/png")]
+    assert len(plots) == 1 and "scalar_series" in plots[0].source
+    run_dir = pathlib.Path(kernel_env["XLMETA_NOTEBOOK_RUN_DIR"])
+    assert (run_dir / "meta" / "summary.json").is_file()
