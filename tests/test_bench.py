@@ -1,5 +1,6 @@
 """The benchmark command: runs on CPU, reports finite positive figures, compares with HF."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -7,21 +8,25 @@ import sys
 
 import pytest
 
-from xlmeta_jax import bench, losses
+from xlmeta_jax import losses
 from xlmeta_jax.network import get_config
+from xlmeta_jax.tools import bench
 
 
 def _positive(x):
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow
 def test_bench_tiny_with_hf_comparison(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     out = tmp_path / "bench.json"
     report = bench.main([
-        "--size=tiny", "--batch=4", "--length=16", "--dtype=fp32", "--num_devices=1",
-        "--no-dropout", "--steps=2", "--warmup=1", "--hf=on", f"--json_out={out}",
+        "--gin_file=models/tiny.gin", "--gin.xlmeta_jax.network.get_config.dropout_rate=0.0",
+        "--gin.xlmeta_jax.network.get_config.attention_dropout_rate=0.0", "--batch=4",
+        "--length=16", "--num_devices=1", "--steps=2", "--warmup=1", "--hf=on",
+        f"--json_out={out}",
     ])
     (r,) = report["results"]
     for key in ("tokens_per_s", "step_time_s", "compile_s", "first_step_s",
@@ -33,7 +38,11 @@ def test_bench_tiny_with_hf_comparison(tmp_path, capsys):
     # CPU has no known peak: MFU is skipped, not invented.
     assert r["mfu"] is None and "unknown" in r["mfu_note"]
     assert "masked slots only" in r["lm_head_counted_at"]
-    assert r["dropout_draws_per_step"] == 0  # --no-dropout
+    assert r["dropout_draws_per_step"] == 0  # dropout rates 0
+    # The model is the trainer's: models/tiny.gin through network.get_config.
+    assert r["model_config"] == dataclasses.asdict(get_config(
+        "tiny", pad_token_id=0, dropout_rate=0.0, attention_dropout_rate=0.0,
+        attention_impl="auto"))
 
     h = report["hf"]
     for key in ("tokens_per_s", "step_time_s", "model_tflops_per_s", "peak_memory_bytes"):
@@ -64,29 +73,33 @@ def test_flops_per_token_hand_checked():
 
 
 def test_variants_and_bad_options():
-    base = bench.BenchOptions(size="tiny", dtype="fp32")
-    variants = bench.parse_variants("masked;full_head=true,scan=false;remat=dots", base)
-    assert [n for n, _ in variants] == ["masked", "full_head=true,scan=false", "remat=dots"]
-    assert variants[0][1] == base
-    assert variants[1][1].full_head and not variants[1][1].scan
-    assert variants[2][1].remat == "dots"
+    cfg, base = get_config("tiny"), bench.BenchOptions()
+    variants = bench.parse_variants(
+        "default;full_head=true,scan_layers=false;remat_policy=dots;dropout_rate=0", cfg, base)
+    assert [n for n, _, _ in variants] == [
+        "default", "full_head=true,scan_layers=false", "remat_policy=dots", "dropout_rate=0"]
+    assert variants[0][1:] == (cfg, base)
+    assert variants[1][2].full_head and not variants[1][1].scan_layers
+    assert variants[2][1].remat_policy == "dots"
+    assert variants[3][1].dropout_rate == 0.0
     with pytest.raises(ValueError, match="unknown option 'heads'"):
-        bench.parse_variants("heads=2", base)
+        bench.parse_variants("heads=2", cfg, base)
     with pytest.raises(ValueError, match="not a boolean"):
-        bench.parse_variants("scan=maybe", base)
-    with pytest.raises(ValueError, match="--remat"):
-        bench.BenchOptions(remat="sometimes")
+        bench.parse_variants("scan_layers=maybe", cfg, base)
+    with pytest.raises(ValueError, match="unknown remat_policy"):
+        bench.parse_variants("remat_policy=sometimes", cfg, base)
     with pytest.raises(ValueError, match="--length=4096 exceeds"):
-        bench.run_ours(bench.BenchOptions(size="tiny", length=4096))
+        bench.run_ours(cfg, bench.BenchOptions(length=4096))
     with pytest.raises(ValueError, match="not divisible by data x fsdp"):
-        bench.run_ours(bench.BenchOptions(size="tiny", batch=3, length=16, data=2,
-                                          num_devices=2))
+        bench.run_ours(cfg, bench.BenchOptions(batch=3, length=16, data=2, num_devices=2))
+    with pytest.raises(ValueError, match="no model size; give a model file"):
+        bench.main(["--batch=4"])
 
 
 def test_bench_and_network_import_without_tensorflow_seqio_torch_gin():
     # Accelerator hosts may have none of these; the bench and profiler must still run.
     code = (
-        "import sys, xlmeta_jax.bench, xlmeta_jax.hf, xlmeta_jax.step, xlmeta_jax.profiling\n"
+        "import sys, xlmeta_jax.tools.bench, xlmeta_jax.hf, xlmeta_jax.step\n"
         "bad = [m for m in ('tensorflow', 'seqio', 'torch', 'transformers', 'gin')\n"
         "       if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -33,6 +33,7 @@ def test_gin_files_exist():
         assert name in ALL_GIN
     for size in ("tiny", "small", "base", "large"):
         assert f"models/{size}.gin" in ALL_GIN
+    assert "models/encoder.gin" in ALL_GIN
 
 
 @pytest.mark.parametrize("name", ALL_GIN)
@@ -96,3 +97,50 @@ def test_xlmr_baseline_has_equal_compute(monkeypatch, tmp_path):
     tokens = lambda phases: sum(p.num_steps * p.batch_size * p.sequence_length for p in phases)
     assert tokens(xlmr["phases"]) == tokens(meta["phases"])
     assert only.optimizer.total_steps == only.num_steps
+
+
+def test_meta_gin_base_is_xlmr_exact_and_sizes_come_from_network(monkeypatch, tmp_path):
+    from xlmeta_jax import network
+
+    seen = _evaluated_train_args(
+        monkeypatch, "meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
+    model = seen["model"]
+    # XLM-R's dropout exactly (flax's 32-bit masks), the shape from network's one table.
+    assert model.dropout_mask_bits == 32 and model.dropout_rate == 0.1
+    assert model == network.get_config(
+        "base", pad_token_id=0, dtype="bfloat16", scan_layers=True, attention_impl="auto")
+
+
+def test_large_after_meta_and_phase2_learning_rate(monkeypatch, tmp_path):
+    from xlmeta_jax import network
+
+    seen = _evaluated_train_args(
+        monkeypatch, "meta.gin",
+        [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64", "include 'models/large.gin'",
+         "PHASE2_LEARNING_RATE = 3e-4", "PHASE2_WARMUP_STEPS = 500"])
+    model = seen["model"]
+    assert (model.num_layers, model.hidden_size) == (24, 1024)
+    assert model.remat_policy == "dots_no_batch"
+    assert model.dropout_mask_bits == 32
+    assert model == network.get_config(
+        "large", pad_token_id=0, dtype="bfloat16", scan_layers=True, attention_impl="auto",
+        remat_policy="dots_no_batch")
+    p1, p2 = seen["phases"]
+    assert (p1.optimizer.learning_rate, p1.optimizer.warmup_steps) == (6e-4, 10000)
+    assert (p2.optimizer.learning_rate, p2.optimizer.warmup_steps) == (3e-4, 500)
+
+
+def test_phase2_learning_rate_follows_phase1_by_default(monkeypatch, tmp_path):
+    seen = _evaluated_train_args(
+        monkeypatch, "meta.gin",
+        [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64", "LEARNING_RATE = 1e-4"])
+    p1, p2 = seen["phases"]
+    assert p1.optimizer.learning_rate == p2.optimizer.learning_rate == 1e-4
+    assert p1.optimizer.warmup_steps == p2.optimizer.warmup_steps == 10000
+
+
+def test_unknown_model_field_is_named():
+    from xlmeta_jax import network
+
+    with pytest.raises(ValueError, match=r"\['dtyp'\] are not EncoderConfig fields"):
+        network.get_config("tiny", dtyp="float32")

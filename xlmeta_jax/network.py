@@ -137,7 +137,8 @@ class EncoderConfig:
         return dataclasses.replace(self, **kwargs)
 
 
-# Named sizes. `tiny` is for tests; base/large are XLM-R's published shapes.
+# Named sizes: the one table of model shapes (gin/models/*.gin name a size and read it
+# through get_config). `tiny` is for tests and the CPU demo; base/large are XLM-R's.
 _SIZES = {
     # Divisible by 8 everywhere it matters, so tests can shard it on 8 devices.
     "tiny": dict(
@@ -162,9 +163,21 @@ SIZES = tuple(_SIZES)
 
 
 def get_config(size: str, **overrides) -> EncoderConfig:
-    """Returns the named encoder size (tiny, small, base, large) with overrides."""
+    """Returns the named encoder size with any :class:`EncoderConfig` fields overridden.
+
+    Args:
+      size: one of :data:`SIZES` (tiny, small, base, large).
+      **overrides: EncoderConfig fields, e.g. ``dtype="bfloat16"``.
+
+    Raises:
+      ValueError: naming an unknown size or field.
+    """
     if size not in _SIZES:
         raise ValueError(f"unknown model size {size!r}; expected one of {list(_SIZES)}")
+    fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"get_config: {unknown} are not EncoderConfig fields ({sorted(fields)})")
     return EncoderConfig(**{**_SIZES[size], **overrides})
 
 

@@ -23,8 +23,9 @@ from typing import Any
 import gin
 import jax
 
-from xlmeta_jax import checkpoints, gin_cli, hardware, losses, network, partitioning, step
+from xlmeta_jax import checkpoints, gin_cli, losses, network, partitioning, step
 from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.tools import hardware
 
 log = logging.getLogger("xlmeta_jax.train")
 

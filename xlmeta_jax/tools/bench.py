@@ -5,23 +5,28 @@ Times the real sharded train step of :func:`xlmeta_jax.step.make_step_functions`
 call (trace + compile + one step) is reported separately, then ``--warmup`` steps
 are run and ``--steps`` steps are timed together, ending with
 ``jax.block_until_ready``. With torch and transformers importable it also times
-Hugging Face's ``XLMRobertaForMaskedLM`` training step (AdamW, same sizes, same
-masked positions as labels, LM head over every position as HF computes it) in the
+Hugging Face's ``XLMRobertaForMaskedLM`` training step (:mod:`.bench_hf`) in the
 same process and prints the ratio of tokens/s, ours over HF.
 
-Examples::
+The model is the trainer's: a model file of ``gin/models/`` and any ``--gin.``
+override of :class:`xlmeta_jax.network.EncoderConfig`'s fields (through
+``network.get_config``). Examples::
 
-    python -m xlmeta_jax.bench --size=small --batch=8 --length=128 --dtype=fp32
-    python -m xlmeta_jax.bench --size=base --batch=32 --length=512 --dtype=bf16 \\
+    python -m xlmeta_jax.tools.bench --gin_file=models/small.gin \
+        --gin.xlmeta_jax.network.get_config.dtype="'float32'" --batch=8 --length=128
+    python -m xlmeta_jax.tools.bench --gin_file=models/base.gin --batch=32 --length=512 \
         --json_out=/tmp/bench_base.json
-    # Several variants in one process, ratios against the first:
-    python -m xlmeta_jax.bench --size=small --dtype=fp32 --hf=off \\
-        --variants="masked;full_head=true;scan=false;remat=full"
+    # Several variants in one process (EncoderConfig or bench fields), ratios against
+    # the first:
+    python -m xlmeta_jax.tools.bench --gin_file=models/small.gin --hf=off \
+        --variants="default;full_head=true;scan_layers=false;remat_policy=full"
 
 FLOPs are model FLOPs (matmuls only, forward + backward = 3x forward) from
 :func:`xlmeta_jax.losses.mlm_flops_per_token`; the LM head is counted only at the
-masked slots, since that is all our step computes. Imports neither TensorFlow nor
-seqio; torch and transformers only when the HF comparison runs.
+masked slots, since that is all our step computes. Importing this module imports
+neither TensorFlow, seqio, gin nor torch: the library entry points
+(:func:`run_ours`, :func:`run`) take an ``EncoderConfig``; the command line reads
+gin files (gin-config, a pure-Python package).
 """
 
 from __future__ import annotations
@@ -29,10 +34,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
-import resource
 import sys
 import time
 from typing import Any
@@ -40,25 +43,27 @@ from typing import Any
 import jax
 import numpy as np
 
-from xlmeta_jax import hardware, losses, partitioning, profiling
-from xlmeta_jax.network import DROPOUT_MASK_BITS, SIZES, get_config, resolve_attention_impl
+from xlmeta_jax import losses, partitioning
+from xlmeta_jax.network import EncoderConfig, resolve_attention_impl
 from xlmeta_jax.optimizer import OptimizerConfig
 from xlmeta_jax.step import RNG_IMPLS, make_step_functions
+from xlmeta_jax.tools import hardware, profiling, timing
+from xlmeta_jax.tools.bench_hf import HFRun, hf_available
 
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-_REMAT = ("none", "full", "dots", "dots_no_batch", "save_named")
 PEAK_SOURCE = (
     "vendor datasheets, bf16 dense: NVIDIA H100/H200 SXM 989.4 TFLOP/s, A100 312; "
-    "Google Cloud TPU docs: v4 275, v5e 197, v5p 459, v6e 918 (xlmeta_jax/hardware.py)"
+    "Google Cloud TPU docs: v4 275, v5e 197, v5p 459, v6e 918 (xlmeta_jax/tools/hardware.py)"
 )
+# EncoderConfig fields Hugging Face's model has no counterpart for: variants that differ
+# from the first only in these are still compared with the HF run.
+_NOT_IN_HF = ("scan_layers", "remat_policy", "attention_impl", "dropout_mask_bits",
+              "param_dtype")
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchOptions:
-    """One benchmark configuration."""
+    """How one benchmark run feeds, shards and times the step (the model is separate)."""
 
-    # Named model size: tiny, small, base or large.
-    size: str = "small"
     # Global batch size in sequences.
     batch: int = 8
     # Tokens per sequence.
@@ -69,26 +74,10 @@ class BenchOptions:
     tensor: int = 1
     # Devices to use (the first N); 0 means all.
     num_devices: int = 0
-    # Compute dtype (parameters and optimizer state stay fp32): bf16 or fp32.
-    dtype: str = "bf16"
-    # Stack layers with nn.scan.
-    scan: bool = True
-    # Rematerialisation policy of each layer.
-    remat: str = "none"
-    # Attention kernel: xla, cudnn or auto (cudnn on GPU).
-    attention: str = "auto"
-    # Dropout as configured for the size (False: all dropout rates 0; compiles faster on CPU).
-    dropout: bool = True
-    # Dropout on the attention probabilities (False: rate 0, which lets the cuDNN flash
-    # kernel run in training; it has no dropout).
-    attention_dropout: bool = True
     # Compute the LM head over the full vocabulary at every position (for comparison).
     full_head: bool = False
-    # PRNG of the dropout masks: threefry2x32 (default), rbg or unsafe_rbg.
+    # PRNG of the dropout masks: threefry2x32 (the trainer's default), rbg or unsafe_rbg.
     rng_impl: str = "threefry2x32"
-    # Random bits per dropout-mask element: 32, 16 or 8 (EncoderConfig.dropout_mask_bits);
-    # 16 as in gin/models/base.gin and large.gin, so the default times what they train.
-    dropout_mask_bits: int = 16
     # Timed steps.
     steps: int = 10
     # Untimed steps after the compiling first call.
@@ -97,17 +86,9 @@ class BenchOptions:
     seed: int = 0
 
     def __post_init__(self):
-        if self.size not in SIZES:
-            raise ValueError(f"bench: unknown --size={self.size!r}; expected one of {SIZES}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"bench: unknown --dtype={self.dtype!r}; expected bf16 or fp32")
-        if self.remat not in _REMAT:
-            raise ValueError(f"bench: unknown --remat={self.remat!r}; expected one of {_REMAT}")
         if self.rng_impl not in RNG_IMPLS:
             raise ValueError(f"bench: unknown --rng_impl={self.rng_impl!r}; "
                              f"expected one of {RNG_IMPLS}")
-        if self.attention not in ("xla", "cudnn", "auto"):
-            raise ValueError(f"bench: unknown --attention={self.attention!r}")
         if self.num_devices < 0:
             raise ValueError(f"bench: --num_devices must be >= 0, got {self.num_devices}")
         for name in ("batch", "length", "steps"):
@@ -116,70 +97,16 @@ class BenchOptions:
         if self.warmup < 0:
             raise ValueError(f"bench: --warmup must be >= 0, got {self.warmup}")
 
-    def model_config(self):
-        rates = {}
-        if not self.dropout:
-            rates = dict(dropout_rate=0.0, attention_dropout_rate=0.0)
-        if not self.attention_dropout:
-            rates["attention_dropout_rate"] = 0.0
-        return get_config(
-            self.size,
-            **rates,
-            dtype=_DTYPES[self.dtype],
-            param_dtype="float32",
-            scan_layers=self.scan,
-            remat_policy=self.remat,
-            attention_impl=self.attention,
-            dropout_mask_bits=self.dropout_mask_bits,
-        )
+
+def describe(cfg: EncoderConfig) -> str:
+    """The model in a few words, for the report."""
+    return (f"{cfg.num_layers} layers x {cfg.hidden_size} wide, {cfg.num_heads} heads, "
+            f"{cfg.mlp_dim} MLP, vocabulary {cfg.vocab_size}, {cfg.dtype}")
 
 
 # ---------------------------------------------------------------------------
 # Measurements.
 # ---------------------------------------------------------------------------
-
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-_compile_seconds = [0.0]
-_listener_registered = [False]
-
-
-def _on_duration(event: str, duration: float, **kwargs) -> None:
-    if event in _COMPILE_EVENTS:
-        _compile_seconds[0] += duration
-
-
-def _compile_clock() -> float:
-    """Cumulative trace + lowering + XLA compile seconds of this process."""
-    if not _listener_registered[0]:
-        jax.monitoring.register_event_duration_secs_listener(_on_duration)
-        _listener_registered[0] = True
-    return _compile_seconds[0]
-
-
-def _max_rss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return int(rss if sys.platform == "darwin" else rss * 1024)
-
-
-def _peak_memory(devices) -> tuple[int, str]:
-    """Peak bytes in use on the busiest device, or the process max RSS on CPU."""
-    peaks = []
-    for d in devices:
-        try:
-            stats = d.memory_stats()
-        except Exception:  # noqa: BLE001 - backends without the query
-            stats = None
-        if stats and "peak_bytes_in_use" in stats:
-            peaks.append(stats["peak_bytes_in_use"])
-    if peaks:
-        return int(max(peaks)), "device peak_bytes_in_use (max over devices)"
-    return _max_rss_bytes(), "process max RSS (host; includes everything run before)"
-
 
 def attention_kernel(cfg, *, training: bool) -> str:
     """The attention implementation the network runs under ``cfg`` on this backend.
@@ -193,36 +120,17 @@ def attention_kernel(cfg, *, training: bool) -> str:
     return impl
 
 
-def _check_finite(loss: float, what: str) -> float:
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"bench: non-finite loss {loss} in {what}")
-    return loss
-
-
-class _TimedRun:
-    """A training step that ``_run(n)`` runs ``n`` times, waiting for the last."""
-
-    def _run(self, n: int) -> None:
-        raise NotImplementedError
-
-    def time_steps(self, n: int) -> float:
-        """Mean seconds per step over ``n`` steps dispatched back to back."""
-        t0 = time.perf_counter()
-        self._run(n)
-        return (time.perf_counter() - t0) / n
-
-
-class OursRun(_TimedRun):
-    """Our train step under one :class:`BenchOptions`: built, compiled and warmed up
-    on construction; :meth:`time_steps` times further steps; :meth:`summary` reports.
+class OursRun(timing.TimedRun):
+    """Our train step for one model and :class:`BenchOptions`: built, compiled and
+    warmed up on construction; :meth:`time_steps` times further steps;
+    :meth:`summary` reports.
     """
 
-    def __init__(self, opts: BenchOptions):
-        self.opts = opts
-        cfg = self.cfg = opts.model_config()
+    def __init__(self, cfg: EncoderConfig, opts: BenchOptions):
+        self.cfg, self.opts = cfg, opts
         if opts.length > cfg.max_length:
             raise ValueError(
-                f"bench: --length={opts.length} exceeds the {opts.size} position table "
+                f"bench: --length={opts.length} exceeds the model's position table "
                 f"(max {cfg.max_length} tokens)"
             )
         devices = jax.devices()
@@ -259,16 +167,16 @@ class OursRun(_TimedRun):
         self.batch = {k: jax.device_put(host_batch[k], fns.batch_sharding) for k in features}
 
         self.state = jax.block_until_ready(fns.init(jax.random.key(opts.seed)))
-        compile_before = _compile_clock()
+        compile_before = timing.compile_clock()
         t0 = time.perf_counter()
         # Compiled ahead of time, so the profile can map the executable's ops back to
         # the model (``profile``); it is the same program ``fns.train_step`` runs.
         self.step = fns.train_step_jit.lower(self.state, self.batch).compile()
         self._run(1)
         self.first_step_s = time.perf_counter() - t0
-        self.compile_s = _compile_clock() - compile_before
+        self.compile_s = timing.compile_clock() - compile_before
         self._run(opts.warmup)
-        self.memory = _peak_memory(self.mesh.devices.flat)
+        self.memory = timing.peak_memory(self.mesh.devices.flat)
 
     def _run(self, n: int) -> None:
         for _ in range(n):
@@ -280,8 +188,9 @@ class OursRun(_TimedRun):
         return profiling.profile_step(self._run, self.step.as_text(), trace_dir, steps=steps)
 
     def summary(self, step_time: float) -> dict[str, Any]:
+        """The run's figures at ``step_time`` seconds per step."""
         opts, cfg = self.opts, self.cfg
-        loss = _check_finite(float(self.metrics["loss"]), str(opts))
+        loss = timing.check_finite(float(self.metrics["loss"]), str(opts))
         tokens = opts.batch * opts.length
         flops_per_token = losses.mlm_flops_per_token(
             cfg, opts.length, self.slots, masked_head=not opts.full_head
@@ -292,13 +201,14 @@ class OursRun(_TimedRun):
         peak = hardware.peak_flops_per_device(first)
         if peak is None:
             mfu, mfu_note = None, "unknown peak for this backend"
-        elif opts.dtype != "bf16":
-            mfu, mfu_note = None, "peak table is bf16 dense; no MFU for fp32"
+        elif cfg.dtype != "bfloat16":
+            mfu, mfu_note = None, f"peak table is bf16 dense; no MFU for {cfg.dtype}"
         else:
             mfu = tflops * 1e12 / (peak * n_dev)
             mfu_note = "model FLOPs / (bf16 dense peak x devices)"
         return {
             "options": dataclasses.asdict(opts),
+            "model_config": dataclasses.asdict(cfg),
             "backend": jax.default_backend(),
             "device": hardware.device_description(first),
             "num_devices": int(n_dev),
@@ -329,133 +239,18 @@ class OursRun(_TimedRun):
         }
 
 
-def run_ours(opts: BenchOptions) -> dict[str, Any]:
-    """Times our train step under ``opts`` (``opts.steps`` steps); returns the summary."""
-    r = OursRun(opts)
-    return r.summary(r.time_steps(opts.steps))
-
-
-def hf_available() -> bool:
-    """True when torch and transformers import."""
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-class HFRun(_TimedRun):
-    """Hugging Face's XLMRobertaForMaskedLM training step under ``opts``.
-
-    Same sizes, batch and masked positions (labels -100 elsewhere); AdamW with
-    RoBERTa's betas/eps/decay without decay on biases and LayerNorms, gradient
-    clipping at 1.0, dropout as ours; bf16 through autocast (fp32 weights), as HF's
-    Trainer does. HF computes the LM head at every position.
-    """
-
-    def __init__(self, opts: BenchOptions, *, compile: bool = False,
-                 attn_implementation: str = "sdpa"):
-        import torch
-        import transformers
-
-        from xlmeta_jax import hf
-
-        self.opts, self.compile, self.attn = opts, compile, attn_implementation
-        cfg = self.cfg = opts.model_config()
-        self.torch = torch
-        self.framework = f"transformers {transformers.__version__}, torch {torch.__version__}"
-        self.device = device = "cuda" if torch.cuda.is_available() else "cpu"
-        torch.manual_seed(opts.seed)
-        hf_cfg = transformers.XLMRobertaConfig(**hf.hf_config_from_config(cfg))
-        model = transformers.XLMRobertaForMaskedLM._from_config(
-            hf_cfg, attn_implementation=attn_implementation
-        ).to(device).train()
-        decay, no_decay = [], []
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
-                no_decay.append(p)
-            else:
-                decay.append(p)
-        self.model = model
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
-        )
-        self.slots = losses.max_predictions_for_length(opts.length)
-        host = losses.synthetic_mlm_batch(
-            np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size,
-            slots=self.slots,
-        )
-        self.ids = torch.from_numpy(host["inputs"].astype(np.int64)).to(device)
-        self.labels = torch.from_numpy(
-            np.where(host["weights"] > 0, host["targets"], -100).astype(np.int64)
-        ).to(device)
-        self.mask = torch.ones_like(self.ids)
-        self.forward = torch.compile(model) if compile else model
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        self._run(1)
-        self.first_step_s = time.perf_counter() - t0
-        self._run(opts.warmup)
-        if device == "cuda":
-            self.memory = (torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated")
-        else:
-            self.memory = (_max_rss_bytes(), "process max RSS (host; includes the JAX runs)")
-
-    def _run(self, n: int) -> None:
-        torch = self.torch
-        for _ in range(n):
-            with torch.autocast(device_type=self.device, dtype=torch.bfloat16,
-                                enabled=self.opts.dtype == "bf16"):
-                loss = self.forward(
-                    input_ids=self.ids, attention_mask=self.mask, labels=self.labels
-                ).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            self.loss = loss
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
-
-    def summary(self, step_time: float) -> dict[str, Any]:
-        opts = self.opts
-        tokens = opts.batch * opts.length
-        # HF's own computation: LM head at every position.
-        flops_per_token = losses.mlm_flops_per_token(
-            self.cfg, opts.length, self.slots, masked_head=False
-        )
-        return {
-            "framework": self.framework,
-            "device": self.device,
-            "compile": self.compile,
-            "attn_implementation": self.attn,
-            "torch_threads": self.torch.get_num_threads(),
-            "first_step_s": self.first_step_s,
-            "step_time_s": step_time,
-            "tokens_per_s": tokens / step_time,
-            "flops_per_token": flops_per_token,
-            "lm_head_counted_at": "all positions",
-            "model_tflops_per_s": flops_per_token * tokens / step_time / 1e12,
-            "peak_memory_bytes": int(self.memory[0]),
-            "peak_memory_source": self.memory[1],
-            "loss": _check_finite(float(self.loss.detach()), "HF run"),
-        }
-
-
-def run_hf(opts: BenchOptions, *, compile: bool = False,
-           attn_implementation: str = "sdpa") -> dict[str, Any]:
-    """Times HF's training step under ``opts`` (``opts.steps`` steps); see :class:`HFRun`."""
-    r = HFRun(opts, compile=compile, attn_implementation=attn_implementation)
+def run_ours(cfg: EncoderConfig, opts: BenchOptions) -> dict[str, Any]:
+    """Times our train step for ``cfg`` under ``opts`` (``opts.steps`` steps); the summary."""
+    r = OursRun(cfg, opts)
     return r.summary(r.time_steps(opts.steps))
 
 
 # ---------------------------------------------------------------------------
 # Variants, report, command line.
 # ---------------------------------------------------------------------------
+
+# A named benchmark configuration: (name, model, options).
+Variant = tuple[str, EncoderConfig, BenchOptions]
 
 
 def _parse_value(field: dataclasses.Field, text: str):
@@ -468,31 +263,39 @@ def _parse_value(field: dataclasses.Field, text: str):
         raise ValueError(f"bench: variant value {field.name}={text!r} is not a boolean")
     if kind == "int":
         return int(text)
+    if kind == "float":
+        return float(text)
     return text
 
 
-def parse_variants(spec: str, base: BenchOptions) -> list[tuple[str, BenchOptions]]:
-    """``"name;key=v,key=v;..."`` -> named options; each part overrides ``base``.
+def parse_variants(spec: str, cfg: EncoderConfig, opts: BenchOptions) -> list[Variant]:
+    """``"name;key=v,key=v;..."`` -> variants; each part overrides ``cfg`` and ``opts``.
 
-    A part without ``=`` (e.g. ``masked``) is just a name for ``base``.
+    Keys are :class:`EncoderConfig` fields (``dropout_mask_bits=8``,
+    ``scan_layers=false``) or :class:`BenchOptions` fields (``full_head=true``). A
+    part without ``=`` (e.g. ``default``) is just a name for the base.
     """
-    fields = {f.name: f for f in dataclasses.fields(BenchOptions)}
+    model_fields = {f.name: f for f in dataclasses.fields(EncoderConfig)}
+    run_fields = {f.name: f for f in dataclasses.fields(BenchOptions)}
     out = []
     for part in (p.strip() for p in spec.split(";")):
         if not part:
             continue
-        overrides = {}
+        model_over, run_over = {}, {}
         for item in part.split(","):
             if "=" not in item:
                 continue
             key, value = (s.strip() for s in item.split("=", 1))
-            if key not in fields:
+            if key in model_fields:
+                model_over[key] = _parse_value(model_fields[key], value)
+            elif key in run_fields:
+                run_over[key] = _parse_value(run_fields[key], value)
+            else:
                 raise ValueError(
-                    f"bench: unknown option {key!r} in variant {part!r}; expected one of "
-                    f"{sorted(fields)}"
+                    f"bench: unknown option {key!r} in variant {part!r}; expected an "
+                    f"EncoderConfig field {sorted(model_fields)} or one of {sorted(run_fields)}"
                 )
-            overrides[key] = _parse_value(fields[key], value)
-        out.append((part, dataclasses.replace(base, **overrides)))
+        out.append((part, cfg.replace(**model_over), dataclasses.replace(opts, **run_over)))
     if not out:
         raise ValueError(f"bench: --variants={spec!r} names no variant")
     return out
@@ -539,7 +342,8 @@ def format_report(report: dict[str, Any]) -> str:
     notes = [
         f"device: {first['device']} (backend {first['backend']}), mesh {first['mesh']}, "
         f"attention kernel: {first['attention_kernel']}",
-        f"model {o['size']}, batch {o['batch']} x length {o['length']} = "
+        f"model {describe(EncoderConfig(**first['model_config']))}, "
+        f"batch {o['batch']} x length {o['length']} = "
         f"{first['tokens_per_step']} tokens/step; {report['rounds']} round(s) of "
         f"{o['steps']} timed steps per run after {o['warmup']} warm-up steps (step ms: median "
         "over rounds, best ms: fastest round; ratios use the median); compile = trace + "
@@ -569,7 +373,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def run(
-    variants: list[tuple[str, BenchOptions]],
+    variants: list[Variant],
     *,
     hf: str = "auto",
     hf_compile: bool = False,
@@ -578,21 +382,21 @@ def run(
     profile_dir: str = "",
     profile_steps: int = 3,
 ) -> dict[str, Any]:
-    """Times every variant (and HF for the first one's sizes) in this process.
+    """Times every variant (and HF for the first one's model and batch) in this process.
 
     All runs are built, compiled and warmed up first; then ``rounds`` rounds each
     time ``steps`` steps of every run in turn, so that ratios between runs see the
     same machine conditions. Step times are the median over rounds.
 
     Args:
-      variants: (name, options) pairs; ratios are against the first.
+      variants: (name, model, options) triples; ratios are against the first.
       hf: "on" (fail without torch/transformers), "off", or "auto".
       hf_compile: wrap the HF model in ``torch.compile``.
       hf_attn: HF ``attn_implementation`` ("sdpa" or "eager").
       rounds: timing rounds (interleaved over runs).
       profile_dir: when set, each variant then runs ``profile_steps`` more steps under
         ``jax.profiler`` (trace written under ``profile_dir/<variant index>``) and its
-        result gets a ``profile``: op time per model part (:mod:`xlmeta_jax.profiling`).
+        result gets a ``profile``: op time per model part (:mod:`.profiling`).
       profile_steps: steps inside each profile.
 
     Returns:
@@ -606,20 +410,22 @@ def run(
         raise ImportError("bench: --hf=on needs torch and transformers")
     if profile_dir and profile_steps < 1:
         raise ValueError(f"bench: --profile_steps must be >= 1, got {profile_steps}")
-    runs: list[tuple[str, Any, int]] = [(name, OursRun(o), o.steps) for name, o in variants]
+    runs: list[tuple[str | None, Any, int]] = [
+        (name, OursRun(cfg, o), o.steps) for name, cfg, o in variants]
     report: dict[str, Any] = {
         "host": {"platform": platform.platform(), "python": platform.python_version(),
                  "jax": jax.__version__, "cpu_count": os.cpu_count()},
         "rounds": rounds,
     }
-    first = variants[0][1]
+    _, first_cfg, first = variants[0]
     if hf == "off":
         report["hf_skipped"] = "--hf=off"
     elif not hf_available():
         report["hf_skipped"] = "torch/transformers not importable"
     else:
-        runs.append((None, HFRun(first, compile=hf_compile, attn_implementation=hf_attn),
-                     first.steps))
+        hf_run = HFRun(first_cfg, batch=first.batch, length=first.length, warmup=first.warmup,
+                       seed=first.seed, compile=hf_compile, attn_implementation=hf_attn)
+        runs.append((None, hf_run, first.steps))
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(rounds):
         for i, (_, r, steps) in enumerate(runs):
@@ -648,9 +454,13 @@ def run(
         r["ratio_vs_first_best"] = r["tokens_per_s_best"] / results[0]["tokens_per_s_best"]
     if "hf" in report:
         h = report["hf"]
-        comparable = ("size", "batch", "length", "dtype", "dropout", "attention_dropout")
-        for r, (_, opts) in zip(results, variants):
-            same = all(getattr(opts, k) == getattr(first, k) for k in comparable)
+
+        def seen_by_hf(cfg, o):
+            fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_HF}
+            return fields, o.batch, o.length
+
+        for r, (_, cfg, o) in zip(results, variants):
+            same = seen_by_hf(cfg, o) == seen_by_hf(first_cfg, first)
             r["ratio_vs_hf"] = r["tokens_per_s"] / h["tokens_per_s"] if same else None
             r["ratio_vs_hf_best"] = (
                 r["tokens_per_s_best"] / h["tokens_per_s_best"] if same else None
@@ -661,10 +471,11 @@ def run(
 def _parser() -> argparse.ArgumentParser:
     d = BenchOptions()
     p = argparse.ArgumentParser(
-        prog="python -m xlmeta_jax.bench",
-        description="Time the MLM training step (and Hugging Face's, for reference).",
+        prog="python -m xlmeta_jax.tools.bench",
+        description="Time the MLM training step (and Hugging Face's, for reference). The "
+                    "model: --gin_file=models/<size>.gin and --gin.NAME=VALUE overrides, "
+                    "e.g. --gin.xlmeta_jax.network.get_config.dtype=\"'float32'\".",
     )
-    p.add_argument("--size", default=d.size, choices=SIZES)
     p.add_argument("--batch", type=int, default=d.batch, help="global batch (sequences)")
     p.add_argument("--length", type=int, default=d.length, help="tokens per sequence")
     p.add_argument("--data", type=int, default=d.data, help="mesh 'data' axis size (-1: rest)")
@@ -672,31 +483,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor", type=int, default=d.tensor, help="mesh 'tensor' axis size")
     p.add_argument("--num_devices", type=int, default=d.num_devices,
                    help="use the first N devices (0: all)")
-    p.add_argument("--dtype", default=d.dtype, choices=tuple(_DTYPES),
-                   help="compute dtype; parameters stay fp32")
-    p.add_argument("--scan", default=d.scan, action=argparse.BooleanOptionalAction,
-                   help="stack layers with nn.scan")
-    p.add_argument("--remat", default=d.remat, choices=_REMAT, help="per-layer remat policy")
-    p.add_argument("--attention", default=d.attention, choices=("xla", "cudnn", "auto"))
-    p.add_argument("--dropout", default=d.dropout, action=argparse.BooleanOptionalAction,
-                   help="dropout as in pretraining (--no-dropout: rates 0, for quick CPU runs)")
-    p.add_argument("--attention_dropout", default=d.attention_dropout,
-                   action=argparse.BooleanOptionalAction,
-                   help="dropout on attention probabilities (the cuDNN kernel runs only without)")
     p.add_argument("--full_head", action="store_true",
                    help="LM head over the full vocabulary at every position (comparison)")
     p.add_argument("--rng_impl", default=d.rng_impl, choices=RNG_IMPLS,
                    help="PRNG of the dropout masks")
-    p.add_argument("--dropout_mask_bits", type=int, default=d.dropout_mask_bits,
-                   choices=DROPOUT_MASK_BITS, help="random bits per dropout-mask element")
     p.add_argument("--steps", type=int, default=d.steps, help="timed steps")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps after compile")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--rounds", type=int, default=1,
                    help="timing rounds, interleaved over variants and HF (median reported)")
     p.add_argument("--variants", default="",
-                   help="';'-separated variants of comma-separated key=value overrides, "
-                        "timed in one process (e.g. 'masked;full_head=true;scan=false')")
+                   help="';'-separated variants of comma-separated key=value overrides of "
+                        "EncoderConfig or bench fields, timed in one process "
+                        "(e.g. 'default;full_head=true;scan_layers=false')")
     p.add_argument("--hf", default="auto", choices=("auto", "on", "off"),
                    help="also time HF XLMRobertaForMaskedLM (auto: when importable)")
     p.add_argument("--hf_compile", action="store_true", help="torch.compile the HF model")
@@ -709,18 +508,47 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _gin_cli():
+    try:
+        from xlmeta_jax import gin_cli
+    except ImportError as e:
+        raise ImportError("bench: the command line reads gin/models/*.gin and needs "
+                          "gin-config (pip install gin-config)") from e
+    return gin_cli
+
+
+def model_from_gin(gin_files, bindings, search_paths=()) -> EncoderConfig:
+    """The trainer's model configuration from gin files and bindings.
+
+    Raises:
+      ValueError: when no model file names a size (``network.get_config.size``).
+    """
+    gin_cli = _gin_cli()
+    gin = gin_cli.gin
+    gin.clear_config()
+    gin_cli.apply_gin(gin_files, bindings, search_paths, finalize=False)
+    try:
+        gin.query_parameter("xlmeta_jax.network.get_config.size")
+    except ValueError:
+        raise ValueError("bench: no model size; give a model file, e.g. "
+                         "--gin_file=models/small.gin") from None
+    return gin.get_configurable("xlmeta_jax.network.get_config")()
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Entry point of ``python -m xlmeta_jax.bench``; returns the report dict."""
-    args = _parser().parse_args(argv)
+    """Entry point of ``python -m xlmeta_jax.tools.bench``; returns the report dict."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    flags = _gin_cli().parse_gin_flags(argv)
+    args = _parser().parse_args(flags.remaining)
+    cfg = model_from_gin(flags.gin_files, flags.bindings, flags.search_paths)
     fields = {f.name for f in dataclasses.fields(BenchOptions)}
     base = BenchOptions(**{k: v for k, v in vars(args).items() if k in fields})
-    variants = parse_variants(args.variants, base) if args.variants else [("ours", base)]
+    variants = (parse_variants(args.variants, cfg, base) if args.variants
+                else [("default", cfg, base)])
     report = run(variants, hf=args.hf, hf_compile=args.hf_compile, hf_attn=args.hf_attn,
                  rounds=args.rounds, profile_dir=args.profile_dir,
                  profile_steps=args.profile_steps)
-    report["command"] = "python -m xlmeta_jax.bench " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    report["command"] = "python -m xlmeta_jax.tools.bench " + " ".join(argv)
     print(format_report(report), flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
