@@ -88,6 +88,7 @@ def reference_run(run_gin, tmp_path_factory):
     return model_dir, out.stdout
 
 
+@pytest.mark.slow
 def test_two_phases_log_and_handoff(reference_run):
     model_dir, stdout = reference_run
     # Progress lines name phase, step/total, loss, accuracy, lr, grad norm, tokens/s, ETA.
@@ -117,6 +118,7 @@ def _wait_for(path, proc, timeout=300):
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_after", ["phase1/10", "phase2/5"])
 def test_kill_and_resume_matches_uninterrupted(reference_run, run_gin, tmp_path, kill_after):
     ref_dir, _ = reference_run
@@ -260,6 +262,7 @@ MULTIHOST = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     script = tmp_path / "mh.py"
     script.write_text(MULTIHOST)
@@ -295,3 +298,67 @@ def test_two_processes_match_one(tmp_path):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7,
                                    err_msg=jax.tree_util.keystr(path))
     assert meta_a["metrics"]["loss"] == pytest.approx(meta_b["metrics"]["loss"], rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def phase1_run(tmp_path_factory):
+    """One short phase in this process: its final step directory."""
+    model_dir = tmp_path_factory.mktemp("phase1_only")
+    trainer.train(model_dir=os.fspath(model_dir), model=_tiny(),
+                  phases=[trainer.Phase("phase1", "synthetic", 3, 8, 32)], mesh_shape=(8, 1, 1),
+                  checkpoint_every=3, log_every=3, async_checkpointing=False)
+    return model_dir / "phase1" / "3"
+
+
+def _handoff(step_dir, monkeypatch, **flags):
+    from xlmeta_jax import partitioning
+    from xlmeta_jax import step as step_lib
+    from xlmeta_jax.optimizer import OptimizerConfig
+
+    fns = step_lib.make_step_functions(
+        _tiny(), OptimizerConfig(total_steps=10, warmup_steps=1),
+        partitioning.create_mesh(8, 1, 1))
+    if flags["reset_optimizer"]:
+        # Parameters only: the whole earlier state (with its AdamW moments) is never read.
+        def whole_state(*a, **k):
+            raise AssertionError("restored the earlier phase's whole state")
+
+        monkeypatch.setattr(checkpoints.PhaseCheckpoints, "restore", whole_state)
+    return fns, trainer.handoff_state(fns, step_dir, seed=0, **flags)
+
+
+def _counts(opt_state):
+    return [int(x) for path, x in jax.tree_util.tree_leaves_with_path(opt_state)
+            if trainer._is_count(path)]
+
+
+def _moments(opt_state):
+    return [np.asarray(x) for path, x in jax.tree_util.tree_leaves_with_path(opt_state)
+            if not trainer._is_count(path)]
+
+
+@pytest.mark.parametrize("reset_schedule", [True, False])
+def test_handoff_with_fresh_optimizer_restores_params_only(phase1_run, monkeypatch,
+                                                           reset_schedule):
+    _, state = _handoff(phase1_run, monkeypatch, reset_optimizer=True,
+                        reset_schedule=reset_schedule)
+    _assert_same_params(checkpoints.restore_params(phase1_run), state.params)
+    assert all(not m.any() for m in _moments(state.opt_state))
+    expected = 0 if reset_schedule else 3
+    assert int(state.step) == expected
+    assert set(_counts(state.opt_state)) == {expected}
+
+
+def test_handoff_keeping_optimizer_carries_moments(phase1_run, monkeypatch):
+    fns, state = _handoff(phase1_run, monkeypatch, reset_optimizer=False,
+                          reset_schedule=True)
+    ckpt = checkpoints.PhaseCheckpoints(os.fspath(phase1_run.parent), save_interval_steps=1,
+                                        max_to_keep=None, read_only=True)
+    saved, _ = ckpt.restore(3, fns.abstract_state)
+    ckpt.close()
+    _assert_same_params(saved.params, state.params)
+    for a, b in zip(_moments(saved.opt_state), _moments(state.opt_state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(m.any() for m in _moments(state.opt_state))
+    # A fresh schedule: step and optax's counters restart at 0.
+    assert int(state.step) == 0 and set(_counts(state.opt_state)) == {0}

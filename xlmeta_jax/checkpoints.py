@@ -198,6 +198,31 @@ def read_meta(step_dir) -> dict:
     return json.loads(path.read_text())
 
 
+def restore_items(step_dir, abstract: dict) -> dict:
+    """Reads only some top-level entries of a checkpoint's train state.
+
+    Orbax's partial restore: entries not named in ``abstract`` (e.g. the AdamW
+    moments when only ``params`` are asked for) are never read into memory.
+
+    Args:
+      step_dir: ``.../phaseN/<step>``.
+      abstract: ``{entry: pytree of ShapeDtypeStructs with shardings}``, entries of
+        :class:`xlmeta_jax.step.TrainState` (``params``, ``step``, ``opt_state``).
+
+    Returns:
+      ``{entry: restored pytree}`` placed on the given shardings.
+    """
+    state_dir = epath.Path(absolute(step_dir)) / STATE
+    if not state_dir.exists():
+        raise CheckpointError(f"{step_dir} has no {STATE}/ item: not an xlmeta_jax checkpoint")
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+    return ocp.PyTreeCheckpointer().restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
+                                    partial_restore=True),
+    )
+
+
 def restore_params(step_dir, abstract_params=None):
     """Reads only the parameters of a checkpoint step directory.
 
@@ -206,12 +231,12 @@ def restore_params(step_dir, abstract_params=None):
       abstract_params: optional pytree of ShapeDtypeStructs with shardings to
         restore onto (any mesh); default: arrays on the first device.
     """
-    state_dir = epath.Path(absolute(step_dir)) / STATE
-    if not state_dir.exists():
-        raise CheckpointError(f"{step_dir} has no {STATE}/ item: not an xlmeta_jax checkpoint")
-    ckptr = ocp.PyTreeCheckpointer()
     if abstract_params is None:
-        meta = ckptr.metadata(state_dir)
+        state_dir = epath.Path(absolute(step_dir)) / STATE
+        if not state_dir.exists():
+            raise CheckpointError(
+                f"{step_dir} has no {STATE}/ item: not an xlmeta_jax checkpoint")
+        meta = ocp.PyTreeCheckpointer().metadata(state_dir)
         tree = getattr(meta, "item_metadata", meta)
         tree = getattr(tree, "tree", tree)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -220,16 +245,7 @@ def restore_params(step_dir, abstract_params=None):
             dict(tree)["params"],
             is_leaf=lambda x: hasattr(x, "shape"),
         )
-    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
-    restored = ckptr.restore(
-        state_dir,
-        args=ocp.args.PyTreeRestore(
-            item={"params": abstract_params},
-            restore_args={"params": restore_args},
-            partial_restore=True,
-        ),
-    )
-    return restored["params"]
+    return restore_items(step_dir, {"params": abstract_params})["params"]
 
 
 def configured_phases(model_dir) -> list[str] | None:

@@ -51,12 +51,13 @@ class StepFunctions:
     tx: optax.GradientTransformation
     # Sharding pytree of TrainState (NamedShardings).
     state_sharding: Any
-    # Logical PartitionSpecs of the parameters (for golden tests and conversion).
-    param_logical_specs: Any
     # Abstract TrainState (ShapeDtypeStructs with shardings).
     abstract_state: Any
     # init(rng) -> TrainState (sharded).
     init: Callable
+    # from_params(params) -> TrainState at step 0 with fresh optimizer state; donates
+    # ``params`` (sharded as ``state_sharding.params``), so nothing is held twice.
+    from_params: Callable
     # train_step(state, batch) -> (state, metrics).
     train_step: Callable
     # eval_step(state, batch) -> metrics.
@@ -126,10 +127,12 @@ def make_step_functions(
     tx = make_optimizer(opt_cfg)
     schedule = linear_warmup_linear_decay(opt_cfg)
 
+    def from_params_fn(params):
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
     def init_fn(rng):
         variables = model.init(rng, _dummy_inputs(model_cfg), deterministic=True)
-        params = nn.unbox(variables["params"])
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+        return from_params_fn(nn.unbox(variables["params"]))
 
     logical = param_logical_specs(model)
     param_specs = partitioning.logical_to_mesh_specs(logical, rules)
@@ -160,6 +163,8 @@ def make_step_functions(
         return wrapped
 
     init = jax.jit(_with_rules(init_fn), out_shardings=state_sharding)
+    from_params = jax.jit(from_params_fn, in_shardings=(state_sharding.params,),
+                          out_shardings=state_sharding, donate_argnums=(0,))
     base_key = jax.random.key(seed, impl=rng_impl)
 
     def train_step_fn(state: TrainState, batch):
@@ -205,9 +210,9 @@ def make_step_functions(
         model=model,
         tx=tx,
         state_sharding=state_sharding,
-        param_logical_specs=logical,
         abstract_state=abstract,
         init=init,
+        from_params=from_params,
         train_step=lambda s, b: train_step(s, _select(b, mesh, features)),
         eval_step=lambda s, b: eval_step(s, _select(b, mesh, features)),
         batch_sharding=batch_sharding,

@@ -223,14 +223,56 @@ def _fmt_rate(x: float) -> str:
 # ============================================================================
 
 
-def _combine_states(fresh, previous, *, reset_optimizer: bool, reset_schedule: bool):
-    """Params from ``previous``; optimizer moments and step counters per the flags."""
+def _is_count(path) -> bool:
+    """Whether an optimizer-state leaf is a step counter (optax's ``count``)."""
+    return any(getattr(k, "name", None) == "count" for k in path)
+
+
+def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimizer: bool,
+                  reset_schedule: bool) -> step.TrainState:
+    """The initial state of a phase that starts from an earlier phase's checkpoint.
+
+    Parameters always come from ``step_dir``. With ``reset_optimizer`` only they (and,
+    without ``reset_schedule``, the step) are read, through Orbax's partial restore:
+    the earlier phase's AdamW moments never reach memory, and fresh ones are built
+    around the restored parameters in place. Without ``reset_optimizer`` the whole
+    state is restored and its moments are kept.
+
+    Args:
+      fns: the new phase's step functions (mesh, shardings, optimizer).
+      step_dir: the earlier phase's final step directory.
+      seed: init seed (only used when the earlier state is restored whole).
+      reset_optimizer: start from fresh AdamW moments.
+      reset_schedule: restart the step and the learning-rate schedule at 0.
+    """
+    if reset_optimizer:
+        wanted = {"params": fns.abstract_state.params}
+        if not reset_schedule:
+            wanted["step"] = fns.abstract_state.step
+        restored = checkpoints.restore_items(step_dir, wanted)
+        state = fns.from_params(restored["params"])
+        if reset_schedule:
+            return state
+        # optax's counters advance with the step (both start at 0 in every phase and
+        # move together), so the earlier step is also their value.
+        previous = restored["step"]
+        opt_state = jax.tree_util.tree_map_with_path(
+            lambda path, x: jax.device_put(previous.astype(x.dtype), x.sharding)
+            if _is_count(path) else x,
+            state.opt_state,
+        )
+        return state.replace(step=previous, opt_state=opt_state)
+    fresh = fns.init(jax.random.key(seed))
+    prev = checkpoints.PhaseCheckpoints(os.path.dirname(os.fspath(step_dir)),
+                                        save_interval_steps=1, max_to_keep=None, read_only=True)
+    try:
+        previous, _ = prev.restore(int(os.path.basename(os.fspath(step_dir))),
+                                   fns.abstract_state)
+    finally:
+        prev.close()
 
     def pick(path, f, p):
-        is_count = any(getattr(k, "name", None) == "count" for k in path)
-        if is_count:
-            return f if reset_schedule else p
-        return f if reset_optimizer else p
+        return f if (_is_count(path) and reset_schedule) else p
 
     opt_state = jax.tree_util.tree_map_with_path(pick, fresh.opt_state, previous.opt_state)
     step_value = fresh.step if reset_schedule else previous.step
@@ -320,35 +362,33 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
                  phase_step, phase.num_steps)
     else:
         phase_step = 0
-        state = fns.init(jax.random.key(run.seed))
         if phase.init_from is not None:
             prev = checkpoints.PhaseCheckpoints(
                 os.path.join(run.model_dir, phase.init_from), save_interval_steps=1,
                 max_to_keep=None, read_only=True,
             )
             prev_step = prev.latest_step()
+            prev.close()
             prev_phase = next(p for p in phases if p.name == phase.init_from)
             if prev_step is None or prev_step != prev_phase.num_steps:
                 raise checkpoints.CheckpointError(
                     f"[{phase.name}] init_from={phase.init_from!r}: no final checkpoint "
                     f"(step {prev_phase.num_steps}) in {prev.directory}; latest is {prev_step}"
                 )
-            prev_state, _ = prev.restore(prev_step, fns.abstract_state)
-            prev.close()
-            state = _combine_states(
-                state, prev_state,
-                reset_optimizer=phase.reset_optimizer, reset_schedule=phase.reset_schedule,
-            )
-            step_offset = int(state.step)
             provenance = os.fspath(prev.step_dir(prev_step))
+            state = handoff_state(fns, provenance, run.seed,
+                                  reset_optimizer=phase.reset_optimizer,
+                                  reset_schedule=phase.reset_schedule)
+            step_offset = int(state.step)
             log.info("[%s] initialised from %s (reset_optimizer=%s, reset_schedule=%s)",
                      phase.name, provenance, phase.reset_optimizer, phase.reset_schedule)
         elif index == 0 and run.initial_checkpoint_path:
             params = _initial_params(run.initial_checkpoint_path, model)
-            params = jax.device_put(params, fns.state_sharding.params)
-            state = state.replace(params=params)
+            state = fns.from_params(jax.device_put(params, fns.state_sharding.params))
             provenance = run.initial_checkpoint_path
             log.info("[%s] parameters from %s", phase.name, provenance)
+        else:
+            state = fns.init(jax.random.key(run.seed))
 
     def meta_for(pstep, metrics):
         return {
