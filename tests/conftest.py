@@ -55,3 +55,39 @@ def fast_compiles():
     jax.config.update("jax_disable_most_optimizations", True)
     yield
     jax.config.update("jax_disable_most_optimizations", previous)
+
+
+# ---------------------------------------------------------------------------
+# Toy SentencePiece models and corpora, built once per test session.
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def english_lines(shared_data) -> list[str]:
+    """The first 8000 non-empty lines of tinyshakespeare (shared data's english_pd)."""
+    path = shared_data / "english_pd" / "tinyshakespeare" / "input.txt"
+    return [line for line in path.read_text().splitlines() if line.strip()][:8000]
+
+
+@pytest.fixture(scope="session")
+def english_spm(english_lines, tmp_path_factory) -> str:
+    """A 1000-piece English SentencePiece model with our special ids (pad 0, eos 1, ...)."""
+    from xlmeta_jax.evaluation import tokenization
+
+    prefix = tmp_path_factory.mktemp("english_spm") / "en"
+    return tokenization.train_sentencepiece(english_lines, prefix, 1000)
+
+
+@pytest.fixture(scope="session")
+def toy_cc100(shared_data, tmp_path_factory) -> dict:
+    """The toy CC-100 folder of tests/data_toy.py and its 2000-piece vocabulary.
+
+    Returns ``{"root", "cc_dir", "docs", "vocab"}``; read only (tests write elsewhere).
+    """
+    from data_toy import train_toy_vocabulary, write_cc100_dir
+
+    root = tmp_path_factory.mktemp("toy_cc100")
+    cc_dir = str(root / "cc100")
+    docs = write_cc100_dir(shared_data, cc_dir)
+    vocab = train_toy_vocabulary(cc_dir, str(root / "vocab" / "toy"))
+    return {"root": root, "cc_dir": cc_dir, "docs": docs, "vocab": vocab}

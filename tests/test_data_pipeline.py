@@ -19,8 +19,6 @@ from data_toy import (  # noqa: E402
     TOY_LINES,
     VOCAB_SIZE,
     bind,
-    train_toy_vocabulary,
-    write_cc100_dir,
 )
 
 import tasks  # noqa: E402,F401
@@ -33,12 +31,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def toy(shared_data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("toy")
-    cc_dir = str(root / "cc100")
-    docs = write_cc100_dir(shared_data, cc_dir)
-    vocab = train_toy_vocabulary(cc_dir, str(root / "vocab" / "toy"))
-    yield {"root": root, "cc_dir": cc_dir, "docs": docs, "vocab": vocab}
+def toy(toy_cc100):
+    yield toy_cc100
     gin.clear_config()
 
 

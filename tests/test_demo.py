@@ -9,7 +9,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from xlmeta_jax import checkpoints
+
+pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -7,11 +7,8 @@ from xlmeta_jax.evaluation import features, qa_decoding, readers, scorers, token
 
 
 @pytest.fixture(scope="module")
-def tok(shared_data, tmp_path_factory):
-    path = shared_data / "english_pd" / "tinyshakespeare" / "input.txt"
-    lines = [line for line in path.read_text().splitlines() if line.strip()][:8000]
-    prefix = tmp_path_factory.mktemp("spm") / "en"
-    return tokenization.Tokenizer(tokenization.train_sentencepiece(lines, prefix, 1000))
+def tok(english_spm):
+    return tokenization.Tokenizer(english_spm)
 
 
 def _gold_logits(feats, length):

@@ -14,15 +14,8 @@ from xlmeta_jax.network import XLMRForMaskedLM, get_config
 
 
 @pytest.fixture(scope="module")
-def english_lines(shared_data):
-    path = shared_data / "english_pd" / "tinyshakespeare" / "input.txt"
-    return [line for line in path.read_text().splitlines() if line.strip()][:8000]
-
-
-@pytest.fixture(scope="module")
-def vocab(english_lines, tmp_path_factory):
-    prefix = tmp_path_factory.mktemp("spm") / "en"
-    return tokenization.train_sentencepiece(english_lines, prefix, 1000)
+def vocab(english_spm):
+    return english_spm
 
 
 @pytest.fixture(autouse=True)

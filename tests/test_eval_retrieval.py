@@ -15,10 +15,8 @@ from xlmeta_jax.network import Encoder, get_config
 
 
 @pytest.fixture(scope="module")
-def vocab(shared_data, tmp_path_factory):
-    path = shared_data / "english_pd" / "tinyshakespeare" / "input.txt"
-    lines = [line for line in path.read_text().splitlines() if line.strip()][:8000]
-    return tokenization.train_sentencepiece(lines, tmp_path_factory.mktemp("spm") / "en", 1000)
+def vocab(english_spm):
+    return english_spm
 
 
 def test_mean_pooling_matches_unpadded_encoder_per_layer(vocab):

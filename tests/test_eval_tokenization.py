@@ -6,15 +6,13 @@ from xlmeta_jax.evaluation import tokenization
 
 
 @pytest.fixture(scope="module")
-def english_text(shared_data):
-    path = shared_data / "english_pd" / "tinyshakespeare" / "input.txt"
-    return [line for line in path.read_text().splitlines() if line.strip()][:8000]
+def english_text(english_lines):
+    return english_lines
 
 
 @pytest.fixture(scope="module")
-def our_vocab(english_text, tmp_path_factory):
-    prefix = tmp_path_factory.mktemp("spm") / "en"
-    return tokenization.train_sentencepiece(english_text, prefix, 1000)
+def our_vocab(english_spm):
+    return english_spm
 
 
 def test_our_vocab_special_ids(our_vocab):

@@ -86,26 +86,6 @@ def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True
     return loss, metrics
 
 
-def full_vocab_mlm_loss(module, params, batch):
-    """Reference: LM head over *every* position, loss restricted by ``weights``.
-
-    Used in tests to check the gathered head.
-
-    Args:
-      module: an ``XLMRForMaskedLM``.
-      params: its parameters.
-      batch: a dict with ``inputs``, ``targets`` and ``weights`` ([batch, length]).
-
-    Returns:
-      ``(loss, accuracy)`` over the positions of weight 1 (deterministic, no dropout).
-    """
-    logits = module.apply({"params": params}, batch["inputs"], deterministic=True)
-    loss_sum, weight_sum, correct_sum = weighted_cross_entropy(
-        logits, batch["targets"], batch["weights"]
-    )
-    return loss_sum / jnp.maximum(weight_sum, 1.0), correct_sum / jnp.maximum(weight_sum, 1.0)
-
-
 def mlm_flops_per_token(cfg, length: int, slots: int, *, masked_head: bool = True) -> float:
     """Training FLOPs per input token (forward + backward = 3x forward matmuls).
 
