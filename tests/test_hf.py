@@ -299,9 +299,15 @@ def test_command_line_round_trip(hf_model, hf_state, tmp_path):
         "to_flax", f"--hf_path={tmp_path / 'hf_in'}", f"--output={tmp_path / 'flax'}",
         "--scan_layers",
     ]) == 0
-    assert (tmp_path / "flax" / hf.FLAX_CONFIG_NAME).is_file()
-    cfg, params = hf.load_flax_checkpoint(tmp_path / "flax")
+    # The trainer's own checkpoint format: a phase directory with step 0.
+    from xlmeta_jax import checkpoints
+
+    assert checkpoints.find_step_dir(tmp_path / "flax") == tmp_path / "flax" / "0"
+    cfg, params, vocab = checkpoints.load_pretrained(tmp_path / "flax")
     assert cfg.scan_layers and params["encoder"]["layers"]["wi"]["kernel"].shape[0] == 2
+    assert vocab is None  # the HF directory has no sentencepiece.bpe.model
+    with pytest.raises(hf.ConversionError, match="is not empty"):
+        hf.main(["to_flax", f"--hf_path={tmp_path / 'hf_in'}", f"--output={tmp_path / 'flax'}"])
     assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'flax'}",
                     f"--output={tmp_path / 'hf_out'}"]) == 0
     loaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "hf_out")

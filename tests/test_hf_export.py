@@ -221,10 +221,11 @@ def test_fill_mask_predictions_equal_ours(export, model, vocab):
 def test_to_flax_undoes_the_export(export, model, vocab, tmp_path, texts):
     cfg, params = model
     assert hf.main(["to_flax", f"--hf_path={export}", f"--output={tmp_path / 'flax'}"]) == 0
-    cfg2, params2 = hf.load_flax_checkpoint(tmp_path / "flax")
+    cfg2, params2, vocab2 = checkpoints.load_pretrained(tmp_path / "flax")
     assert cfg2 == cfg
     jax.tree.map(np.testing.assert_array_equal, params2, params)
-    back = spm.SentencePieceProcessor(model_file=str(tmp_path / "flax" / hf.FLAX_VOCAB_NAME))
+    assert vocab2 == str(tmp_path / "flax" / hf.FLAX_VOCAB_NAME)
+    back = spm.SentencePieceProcessor(model_file=vocab2)
     ours = spm.SentencePieceProcessor(model_file=vocab)
     assert [back.id_to_piece(i) for i in range(len(ours))] == [
         ours.id_to_piece(i) for i in range(len(ours))

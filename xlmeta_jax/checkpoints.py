@@ -190,6 +190,39 @@ class PhaseCheckpoints:
         self.manager.close()
 
 
+def save_params(phase_dir, cfg: EncoderConfig, params, *, step: int = 0,
+                vocab_path: str | None = None, initialized_from: str | None = None
+                ) -> epath.Path:
+    """Writes parameters alone as step ``step`` of a phase directory, as the trainer does.
+
+    ``<step>/state`` holds only ``params`` and ``<step>/meta`` the encoder config,
+    vocabulary and provenance, so :func:`load_pretrained`, ``INITIAL_CHECKPOINT_PATH``
+    and fine-tuning read it like a pretraining checkpoint (e.g. ``hf to_flax``).
+
+    Raises:
+      CheckpointError: the step already exists.
+      FloatingPointError: the parameters are not finite.
+    """
+    if not all_finite(params):
+        raise FloatingPointError(f"refusing to write {phase_dir}: parameters are not finite")
+    ckpt = PhaseCheckpoints(os.fspath(phase_dir), save_interval_steps=1, max_to_keep=None,
+                            async_save=False)
+    try:
+        if ckpt.latest_step() is not None:
+            raise CheckpointError(f"{ckpt.directory} already holds checkpoints")
+        meta = {"phase": ckpt.directory.name, "phase_step": step,
+                "model_config": dataclasses.asdict(cfg), "vocab_path": vocab_path,
+                "initialized_from": initialized_from, "metrics": {}}
+        ckpt.manager.save(step, args=ocp.args.Composite(**{
+            STATE: ocp.args.StandardSave({"params": params}),
+            META: ocp.args.JsonSave(meta),
+        }), force=True)
+        ckpt.wait()
+    finally:
+        ckpt.close()
+    return ckpt.step_dir(step)
+
+
 def read_meta(step_dir) -> dict:
     """The JSON metadata item of a step directory (Orbax's JsonCheckpointHandler file)."""
     path = epath.Path(step_dir) / META / "metadata"

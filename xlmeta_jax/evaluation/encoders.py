@@ -3,13 +3,12 @@
 Accepted values:
 
 * a pretraining checkpoint of ``xlmeta_jax.train`` (``MODEL_DIR``, ``MODEL_DIR/phaseN``
-  or a step directory), read with ``xlmeta_jax.checkpoints.load_pretrained``; the
+  or a step directory) or a directory written by ``python -m xlmeta_jax.hf to_flax``
+  (the same format), read with ``xlmeta_jax.checkpoints.load_pretrained``; the
   vocabulary is the one recorded in the checkpoint (or ``vocab_path``);
 * a Hugging Face XLM-R ``save_pretrained`` directory (it holds ``config.json``),
   converted with ``xlmeta_jax.hf.load_hf``; the tokenizer is its
   ``sentencepiece.bpe.model`` with fairseq ids;
-* a directory written by ``python -m xlmeta_jax.hf to_flax`` (``encoder_config.json``,
-  and ``spm.model``, the vocabulary of its ids);
 * ``init:<size>`` (``init:tiny``, ...): a freshly initialised encoder of that size — for
   demos and tests only; needs ``vocab_path``.
 """
@@ -35,7 +34,7 @@ class LoadedEncoder:
     # Encoder params ({"embeddings", "layers_*"}), or None for a fresh init.
     params: Any
     tokenizer: Tokenizer
-    # "pretraining", "hf", "flax" or "init".
+    # "pretraining" (also `hf to_flax` output), "hf" or "init".
     source: str
 
 
@@ -81,17 +80,6 @@ def load_encoder(
                 f"Hugging Face checkpoint {path} has no {HF_SPM_NAME}; pass vocab_path"
             )
         tokenizer, source = Tokenizer(vocab, "fairseq"), "hf"
-    elif (p / "encoder_config.json").is_file():
-        from xlmeta_jax import hf
-
-        cfg, params = hf.load_flax_checkpoint(p)
-        spm_name = hf.FLAX_VOCAB_NAME if (p / hf.FLAX_VOCAB_NAME).is_file() else HF_SPM_NAME
-        vocab = vocab_path or os.fspath(p / spm_name)
-        if not os.path.isfile(vocab):
-            raise FileNotFoundError(
-                f"converted checkpoint {path} has no vocabulary; pass vocab_path"
-            )
-        tokenizer, source = Tokenizer(vocab, _tokenizer_kind(cfg)), "flax"
     else:
         from xlmeta_jax import checkpoints
 
