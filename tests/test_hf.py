@@ -330,7 +330,8 @@ def test_to_hf_exports_a_pretraining_checkpoint(hf_model, hf_state, tmp_path):
     )
     ckpts.save(7, state, None, {"model_config": dataclasses.asdict(cfg)}, force=True)
     ckpts.close()
-    assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'run'}",
+    # The phase directory: MODEL_DIR itself resolves through the run's config.gin.
+    assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'run' / 'phase1'}",
                     f"--output={tmp_path / 'hf_out'}"]) == 0
     loaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "hf_out")
     for key, value in loaded.state_dict().items():

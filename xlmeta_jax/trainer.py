@@ -29,9 +29,10 @@ from xlmeta_jax.tools import hardware
 
 log = logging.getLogger("xlmeta_jax.train")
 
-# gin-visible configuration classes (gin lives only on entry points like this one).
+# gin-visible configuration (gin lives only on entry points like this one). The model is
+# always network.get_config(size, field=...): gin/models/*.gin bind it, and a binding of
+# EncoderConfig itself would be a second, silently ignored way to configure the model.
 gin.external_configurable(network.get_config, name="get_config", module="xlmeta_jax.network")
-gin.external_configurable(network.EncoderConfig, module="xlmeta_jax.network")
 gin.external_configurable(OptimizerConfig, module="xlmeta_jax.optimizer")
 
 SYNTHETIC = "synthetic"
