@@ -1,9 +1,19 @@
-"""seqio Tasks and Mixtures of the project; importing this package registers them.
+"""The seqio Tasks and Mixtures of the project: names and registration.
 
-Names: :mod:`tasks.names` (pretraining) and ``tasks.finetune.NAMES`` (evaluation).
-Corpus locations are gin-configured when a dataset is built (see docs/data.md),
-so importing before parsing gin is fine.
+Importing registers nothing. Once the corpora are known (after gin is parsed, or
+in a notebook), :func:`register` adds the tasks and mixtures through seqio's public
+registries; then ``seqio.get_mixture_or_task('xlmeta_cc100')`` works as anywhere::
+
+  import seqio, tasks
+  tasks.register(vocab_path="/data/spm.model", cc100_dir="/data/cc100",
+                 languages=["en", "sw", "zh-Hans"], alpha=0.3)
+  ds = seqio.get_mixture_or_task("xlmeta_cc100").get_dataset(
+      {"inputs": 512, "targets": 512}, split="train")
+
+Names: :mod:`tasks.names`. Settings: :class:`xlmeta_jax.data.corpora.Corpora`.
 """
 
-# Importing registers the zero-shot evaluation and the pretraining tasks.
-from tasks import finetune, pretraining  # noqa: F401
+from tasks import names
+from tasks.pretraining import language_probabilities, register
+
+__all__ = ["language_probabilities", "names", "register"]

@@ -1,18 +1,18 @@
 """Every seqio Task and Mixture name the project registers, in one place.
 
-Importing this module registers nothing (and imports nothing heavy); import
-``tasks`` to register.
+Importing this module registers nothing and imports nothing heavy;
+:func:`tasks.register` registers them.
 """
 
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, mc4_split_name, task_suffix
 
-# Phase 1: English text files (gin: english_text_corpus.file_patterns).
+# Phase 1: English text files (Corpora.english_files; gin: ENGLISH_FILES).
 ENGLISH_TEXT_TASK = "xlmeta_english_text"
-# Phase 1: English from TFDS, e.g. Wikipedia or C4 (gin: english_tfds_corpus.tfds_name).
+# Phase 1: English from TFDS, e.g. Wikipedia or C4 (Corpora.english_tfds_name).
 ENGLISH_TFDS_TASK = "xlmeta_english_tfds"
-# Phase 2: CC-100, alpha-sampled over cc100_corpus.languages.
+# Phase 2: CC-100, alpha-sampled over Corpora.languages (gin: CC100_DIR, CC100_LANGUAGES).
 CC100_MIXTURE = "xlmeta_cc100"
-# Phase 2 alternative: mC4 through TFDS, alpha-sampled over mc4_corpus.languages.
+# Phase 2 alternative: mC4 through TFDS, alpha-sampled over Corpora.languages.
 MC4_MIXTURE = "xlmeta_mc4"
 
 
@@ -36,3 +36,7 @@ PRETRAINING_NAMES = (
     *CC100_TASKS.values(),
     *MC4_TASKS.values(),
 )
+# The language of every per-language task.
+LANGUAGE_OF_TASK = {
+    task: lang for by_lang in (CC100_TASKS, MC4_TASKS) for lang, task in by_lang.items()
+}

@@ -1,29 +1,35 @@
-"""Registers the MLM pretraining tasks and mixtures (names in :mod:`tasks.names`).
+"""Registers the MLM pretraining tasks and mixtures of a run's corpora (public seqio API).
 
-Every task yields packed, masked blocks in the MLM batch format of
-:mod:`xlmeta_jax.losses` (preprocessing: :mod:`xlmeta_jax.data.preprocessors`);
-call ``get_dataset`` with ``sequence_length={"inputs": L, "targets": L}``.
-Corpus locations come from the gin-configurable functions of
-:mod:`xlmeta_jax.data.corpora`, looked up when a dataset is built; the
-vocabulary from ``get_vocabulary.path`` (gin macro ``VOCAB_PATH``).
+:func:`register` validates the :class:`~xlmeta_jax.data.corpora.Corpora` settings,
+checks every file (counted once, cached next to the data), computes the alpha
+sampling rates and then adds, through ``seqio.TaskRegistry.add`` and
+``seqio.MixtureRegistry.add``, one task per configured corpus and language and one
+mixture per multilingual corpus (names in :mod:`tasks.names`). Every task yields
+packed, masked blocks in the batch format of :mod:`xlmeta_jax.mlm`; call
+``get_dataset`` with ``sequence_length={"inputs": L, "targets": L}``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 
 import seqio
 import tensorflow as tf
 
 from tasks import names
-from xlmeta_jax.data import corpora, mixtures, preprocessors, providers
-from xlmeta_jax.data.languages import XLMR_LANGUAGES, mc4_split_name
-from xlmeta_jax.data.vocabulary import configured_vocabulary
+from xlmeta_jax.data import corpora as corpora_lib
+from xlmeta_jax.data import mixtures, preprocessors, providers, vocabulary
+from xlmeta_jax.data.languages import mc4_split_name
+
+log = logging.getLogger(__name__)
+
+# What the last successful register() call registered: its settings and providers.
+_registered: tuple[corpora_lib.Corpora, dict[str, seqio.Task | seqio.Mixture]] | None = None
 
 
-def mlm_output_features() -> dict[str, seqio.Feature]:
-    """The MLM features every pretraining task yields (one shared vocabulary)."""
-    vocab = configured_vocabulary()
+def _output_features(vocab) -> dict[str, seqio.Feature]:
     # Non-token features still need a vocabulary object in seqio.
     aux = seqio.PassThroughVocabulary(size=0)
     return {
@@ -36,152 +42,207 @@ def mlm_output_features() -> dict[str, seqio.Feature]:
     }
 
 
-def _mlm_preprocessors(task_name: str) -> list:
-    return [
-        preprocessors.tokenize_documents,
-        # Offline caches (xlmeta_jax.data.caching or seqio's cache_tasks_main) hold tokens.
-        seqio.CacheDatasetPlaceholder(),
-        preprocessors.pack_blocks,
-        functools.partial(preprocessors.mlm_mask, salt=preprocessors.task_salt(task_name)),
-    ]
+@dataclasses.dataclass
+class _Plan:
+    """Everything register() adds, built and checked before the registry is touched."""
+
+    corpora: corpora_lib.Corpora
+    output_features: dict
+    tasks: dict = dataclasses.field(default_factory=dict)  # name -> TaskRegistry.add kwargs
+    mixtures: dict = dataclasses.field(default_factory=dict)  # name -> [(task, rate)]
+
+    def add_task(self, name, source, *, shuffle_buffer_size, language=None):
+        steps = [
+            preprocessors.tokenize_documents,
+            # Offline caches (xlmeta_jax.tools.caching or seqio's cache_tasks_main) hold tokens.
+            seqio.CacheDatasetPlaceholder(),
+            preprocessors.pack_blocks,
+            functools.partial(
+                preprocessors.mlm_mask,
+                salt=preprocessors.task_salt(name),
+                masking=self.corpora.masking,
+            ),
+        ]
+        if language is not None:
+            steps.append(functools.partial(preprocessors.add_language, language=language))
+        self.tasks[name] = dict(
+            source=source,
+            output_features=self.output_features,
+            preprocessors=steps,
+            shuffle_buffer_size=int(shuffle_buffer_size),
+        )
+
+    def add_mixture(self, name, task_by_lang, counts, alpha):
+        probs = mixtures.alpha_probabilities(counts, alpha)
+        log.info("%s: alpha=%s sampling probabilities %s", name, alpha,
+                 {k: round(v, 5) for k, v in probs.items()})
+        self.mixtures[name] = [(task_by_lang[lang], q) for lang, q in probs.items()]
 
 
-def _add_task(name: str, source: seqio.DataSource) -> None:
-    if name in seqio.TaskRegistry.names():
+def _english_text(plan: _Plan) -> None:
+    c = plan.corpora
+    splits = {"train": c.english_files, "validation": c.english_validation_files}
+    files_by_split = {}
+    for split, patterns in splits.items():
+        patterns = corpora_lib.as_patterns(patterns)
+        if patterns:
+            files = mixtures.list_text_files(patterns, what=f"english_files ({split})")
+            corpora_lib.checked_files(c, files)
+            files_by_split[split] = providers.TextFiles(tuple(files), int(c.max_line_bytes))
+    if files_by_split:
+        plan.add_task(
+            names.ENGLISH_TEXT_TASK,
+            providers.TextLineDocumentsSource(files_by_split),
+            shuffle_buffer_size=c.shuffle_buffer_size,
+        )
+
+
+def _tfds(c: corpora_lib.Corpora, name: str, splits: dict) -> seqio.TfdsDataSource:
+    return seqio.TfdsDataSource(tfds_name=name, tfds_data_dir=c.tfds_data_dir, splits=splits)
+
+
+def _english_tfds(plan: _Plan) -> None:
+    c = plan.corpora
+    if not c.english_tfds_name:
         return
-    seqio.TaskRegistry.add(
-        name,
-        source=source,
-        output_features=mlm_output_features(),
-        preprocessors=_mlm_preprocessors(name),
-    )
-
-
-# ----------------------------------------------------------------- phase 1: English
-
-
-def _english_text_files(split: str) -> providers.TextFiles:
-    config = corpora.english_text_corpus()
-    patterns = config.file_patterns if split == "train" else config.validation_file_patterns
-    if split not in ("train", "validation"):
-        raise mixtures.CorpusError(f"{names.ENGLISH_TEXT_TASK} has no split {split!r}")
-    if not patterns:
-        binding = "file_patterns" if split == "train" else "validation_file_patterns"
-        macro = "set ENGLISH_FILES or bind" if split == "train" else "bind"
-        raise mixtures.CorpusError(
-            f"no English text files configured for {split!r}: {macro} "
-            f"english_text_corpus.{binding} (gin/data/english_files.gin)"
-        )
-    files = mixtures.list_text_files(patterns, what=f"english_text_corpus ({split})")
-    # Validates every file once (cached): no file without usable text.
-    mixtures.corpus_stats(
-        files, max_line_bytes=config.max_line_bytes, cache_dir=config.stats_cache_dir
-    )
-    return providers.TextFiles(tuple(files), config.max_line_bytes)
-
-
-@functools.lru_cache(maxsize=64)
-def _tfds_source(
-    tfds_name: str, tfds_data_dir: str | None, splits: tuple[tuple[str, str], ...]
-) -> seqio.TfdsDataSource:
-    return seqio.TfdsDataSource(
-        tfds_name=tfds_name, tfds_data_dir=tfds_data_dir, splits=dict(splits)
-    )
-
-
-def _english_tfds() -> tuple[seqio.TfdsDataSource, str]:
-    name, data_dir, feature, splits = corpora.english_tfds_corpus()
-    return _tfds_source(name, data_dir, tuple(sorted(splits.items()))), feature
-
-
-# ----------------------------------------------------------------- phase 2: CC-100, mC4
-
-
-def _cc100_files(lang: str, split: str) -> providers.TextFiles:
-    config = corpora.cc100_corpus()
-    files = corpora.cc100_files(config, lang, split)
-    mixtures.corpus_stats(
-        files, max_line_bytes=config.max_line_bytes, cache_dir=config.stats_cache_dir
-    )
-    return providers.TextFiles(tuple(files), config.max_line_bytes)
-
-
-def _cc100_selection() -> tuple[tuple[str, ...], float]:
-    config = corpora.cc100_corpus()
-    return config.languages, config.alpha
-
-
-def _cc100_counts(languages) -> dict[str, float]:
-    return corpora.cc100_counts(corpora.cc100_corpus(), languages)
-
-
-def _mc4_tfds(lang: str) -> tuple[seqio.TfdsDataSource, str]:
-    config = corpora.mc4_corpus()
-    split = mc4_split_name(lang)
-    if split is None:
-        raise mixtures.CorpusError(f"mC4 has no split for {lang!r}")
-    splits = (("train", split), ("validation", f"{split}-validation"))
-    return _tfds_source(config.tfds_name, config.tfds_data_dir, splits), "text"
-
-
-def _mc4_selection() -> tuple[tuple[str, ...], float]:
-    config = corpora.mc4_corpus()
-    return config.languages, config.alpha
-
-
-def _mc4_counts(languages) -> dict[str, float]:
-    config = corpora.mc4_corpus()
-    if config.counts is not None:
-        return mixtures.given_counts(config.counts, languages, what="mc4_corpus.counts")
-    out = {}
-    for lang in languages:
-        source, _ = _mc4_tfds(lang)
-        try:
-            out[lang] = source.num_input_examples("train")
-        except Exception as e:  # noqa: BLE001 - TFDS raises several kinds here
-            raise mixtures.CorpusError(
-                f"mC4 split {mc4_split_name(lang)!r} (language {lang!r}) is not available in "
-                f"{config.tfds_name} at {config.tfds_data_dir or 'the default TFDS folder'}: {e}"
-            ) from e
-    return out
-
-
-def register() -> None:
-    """Registers every pretraining task and mixture (idempotent)."""
-    _add_task(
-        names.ENGLISH_TEXT_TASK,
-        providers.TextLineDocumentsSource(_english_text_files, splits=("train", "validation")),
-    )
-    _add_task(
+    splits = {"train": c.english_tfds_train_split}
+    if c.english_tfds_validation_split:
+        splits["validation"] = c.english_tfds_validation_split
+    source = _tfds(c, c.english_tfds_name, splits)
+    plan.add_task(
         names.ENGLISH_TFDS_TASK,
-        providers.TfdsDocumentsSource(_english_tfds, splits=("train", "validation")),
+        providers.TfdsDocumentsSource(source, c.english_tfds_text_feature),
+        shuffle_buffer_size=c.shuffle_buffer_size,
     )
-    for lang in XLMR_LANGUAGES:
-        _add_task(
+
+
+def _per_language_buffer(c: corpora_lib.Corpora, languages) -> int:
+    return max(16, int(c.shuffle_buffer_size) // max(1, len(languages)))
+
+
+def _cc100(plan: _Plan) -> None:
+    c = plan.corpora
+    if not c.cc100_dir:
+        return
+    langs = c.cc100_languages()
+    buffer = _per_language_buffer(c, langs)
+    counts = {}
+    for lang in langs:
+        files_by_split = {}
+        for split, folder in (("train", c.cc100_dir), ("validation", c.cc100_validation_dir)):
+            if folder:
+                files = corpora_lib.cc100_files(folder, lang)
+                stats = corpora_lib.checked_files(c, files)
+                if split == "train":
+                    counts[lang] = mixtures.count(stats, c.count_unit)
+                files_by_split[split] = providers.TextFiles(tuple(files), int(c.max_line_bytes))
+        plan.add_task(
             names.cc100_task(lang),
-            providers.TextLineDocumentsSource(
-                functools.partial(_cc100_files, lang), splits=("train", "validation")
-            ),
+            providers.TextLineDocumentsSource(files_by_split),
+            shuffle_buffer_size=buffer,
+            language=lang,
         )
-    for lang, task_name in names.MC4_TASKS.items():
-        _add_task(
-            task_name,
-            providers.TfdsDocumentsSource(
-                functools.partial(_mc4_tfds, lang), splits=("train", "validation")
-            ),
-        )
-    if names.CC100_MIXTURE not in seqio.MixtureRegistry.names():
-        seqio.MixtureRegistry.add_provider(
-            names.CC100_MIXTURE,
-            providers.AlphaMixture(
-                names.CC100_MIXTURE, names.CC100_TASKS, _cc100_selection, _cc100_counts
-            ),
-        )
-    if names.MC4_MIXTURE not in seqio.MixtureRegistry.names():
-        seqio.MixtureRegistry.add_provider(
-            names.MC4_MIXTURE,
-            providers.AlphaMixture(names.MC4_MIXTURE, names.MC4_TASKS, _mc4_selection, _mc4_counts),
-        )
+    if c.cc100_counts is not None:
+        counts = mixtures.given_counts(c.cc100_counts, langs, what="cc100_counts")
+    plan.add_mixture(names.CC100_MIXTURE, names.CC100_TASKS, counts, c.alpha)
 
 
-register()
+def _mc4(plan: _Plan) -> None:
+    c = plan.corpora
+    if not c.mc4_tfds_name:
+        return
+    langs = c.mc4_languages()
+    buffer = _per_language_buffer(c, langs)
+    counts = {}
+    for lang in langs:
+        split = mc4_split_name(lang)
+        source = _tfds(c, c.mc4_tfds_name, {"train": split, "validation": f"{split}-validation"})
+        if c.mc4_counts is None:
+            try:
+                counts[lang] = source.num_input_examples("train")
+            except Exception as e:  # noqa: BLE001 - TFDS raises several kinds here
+                raise mixtures.CorpusError(
+                    f"mC4 split {split!r} (language {lang!r}) is not available in "
+                    f"{c.mc4_tfds_name} at {c.tfds_data_dir or 'the default TFDS folder'}: {e}"
+                ) from e
+        plan.add_task(
+            names.mc4_task(lang),
+            providers.TfdsDocumentsSource(source, "text"),
+            shuffle_buffer_size=buffer,
+            language=lang,
+        )
+    if c.mc4_counts is not None:
+        counts = mixtures.given_counts(c.mc4_counts, langs, what="mc4_counts")
+    plan.add_mixture(names.MC4_MIXTURE, names.MC4_TASKS, counts, c.alpha)
+
+
+def _still_registered(providers_by_name) -> bool:
+    for name, provider in providers_by_name.items():
+        registry = seqio.TaskRegistry if isinstance(provider, seqio.Task) else seqio.MixtureRegistry
+        if name not in registry.names() or registry.get(name) is not provider:
+            return False
+    return True
+
+
+def register(
+    corpora: corpora_lib.Corpora | None = None, /, **settings
+) -> tuple[str, ...]:
+    """Registers the seqio tasks and mixtures of the configured corpora; returns their names.
+
+    Call it once the configuration is known (the trainer calls it after parsing
+    gin); then ``seqio.get_mixture_or_task(name)`` serves the data, as from t5x or
+    a notebook. Only configured corpora are registered: English text files
+    (``xlmeta_english_text``), English TFDS (``xlmeta_english_tfds``), CC-100
+    (``xlmeta_cc100_{lang}`` and the mixture ``xlmeta_cc100``), mC4 (``xlmeta_mc4_*``).
+    Mixture rates are the alpha-sampling probabilities ``q_l ∝ n_l^alpha``, from the
+    given or counted (cached) n_l.
+
+    Calling it again with the same settings does nothing; with other settings it
+    replaces every registration of the previous call (``TaskRegistry.remove`` /
+    ``MixtureRegistry.remove``). Nothing is changed when the settings are invalid.
+
+    Args:
+      corpora: the settings (:class:`xlmeta_jax.data.corpora.Corpora`); default: none.
+      **settings: fields of ``Corpora`` (override those of ``corpora``), e.g.
+        ``vocab_path=..., english_files=[...], cc100_dir=..., languages=[...], alpha=0.3``.
+
+    Returns:
+      The registered task and mixture names.
+
+    Raises:
+      VocabularyError: no or a bad vocabulary.
+      CorpusError: missing or unreadable files, bad languages or alpha.
+    """
+    global _registered
+    base = corpora if corpora is not None else corpora_lib.Corpora()
+    try:
+        c = dataclasses.replace(base, **settings)
+    except TypeError as e:
+        raise TypeError(f"tasks.register: {e} (see xlmeta_jax.data.corpora.Corpora)") from None
+    if _registered is not None and _registered[0] == c and _still_registered(_registered[1]):
+        return tuple(_registered[1])
+    # Cheap checks first, then the files; the registry is touched only at the end.
+    c.check()
+    plan = _Plan(c, _output_features(vocabulary.load_vocabulary(c.vocab_path)))
+    for add in (_english_text, _english_tfds, _cc100, _mc4):
+        add(plan)
+    previous = dict(_registered[1]) if _registered is not None else {}
+    for name in set(previous) | set(plan.tasks) | set(plan.mixtures):
+        seqio.MixtureRegistry.remove(name)
+        seqio.TaskRegistry.remove(name)
+    added: dict[str, seqio.Task | seqio.Mixture] = {}
+    for name, kwargs in plan.tasks.items():
+        added[name] = seqio.TaskRegistry.add(name, **kwargs)
+    for name, tasks_and_rates in plan.mixtures.items():
+        added[name] = seqio.MixtureRegistry.add(name, tasks_and_rates)
+    _registered = (c, added)
+    if not added:
+        log.info("tasks.register: no corpus configured, nothing registered")
+    return tuple(added)
+
+
+def language_probabilities(mixture_name: str) -> dict[str, float]:
+    """q_l per language of a registered language mixture, from its seqio rates."""
+    mixture = seqio.get_mixture_or_task(mixture_name)
+    total = mixture.total_rate
+    return {names.LANGUAGE_OF_TASK[t.name]: mixture.get_rate(t) / total for t in mixture.tasks}

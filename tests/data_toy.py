@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-import gin
-
 # Languages of several scripts (ja and th are written without spaces).
 TOY_LANGUAGES = ("en", "de", "ru", "ar", "hi", "sw", "vi", "th", "ja", "af")
 # n_l in paragraphs: different per language (ja has 412 in the source).
@@ -53,10 +51,3 @@ def train_toy_vocabulary(
         num_threads=2,
         print_report=False,
     )
-
-
-def bind(**bindings) -> None:
-    """Clears gin and binds ``name=value`` pairs (``.`` written as ``__``)."""
-    gin.clear_config()
-    for key, value in bindings.items():
-        gin.bind_parameter(key.replace("__", "."), value)

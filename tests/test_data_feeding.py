@@ -3,26 +3,19 @@ dynamic masking, the offline cache, phase-1 English and the throughput command."
 
 import os
 
-import gin
 import jax
 import numpy as np
 import pytest
 
 seqio = pytest.importorskip("seqio")
 import tensorflow as tf  # noqa: E402
-from data_toy import bind, train_toy_vocabulary, write_cc100_dir  # noqa: E402
+from data_toy import train_toy_vocabulary, write_cc100_dir  # noqa: E402
 
-import tasks  # noqa: E402,F401
+import tasks  # noqa: E402
 from tasks import names  # noqa: E402
-from xlmeta_jax import losses, partitioning  # noqa: E402
-from xlmeta_jax.data import (  # noqa: E402
-    caching,
-    english_pd,
-    feeding,
-    mixtures,
-    throughput,
-    vocabulary,
-)
+from xlmeta_jax import losses, mlm, partitioning  # noqa: E402
+from xlmeta_jax.data import english_pd, feeding, mixtures, vocabulary  # noqa: E402
+from xlmeta_jax.tools import caching, throughput  # noqa: E402
 
 LANGUAGES = ("en", "de", "sw")
 VOCAB = 1000
@@ -38,8 +31,7 @@ def toy(shared_data, tmp_path_factory):
     vocab = train_toy_vocabulary(
         cc_dir, str(root / "vocab" / "toy"), languages=LANGUAGES, vocab_size=VOCAB
     )
-    yield {"root": root, "cc_dir": cc_dir, "docs": docs, "vocab": vocab}
-    gin.clear_config()
+    return {"root": root, "cc_dir": cc_dir, "docs": docs, "vocab": vocab}
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +39,10 @@ def mesh():
     return partitioning.create_mesh(data=4, fsdp=2, tensor=1)
 
 
-def _bind(toy, **extra):
-    bindings = {
-        "get_vocabulary__path": toy["vocab"],
-        "cc100_corpus__data_dir": toy["cc_dir"],
-        "cc100_corpus__languages": list(LANGUAGES),
-    }
-    bind(**{**bindings, **extra})
+def _register(toy, **extra):
+    settings = {"vocab_path": toy["vocab"], "cc100_dir": toy["cc_dir"],
+                "languages": list(LANGUAGES), "shuffle_buffer_size": 64}
+    return tasks.register(**{**settings, **extra})
 
 
 def _host(batch):
@@ -67,7 +56,7 @@ def _iterator(mesh, name=names.CC100_MIXTURE, seed=1, **kw):
         global_batch_size=kw.pop("global_batch_size", BATCH),
         mesh=mesh,
         seed=seed,
-        **{"shuffle_buffer_size": 64, **kw},
+        **{"features": mlm.FEATURES, **kw},
     )
 
 
@@ -80,7 +69,7 @@ def _assert_equal_batches(a, b):
 
 
 def test_global_arrays_exact_resume_and_determinism(toy, mesh, tmp_path):
-    _bind(toy, cc100_corpus__languages=["en", "sw"])
+    _register(toy, languages=["en", "sw"])
     it = _iterator(mesh)
     spec = it.element_spec
     slots = losses.max_predictions_for_length(LENGTH)
@@ -88,7 +77,7 @@ def test_global_arrays_exact_resume_and_determinism(toy, mesh, tmp_path):
     assert spec["weights"].dtype == np.float32
     assert spec["mlm_positions"].shape == (BATCH, slots)
     first = next(it)
-    assert set(first) == set(feeding.MLM_FEATURES)
+    assert set(first) == set(mlm.FEATURES)
     for name, array in first.items():
         assert isinstance(array, jax.Array)
         assert array.shape == spec[name].shape
@@ -133,7 +122,7 @@ def test_masks_differ_each_epoch_and_repeat_for_a_seed(toy, mesh, tmp_path):
     folder = tmp_path / "one"
     folder.mkdir()
     (folder / "en.txt").write_text("\n".join(lines[:k]) + "\n", encoding="utf-8")
-    _bind(toy, cc100_corpus__data_dir=str(folder), cc100_corpus__languages=["en"])
+    _register(toy, cc100_dir=str(folder), languages=["en"])
 
     def blocks(seed):
         it = _iterator(
@@ -156,7 +145,7 @@ def test_masks_differ_each_epoch_and_repeat_for_a_seed(toy, mesh, tmp_path):
 
 
 def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path):
-    _bind(toy)
+    _register(toy)
     task = names.cc100_task("de")
     cache_dir = str(tmp_path / "cache")
     out = caching.cache_task(task, cache_dir, num_shards=1)
@@ -178,13 +167,10 @@ def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):
     }  # fmt: skip
     stats = mixtures.corpus_stats(files)
     assert sum(s.documents for s in stats) > 300
-    bind(get_vocabulary__path=toy["vocab"])
-    with pytest.raises(mixtures.CorpusError, match="english_text_corpus.file_patterns"):
+    tasks.register(vocab_path=toy["vocab"])
+    with pytest.raises(mixtures.CorpusError, match="english_files"):
         _iterator(mesh, names.ENGLISH_TEXT_TASK)
-    bind(
-        get_vocabulary__path=toy["vocab"],
-        english_text_corpus__file_patterns=[str(tmp_path / "en" / "*.txt")],
-    )
+    tasks.register(vocab_path=toy["vocab"], english_files=[str(tmp_path / "en" / "*.txt")])
     it = _iterator(mesh, names.ENGLISH_TEXT_TASK, sequence_length=128)
     batch = _host(next(it))
     assert np.all(batch["targets"][:, 0] == vocabulary.BOS_ID)
@@ -195,7 +181,7 @@ def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):
 
 
 def test_batch_and_task_errors(toy, mesh):
-    _bind(toy)
+    _register(toy)
     with pytest.raises(ValueError, match="not divisible by the batch shards"):
         _iterator(mesh, global_batch_size=12)
     with pytest.raises(ValueError, match="xlmeta_cc100_de"):

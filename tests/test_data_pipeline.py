@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import gin
 import numpy as np
 import pytest
 
@@ -18,12 +17,11 @@ from data_toy import (  # noqa: E402
     TOY_LANGUAGES,
     TOY_LINES,
     VOCAB_SIZE,
-    bind,
 )
 
-import tasks  # noqa: E402,F401
+import tasks  # noqa: E402
 from tasks import names  # noqa: E402
-from xlmeta_jax import losses  # noqa: E402
+from xlmeta_jax import losses, mlm  # noqa: E402
 from xlmeta_jax.data import mixtures, providers, vocabulary  # noqa: E402
 from xlmeta_jax.data.languages import UnknownLanguageError  # noqa: E402
 
@@ -32,17 +30,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def toy(toy_cc100):
-    yield toy_cc100
-    gin.clear_config()
+    return toy_cc100
 
 
-def _bind_toy(toy, **extra):
-    bindings = {
-        "get_vocabulary__path": toy["vocab"],
-        "cc100_corpus__data_dir": toy["cc_dir"],
-        "cc100_corpus__languages": list(TOY_LANGUAGES),
-    }
-    bind(**{**bindings, **extra})
+def _register_toy(toy, **extra):
+    settings = {"vocab_path": toy["vocab"], "cc100_dir": toy["cc_dir"],
+                "languages": list(TOY_LANGUAGES)}
+    return tasks.register(**{**settings, **extra})
 
 
 def _take(ds, n):
@@ -65,10 +59,8 @@ def test_vocabulary_special_ids_and_fertility_report(toy):
     # Raw text cannot produce the control symbols.
     assert vocabulary.MASK_ID not in vocab.encode("a <mask> b <s> c")
     assert vocabulary.BOS_ID not in vocab.encode("a <mask> b <s> c")
-    # get_vocabulary (gin) checks the convention and returns the same model.
-    gin.clear_config()
-    gin.bind_parameter("get_vocabulary.path", toy["vocab"])
-    assert vocabulary.get_vocabulary().encode(text) == ids
+    # load_vocabulary checks the convention and returns the same model.
+    assert vocabulary.load_vocabulary(toy["vocab"]).encode(text) == ids
     report = open(toy["vocab"].replace(".model", ".fertility.tsv"), encoding="utf-8").read()
     rows = [line.split("\t") for line in report.strip().splitlines()]
     assert rows[0][:5] == ["lang", "name", "q", "sample_lines", "tokens/word"]
@@ -123,16 +115,12 @@ def test_vocabulary_with_other_special_ids_is_rejected(tmp_path):
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(tmp_path / "m"), vocab_size=40, minloglevel=2
     )
-    gin.clear_config()
-    gin.bind_parameter("get_vocabulary.path", str(tmp_path / "m.model"))
     with pytest.raises(vocabulary.VocabularyError, match="pad id is -1, expected 0"):
-        vocabulary.get_vocabulary()
-    gin.bind_parameter("get_vocabulary.path", str(tmp_path / "missing.model"))
+        vocabulary.load_vocabulary(str(tmp_path / "m.model"))
     with pytest.raises(vocabulary.VocabularyError, match="does not exist"):
-        vocabulary.get_vocabulary()
-    gin.clear_config()
+        vocabulary.load_vocabulary(str(tmp_path / "missing.model"))
     with pytest.raises(vocabulary.VocabularyError, match="VOCAB_PATH"):
-        vocabulary.get_vocabulary()
+        vocabulary.load_vocabulary(None)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -150,7 +138,7 @@ def test_reader_agrees_with_counting_pass(tmp_path, monkeypatch, lines_per_eleme
         + b"last doc, no newline"
     )  # fmt: skip
     source = providers.TextLineDocumentsSource(
-        lambda split: providers.TextFiles((str(path),), max_line_bytes=1000)
+        {"train": providers.TextFiles((str(path),), max_line_bytes=1000)}
     )
     got = [
         (text.decode(), bool(end))
@@ -175,7 +163,7 @@ def test_reader_agrees_with_counting_pass(tmp_path, monkeypatch, lines_per_eleme
 def test_documents_are_sharded_whole(toy):
     """Fewer files than processes: every process gets whole, disjoint documents."""
     path = os.path.join(toy["cc_dir"], "de.txt")
-    source = providers.TextLineDocumentsSource(lambda split: providers.TextFiles((path,)))
+    source = providers.TextLineDocumentsSource({"train": providers.TextFiles((path,))})
 
     def documents(shard_info):
         docs, current = [], []
@@ -200,7 +188,7 @@ def test_documents_are_sharded_whole(toy):
 
 
 def test_packing_is_lossless_full_length_and_starts_with_bos(toy):
-    _bind_toy(toy)
+    _register_toy(toy)
     length = 48
     task = seqio.get_mixture_or_task(names.cc100_task("de"))
     blocks = _take(
@@ -241,7 +229,7 @@ def mixed_blocks(toy):
     """Blocks drawn from the toy mixture at alpha = 0.3 (10 languages) and 1 (5)."""
     out = {}
     for alpha, langs in ((0.3, TOY_LANGUAGES), (1.0, ALPHA_ONE_LANGUAGES)):
-        _bind_toy(toy, cc100_corpus__alpha=alpha, cc100_corpus__languages=list(langs))
+        _register_toy(toy, alpha=alpha, languages=list(langs))
         mix = seqio.get_mixture_or_task(names.CC100_MIXTURE)
         ds = mix.get_dataset(
             {"inputs": MIX_LENGTH, "targets": MIX_LENGTH},
@@ -250,7 +238,8 @@ def mixed_blocks(toy):
             num_epochs=None,
             passthrough_features=["language"],
         )
-        out[alpha] = (langs, mix.probabilities(), _take(ds, MIX_BLOCKS[alpha]))
+        probabilities = tasks.language_probabilities(names.CC100_MIXTURE)
+        out[alpha] = (langs, probabilities, _take(ds, MIX_BLOCKS[alpha]))
     return out
 
 
@@ -327,15 +316,94 @@ def test_masking_statistics(mixed_blocks):
     assert kept / selected == pytest.approx(0.1, abs=0.012)
 
 
+def test_masking_rate_sets_the_prediction_slots(toy):
+    """Raising the rate raises the slots with it: no block's selection is capped."""
+    rate, length = 0.4, 48
+    _register_toy(toy, languages=["de"], masking=mlm.Masking(rate=rate))
+    task = seqio.get_mixture_or_task(names.cc100_task("de"))
+    blocks = _take(
+        task.get_dataset({"inputs": length, "targets": length}, shuffle=False, seed=3), 300
+    )
+    slots = mlm.max_predictions(length, rate)
+    assert slots == 21 and slots > mlm.max_predictions(length, 0.15)
+    selected = candidates = 0
+    for ex in blocks:
+        assert ex["mlm_positions"].shape == (slots,)
+        n = int((ex["targets"] >= vocabulary.NUM_SPECIAL_TOKENS).sum())
+        k = int(ex["mlm_weights"].sum())
+        assert k - int(np.floor(rate * n)) in (0, 1)
+        assert k == int(ex["weights"].sum())
+        selected, candidates = selected + k, candidates + n
+    assert selected / candidates == pytest.approx(rate, abs=0.01)
+
+
 def test_counts_are_cached_next_to_the_data(toy):
-    _bind_toy(toy)
-    mix = seqio.get_mixture_or_task(names.CC100_MIXTURE)
-    mix.probabilities()
+    _register_toy(toy)
     assert os.path.exists(os.path.join(toy["cc_dir"], "xlmeta_corpus_stats.json"))
     # Given counts replace counting.
-    _bind_toy(toy, cc100_corpus__languages=["en", "de"], cc100_corpus__counts={"en": 8, "de": 1})
-    q = seqio.get_mixture_or_task(names.CC100_MIXTURE).probabilities()
+    _register_toy(toy, languages=["en", "de"], cc100_counts={"en": 8, "de": 1})
+    q = tasks.language_probabilities(names.CC100_MIXTURE)
     assert q["en"] / q["de"] == pytest.approx(8**0.3)
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def test_register_then_seqio_serves_it_and_other_settings_replace_it(toy):
+    registered = _register_toy(toy, languages=["en", "de"])
+    en, de, sw = (names.cc100_task(lang) for lang in ("en", "de", "sw"))
+    assert set(registered) == {names.CC100_MIXTURE, en, de}
+    mix = seqio.get_mixture_or_task(names.CC100_MIXTURE)
+    assert isinstance(mix, seqio.Mixture) and {t.name for t in mix.tasks} == {en, de}
+    # Plain seqio rates: q_l = n_l^0.3 / sum_k n_k^0.3.
+    z = TOY_LINES["en"] ** 0.3 + TOY_LINES["de"] ** 0.3
+    assert mix.get_rate(seqio.get_mixture_or_task(en)) == pytest.approx(TOY_LINES["en"] ** 0.3 / z)
+    # The same settings again (a notebook cell run twice): the same registrations.
+    assert _register_toy(toy, languages=["en", "de"]) == registered
+    assert seqio.get_mixture_or_task(names.CC100_MIXTURE) is mix
+    # Other settings replace every registration of the previous call.
+    _register_toy(toy, languages=["sw"], alpha=1.0)
+    assert en not in seqio.TaskRegistry.names() and de not in seqio.TaskRegistry.names()
+    assert tasks.language_probabilities(names.CC100_MIXTURE) == {"sw": 1.0}
+    (block,) = _take(
+        seqio.get_mixture_or_task(names.CC100_MIXTURE).get_dataset(
+            {"inputs": 32, "targets": 32}, shuffle=False, seed=0
+        ),
+        1,
+    )
+    assert block["targets"][0] == vocabulary.BOS_ID
+    # Invalid settings change nothing.
+    with pytest.raises(mixtures.CorpusError, match="alpha"):
+        _register_toy(toy, languages=["en"], alpha=2.0)
+    assert tasks.language_probabilities(names.CC100_MIXTURE) == {"sw": 1.0}
+    assert sw in seqio.TaskRegistry.names() and en not in seqio.TaskRegistry.names()
+
+
+def test_gin_corpus_settings_register_the_named_mixture(toy):
+    """What gin files (ours and t5x's) do: bind Corpora, then @registered()."""
+    import gin
+
+    from xlmeta_jax import corpus, gin_cli
+
+    gin.clear_config(clear_constants=True)
+    try:
+        gin_cli.apply_gin(
+            ["data/cc100.gin"],
+            [f"VOCAB_PATH = '{toy['vocab']}'", f"CC100_DIR = '{toy['cc_dir']}'",
+             "CC100_LANGUAGES = ['en', 'ja']", "ALPHA = 1.0",
+             "xlmeta_jax.mlm.Masking.rate = 0.25",
+             "xlmeta_jax.corpus.Corpora.masking = @xlmeta_jax.mlm.Masking()",
+             "xlmeta_jax.corpus.registered.name = 'xlmeta_cc100'"],
+            finalize=False,
+        )
+        assert corpus.registered() == names.CC100_MIXTURE
+        assert corpus.Corpora().masking.rate == 0.25
+        q = tasks.language_probabilities(names.CC100_MIXTURE)
+        assert q == pytest.approx({"en": 600 / 650, "ja": 50 / 650})
+        with pytest.raises(mixtures.CorpusError, match="set ENGLISH_FILES"):
+            corpus.registered(names.ENGLISH_TEXT_TASK)
+    finally:
+        gin.clear_config(clear_constants=True)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -349,18 +417,18 @@ def _mixture_dataset():
 @pytest.mark.parametrize(
     "extra, error, message",
     [
-        ({"cc100_corpus__languages": ["en", "xx"]}, UnknownLanguageError, "'xx' is not one"),
-        ({"cc100_corpus__languages": ["en", "zu"]}, UnknownLanguageError, "'zu' is not one"),
-        ({"cc100_corpus__languages": ["en", "fr"]}, mixtures.CorpusError, "fr.txt"),
-        ({"cc100_corpus__alpha": 0.0}, mixtures.CorpusError, r"alpha must be in \(0, 1\]"),
-        ({"cc100_corpus__alpha": 1.5}, mixtures.CorpusError, r"alpha must be in \(0, 1\]"),
-        ({"cc100_corpus__data_dir": "/nonexistent/cc100"}, mixtures.CorpusError, "no file"),
-        ({"cc100_corpus__count_unit": "words"}, mixtures.CorpusError, "count_unit"),
+        ({"languages": ["en", "xx"]}, UnknownLanguageError, "'xx' is not one"),
+        ({"languages": ["en", "zu"]}, UnknownLanguageError, "'zu' is not one"),
+        ({"languages": ["en", "fr"]}, mixtures.CorpusError, "fr.txt"),
+        ({"alpha": 0.0}, mixtures.CorpusError, r"alpha must be in \(0, 1\]"),
+        ({"alpha": 1.5}, mixtures.CorpusError, r"alpha must be in \(0, 1\]"),
+        ({"cc100_dir": "/nonexistent/cc100"}, mixtures.CorpusError, "no file"),
+        ({"count_unit": "words"}, mixtures.CorpusError, "count_unit"),
     ],
 )
 def test_bad_mixture_configuration_fails_before_reading(toy, extra, error, message):
-    _bind_toy(toy, **extra)
     with pytest.raises(error, match=message):
+        _register_toy(toy, **extra)
         _mixture_dataset()
 
 
@@ -370,17 +438,17 @@ def test_bad_files_fail_with_the_file_named(toy, tmp_path):
     (bad / "en.txt").write_bytes(b"")
     (bad / "de.txt.xz").write_bytes(b"\xfd7zXZ\x00")
     (bad / "ru.txt").write_bytes(b"\xff\xfe\n\n\xc3\n")
-    _bind_toy(toy, cc100_corpus__data_dir=str(bad), cc100_corpus__languages=["en"])
     with pytest.raises(mixtures.CorpusError, match="en.txt is empty"):
+        _register_toy(toy, cc100_dir=str(bad), languages=["en"])
         _mixture_dataset()
-    _bind_toy(toy, cc100_corpus__data_dir=str(bad), cc100_corpus__languages=["de"])
     with pytest.raises(mixtures.CorpusError, match="xz -d de.txt.xz"):
+        _register_toy(toy, cc100_dir=str(bad), languages=["de"])
         _mixture_dataset()
-    _bind_toy(toy, cc100_corpus__data_dir=str(bad), cc100_corpus__languages=["ru"])
     with pytest.raises(mixtures.CorpusError, match="ru.txt has no usable text: 2 lines are not"):
+        _register_toy(toy, cc100_dir=str(bad), languages=["ru"])
         _mixture_dataset()
-    bind(cc100_corpus__data_dir=toy["cc_dir"])
     with pytest.raises(vocabulary.VocabularyError, match="no vocabulary configured"):
+        tasks.register(cc100_dir=toy["cc_dir"])
         _mixture_dataset()
 
 
@@ -397,9 +465,9 @@ def test_undecodable_and_enormous_lines_are_skipped_and_counted(toy, tmp_path, c
                 f.write(b"enormous " * 400_000 + b"\n")  # 3.6 MB in one line
             if i % 5 == 4:
                 f.write(b"\n")
-    _bind_toy(toy, cc100_corpus__data_dir=str(data), cc100_corpus__languages=["sw"])
     with caplog.at_level("WARNING"):
-        q = seqio.get_mixture_or_task(names.CC100_MIXTURE).probabilities()
+        _register_toy(toy, cc100_dir=str(data), languages=["sw"])
+        q = tasks.language_probabilities(names.CC100_MIXTURE)
     assert q == {"sw": 1.0}
     assert "skipping 1 lines that are not valid UTF-8 and 1 lines longer than" in caplog.text
     (stats,) = mixtures.corpus_stats([str(data / "sw.txt")])
@@ -420,27 +488,23 @@ def test_tfds_english_and_mc4_tasks(toy):
     """The TFDS-backed tasks (data mocked by tfds.testing: nothing is downloaded)."""
     import tensorflow_datasets as tfds
 
-    _bind_toy(
-        toy,
-        english_tfds_corpus__tfds_name="c4/en:3.1.0",
-        mc4_corpus__languages=["en", "sw", "he"],
-    )
+    mc4 = dict(mc4_tfds_name="c4/multilingual:3.1.0", languages=["en", "sw", "he"])
     with tfds.testing.mock_data(num_examples=20):
+        _register_toy(toy, cc100_dir=None, english_tfds_name="c4/en:3.1.0")
         task = seqio.get_mixture_or_task(names.ENGLISH_TFDS_TASK)
         (block,) = _take(task.get_dataset({"inputs": 32, "targets": 32}, shuffle=False), 1)
         assert block["targets"][0] == vocabulary.BOS_ID
         assert block["mlm_weights"].sum() >= 1
-        mix = seqio.get_mixture_or_task(names.MC4_MIXTURE)
         # mC4 counts come from the TFDS metadata, which mocked data lacks: a clear error.
         with pytest.raises(mixtures.CorpusError, match="mC4 split 'en' .* not available"):
-            mix.probabilities()
-        gin.bind_parameter("mc4_corpus.counts", {"en": 1000, "sw": 10, "he": 100})
+            _register_toy(toy, cc100_dir=None, **mc4)
+        _register_toy(toy, cc100_dir=None, mc4_counts={"en": 1000, "sw": 10, "he": 100}, **mc4)
+        mix = seqio.get_mixture_or_task(names.MC4_MIXTURE)
         ds = mix.get_dataset(
             {"inputs": 32, "targets": 32}, shuffle=False, seed=0,
             passthrough_features=["language"],
         )  # fmt: skip
         langs = {ex["language"].decode() for ex in ds.take(60).as_numpy_iterator()}
         assert langs == {"en", "sw", "he"}
-    _bind_toy(toy, mc4_corpus__languages=["en", "ur_rom"])
     with pytest.raises(mixtures.CorpusError, match="mC4 has no split for"):
-        seqio.get_mixture_or_task(names.MC4_MIXTURE).probabilities()
+        _register_toy(toy, cc100_dir=None, **{**mc4, "languages": ["en", "ur_rom"]})

@@ -77,12 +77,8 @@ def main(argv: Sequence[str]) -> dict:
         raise trainer.ConfigError(f"unknown arguments: {rest}")
     if not flags.gin_files:
         raise trainer.ConfigError("give at least one --gin_file (e.g. --gin_file=gin/demo.gin)")
-    try:
-        # Registers the input pipeline's gin configurables before the config is locked;
-        # hosts without TensorFlow can still train on the synthetic stream.
-        import xlmeta_jax.data.feeding  # noqa: F401
-    except ImportError as e:
-        log.warning("input pipeline unavailable (%s); only task='synthetic' can run", e)
+    # The input pipeline's gin configurables (xlmeta_jax.corpus) come with the trainer and
+    # need no TensorFlow; hosts without it can still train on the synthetic stream.
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
     return trainer.train()
 

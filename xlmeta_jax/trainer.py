@@ -23,7 +23,7 @@ from typing import Any
 import gin
 import jax
 
-from xlmeta_jax import checkpoints, gin_cli, losses, network, partitioning, step
+from xlmeta_jax import checkpoints, corpus, gin_cli, losses, network, partitioning, step
 from xlmeta_jax.optimizer import OptimizerConfig
 from xlmeta_jax.tools import hardware
 
@@ -165,10 +165,10 @@ def _make_iterator(phase: Phase, model: network.EncoderConfig, mesh, seed: int):
             seed=seed,
             vocab_size=model.vocab_size,
         )
-    # Imported lazily: the data pipeline needs TensorFlow and seqio.
-    from xlmeta_jax.data import feeding
-
-    return feeding.make_mlm_iterator(
+    # Registers the gin-configured corpora (tasks.register; TensorFlow and seqio are
+    # imported only here), then reads the phase's task or mixture.
+    corpus.registered(phase.task)
+    return corpus.make_mlm_iterator(
         phase.task,
         sequence_length=phase.sequence_length,
         global_batch_size=phase.batch_size,

@@ -1,17 +1,19 @@
-"""Where the pretraining text lives: the gin-configurable corpus settings.
+"""Where the pretraining text lives: the corpus settings :func:`tasks.register` takes.
 
-Each function below is called when a dataset is built (not when ``tasks`` is
-imported), so bindings made after import — gin files, ``--gin.`` flags,
-``gin.bind_parameter`` — take effect. See ``gin/data/*.gin`` and docs/data.md.
+:class:`Corpora` names every corpus of a run (plain values, no gin; gin binds them
+through ``xlmeta_jax.corpus.Corpora``, see ``gin/data/*.gin``). Which tasks and
+mixtures a setting registers (names in ``tasks/names.py``):
 
 =========================  ==========================================================
-task / mixture             binding(s)
+task / mixture             setting(s)
 =========================  ==========================================================
-``xlmeta_english_text``    ``english_text_corpus.file_patterns = ['/data/en/*.txt']``
-``xlmeta_english_tfds``    ``english_tfds_corpus.tfds_name = 'wikipedia/20230601.en:1.0.0'``
-``xlmeta_cc100`` (+ tasks) ``cc100_corpus.data_dir``, ``.languages``, ``.alpha``, ``.counts``
-``xlmeta_mc4`` (+ tasks)   ``mc4_corpus.languages``, ``.alpha``, ``.tfds_data_dir``
+``xlmeta_english_text``    ``english_files`` (``english_validation_files``)
+``xlmeta_english_tfds``    ``english_tfds_name`` (``tfds_data_dir``, ``english_tfds_*``)
+``xlmeta_cc100`` (+ tasks) ``cc100_dir``, ``languages``, ``alpha``, ``cc100_counts``
+``xlmeta_mc4`` (+ tasks)   ``mc4_tfds_name``, ``languages``, ``alpha``, ``tfds_data_dir``
 =========================  ==========================================================
+
+Nothing here imports TensorFlow (except ``tf.io.gfile`` for ``scheme://`` paths).
 """
 
 from __future__ import annotations
@@ -22,169 +24,114 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-import gin
-
+from xlmeta_jax import mlm
 from xlmeta_jax.data import mixtures
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
 
 
 @dataclasses.dataclass(frozen=True)
-class EnglishTextConfig:
-    """Validated :func:`english_text_corpus` settings."""
+class Corpora:
+    """The corpora of a run and how their blocks are built; see :func:`tasks.register`."""
 
-    file_patterns: tuple[str, ...]
-    validation_file_patterns: tuple[str, ...]
-    max_line_bytes: int
-    stats_cache_dir: str | None
+    # SentencePiece .model of every task (`python -m xlmeta_jax.data.vocabulary`).
+    vocab_path: str | None = None
+    # Phase-1 English text files: paths or globs on any file system TF reads (gs://...),
+    # plain or .gz, one paragraph per line, blank lines between documents.
+    english_files: Sequence[str] | None = None
+    # The same for the English task's 'validation' split (optional).
+    english_validation_files: Sequence[str] | None = None
+    # Phase-1 English from TFDS, a versioned name, e.g. 'wikipedia/20230601.en:1.0.0'.
+    english_tfds_name: str | None = None
+    # The TFDS feature holding the document text.
+    english_tfds_text_feature: str = "text"
+    # TFDS split (or slice) for 'train', e.g. 'train[:99%]'.
+    english_tfds_train_split: str = "train"
+    # TFDS split for 'validation', e.g. 'train[99%:]' (None: no validation split).
+    english_tfds_validation_split: str | None = None
+    # Phase-2 CC-100 folder with {lang}.txt* per language (decompressed or .gz).
+    cc100_dir: str | None = None
+    # Optional folder of the same layout for the 'validation' split.
+    cc100_validation_dir: str | None = None
+    # Phase-2 languages (CC-100 codes, xlmeta_jax/data/languages.py); None: all 100
+    # (for mC4: the 94 of them mC4 has).
+    languages: Sequence[str] | None = None
+    # Sampling exponent in (0, 1]: q_l proportional to n_l^alpha (XLM-R: 0.3).
+    alpha: float = 0.3
+    # n_l per CC-100 language in count_unit; None: counted once from the files (cached).
+    cc100_counts: Mapping[str, float] | None = None
+    # What CC-100's n_l counts: 'lines' (paragraphs) or 'bytes' (UTF-8 text bytes).
+    count_unit: str = "lines"
+    # Phase-2 mC4 from TFDS, e.g. 'c4/multilingual:3.1.0' (None: no mC4 tasks).
+    mc4_tfds_name: str | None = None
+    # n_l (documents) per mC4 language; None: the TFDS split sizes.
+    mc4_counts: Mapping[str, float] | None = None
+    # TFDS data folder of the TFDS corpora (None: TFDS's default).
+    tfds_data_dir: str | None = None
+    # Text lines longer than this are skipped (and counted).
+    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES
+    # Where the file counts are cached (None: next to the data, else ~/.cache/xlmeta_jax).
+    stats_cache_dir: str | None = None
+    # Blocks held for shuffling over a whole task or mixture (a mixture of k languages
+    # holds max(16, size // k) per language).
+    shuffle_buffer_size: int = 1024
+    # How blocks are masked; the number of prediction slots follows from it.
+    masking: mlm.Masking = mlm.DEFAULT_MASKING
 
-
-@gin.configurable
-def english_text_corpus(
-    file_patterns: Sequence[str] | None = None,
-    validation_file_patterns: Sequence[str] | None = None,
-    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES,
-    stats_cache_dir: str | None = None,
-) -> EnglishTextConfig:
-    """Phase-1 English text files (task ``xlmeta_english_text``).
-
-    Args:
-      file_patterns: paths or globs, any file system TF reads (``gs://...``);
-        plain text or ``.gz``, one paragraph per line, blank lines between
-        documents.
-      validation_file_patterns: the same for the ``validation`` split (optional).
-      max_line_bytes: longer lines are skipped (and counted).
-      stats_cache_dir: where the one-time file check caches its counts
-        (default: next to the data).
-    """
-    file_patterns = [file_patterns] if isinstance(file_patterns, str) else file_patterns or ()
-    validation_file_patterns = (
-        [validation_file_patterns]
-        if isinstance(validation_file_patterns, str)
-        else validation_file_patterns or ()
-    )
-    if int(max_line_bytes) <= 0:
-        raise mixtures.CorpusError(f"max_line_bytes must be positive, got {max_line_bytes}")
-    return EnglishTextConfig(
-        tuple(file_patterns), tuple(validation_file_patterns), int(max_line_bytes), stats_cache_dir
-    )
-
-
-@gin.configurable
-def english_tfds_corpus(
-    tfds_name: str | None = None,
-    tfds_data_dir: str | None = None,
-    text_feature: str = "text",
-    train_split: str = "train",
-    validation_split: str | None = None,
-) -> tuple[str, str | None, str, dict[str, str]]:
-    """Phase-1 English from TFDS (task ``xlmeta_english_tfds``).
-
-    Args:
-      tfds_name: a versioned TFDS name, e.g. ``'wikipedia/20230601.en:1.0.0'``
-        or ``'c4/en:3.1.0'`` (prepared in ``tfds_data_dir`` beforehand).
-      tfds_data_dir: TFDS data folder (default: TFDS's).
-      text_feature: the feature holding the document text.
-      train_split: TFDS split (or slice) for ``train``, e.g. ``'train[:99%]'``.
-      validation_split: TFDS split for ``validation``, e.g. ``'train[99%:]'``.
-
-    Returns:
-      (tfds_name, tfds_data_dir, text_feature, {canonical split: TFDS split}).
-    """
-    if not tfds_name:
-        raise mixtures.CorpusError(
-            "no English TFDS dataset configured: set ENGLISH_TFDS_NAME (gin/data/english_tfds.gin "
-            "binds english_tfds_corpus.tfds_name), e.g. 'wikipedia/20230601.en:1.0.0'"
+    def cc100_languages(self) -> tuple[str, ...]:
+        """The CC-100 mixture's languages (checked codes)."""
+        return check_languages(
+            XLMR_LANGUAGES if self.languages is None else self.languages, what="languages"
         )
-    if ":" not in tfds_name:
-        raise mixtures.CorpusError(f"TFDS name {tfds_name!r} needs a version, e.g. 'c4/en:3.1.0'")
-    splits = {"train": train_split}
-    if validation_split:
-        splits["validation"] = validation_split
-    return tfds_name, tfds_data_dir, text_feature, splits
+
+    def mc4_languages(self) -> tuple[str, ...]:
+        """The mC4 mixture's languages (checked codes that mC4 has)."""
+        if self.languages is None:
+            return tuple(lang for lang in XLMR_LANGUAGES if mc4_split_name(lang))
+        langs = check_languages(self.languages, what="languages")
+        missing = [lang for lang in langs if mc4_split_name(lang) is None]
+        if missing:
+            raise mixtures.CorpusError(f"mC4 has no split for {missing}")
+        return langs
+
+    def check(self) -> None:
+        """Raises CorpusError for settings that are wrong whatever the files hold."""
+        mixtures.check_alpha(self.alpha)
+        if self.count_unit not in mixtures.COUNT_UNITS:
+            raise mixtures.CorpusError(
+                f"count_unit must be one of {mixtures.COUNT_UNITS}, got {self.count_unit!r}"
+            )
+        if int(self.max_line_bytes) <= 0:
+            raise mixtures.CorpusError(
+                f"max_line_bytes must be positive, got {self.max_line_bytes}"
+            )
+        if int(self.shuffle_buffer_size) <= 0:
+            raise mixtures.CorpusError(
+                f"shuffle_buffer_size must be positive, got {self.shuffle_buffer_size}"
+            )
+        for what, name in (("english_tfds_name", self.english_tfds_name),
+                           ("mc4_tfds_name", self.mc4_tfds_name)):
+            if name and ":" not in name:
+                raise mixtures.CorpusError(
+                    f"{what}={name!r} needs a version, e.g. 'c4/en:3.1.0'"
+                )
+        if self.cc100_counts is not None:
+            check_languages(list(self.cc100_counts), what="cc100_counts")
 
 
-@dataclasses.dataclass(frozen=True)
-class CC100Config:
-    """Validated :func:`cc100_corpus` settings."""
-
-    data_dir: str
-    languages: tuple[str, ...]
-    alpha: float
-    counts: Mapping[str, float] | None
-    count_unit: str
-    max_line_bytes: int
-    stats_cache_dir: str | None
-    validation_dir: str | None
+def as_patterns(patterns: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A path, glob or list of them as a tuple (None: empty)."""
+    if not patterns:
+        return ()
+    return (patterns,) if isinstance(patterns, str) else tuple(patterns)
 
 
-@gin.configurable
-def cc100_corpus(
-    data_dir: str | None = None,
-    languages: Sequence[str] | None = None,
-    alpha: float = 0.3,
-    counts: Mapping[str, float] | None = None,
-    count_unit: str = "lines",
-    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES,
-    stats_cache_dir: str | None = None,
-    validation_dir: str | None = None,
-) -> CC100Config:
-    """CC-100 files (tasks ``xlmeta_cc100_{lang}``, mixture ``xlmeta_cc100``).
-
-    Args:
-      data_dir: folder with ``{lang}.txt*`` per language (e.g. ``en.txt`` or
-        ``en.txt.00.gz``, ``en.txt.01.gz``, ...; decompress CC-100's ``.xz``
-        first). Any file system TF reads.
-      languages: the mixture's languages (CC-100 codes); None: all 100.
-      alpha: sampling exponent in (0, 1]; 1 samples proportionally to n_l,
-        smaller values up-sample low-resource languages (XLM-R: 0.3).
-      count_unit: what n_l counts: ``'lines'`` (paragraphs, default) or
-        ``'bytes'`` (UTF-8 bytes of text).
-      counts: n_l per language, in ``count_unit``; default: counted once from
-        the files and cached next to them (``xlmeta_corpus_stats.json``).
-      max_line_bytes: longer lines are skipped (and counted).
-      stats_cache_dir: cache the counts here instead of next to the data.
-      validation_dir: optional folder with the same layout for ``validation``.
-    """
-    if not data_dir:
-        raise mixtures.CorpusError(
-            "no CC-100 folder configured: set CC100_DIR (gin/data/cc100.gin binds "
-            "cc100_corpus.data_dir = %CC100_DIR)"
-        )
-    langs = check_languages(
-        XLMR_LANGUAGES if languages is None else languages, what="cc100_corpus.languages"
-    )
-    alpha = mixtures.check_alpha(alpha)
-    if count_unit not in mixtures.COUNT_UNITS:
-        raise mixtures.CorpusError(
-            f"cc100_corpus.count_unit must be one of {mixtures.COUNT_UNITS}, got {count_unit!r}"
-        )
-    if int(max_line_bytes) <= 0:
-        raise mixtures.CorpusError(f"max_line_bytes must be positive, got {max_line_bytes}")
-    if counts is not None:
-        counts = dict(counts)
-        check_languages(list(counts), what="cc100_corpus.counts")
-    return CC100Config(
-        data_dir=data_dir,
-        languages=langs,
-        alpha=alpha,
-        counts=counts,
-        count_unit=count_unit,
-        max_line_bytes=int(max_line_bytes),
-        stats_cache_dir=stats_cache_dir,
-        validation_dir=validation_dir,
-    )
-
-
-def cc100_files(config: CC100Config, lang: str, split: str = "train") -> list[str]:
-    """The files of one language: ``{dir}/{lang}.txt*`` (checked, sorted).
+def cc100_files(folder: str, lang: str) -> list[str]:
+    """The files of one language: ``{folder}/{lang}.txt*`` (checked, sorted).
 
     Files in a compression tf.data cannot read (``.xz``, ...) are ignored with a
     warning when readable files sit beside them, and are an error otherwise.
     """
     check_languages([lang])
-    folder = config.data_dir if split == "train" else config.validation_dir
-    if split not in ("train", "validation") or not folder:
-        raise mixtures.CorpusError(f"CC-100 has no {split!r} split configured")
     pattern = os.path.join(folder, f"{lang}.txt*")
     if "://" in pattern:
         import tensorflow as tf
@@ -210,56 +157,20 @@ def cc100_files(config: CC100Config, lang: str, split: str = "train") -> list[st
     return mixtures.list_text_files(readable, what=f"CC-100 language {lang!r}")
 
 
-def cc100_counts(config: CC100Config, languages: Sequence[str]) -> dict[str, float]:
-    """n_l for ``languages``: the configured counts, or counted (cached) from the files."""
-    if config.counts is not None:
-        return mixtures.given_counts(config.counts, languages, what="cc100_corpus.counts")
-    out = {}
-    for lang in languages:
-        stats = mixtures.corpus_stats(
-            cc100_files(config, lang),
-            max_line_bytes=config.max_line_bytes,
-            cache_dir=config.stats_cache_dir,
-        )
-        out[lang] = mixtures.count(stats, config.count_unit)
-    return out
+def checked_files(corpora: Corpora, files: Sequence[str]) -> list[mixtures.FileStats]:
+    """Counts (once, cached) and validates ``files``: no file without usable text."""
+    return mixtures.corpus_stats(
+        files, max_line_bytes=int(corpora.max_line_bytes), cache_dir=corpora.stats_cache_dir
+    )
 
 
-@dataclasses.dataclass(frozen=True)
-class MC4Config:
-    """Validated :func:`mc4_corpus` settings."""
-
-    languages: tuple[str, ...]
-    alpha: float
-    counts: Mapping[str, float] | None
-    tfds_name: str
-    tfds_data_dir: str | None
-
-
-@gin.configurable
-def mc4_corpus(
-    languages: Sequence[str] | None = None,
-    alpha: float = 0.3,
-    counts: Mapping[str, float] | None = None,
-    tfds_name: str = "c4/multilingual:3.1.0",
-    tfds_data_dir: str | None = None,
-) -> MC4Config:
-    """mC4 through TFDS (tasks ``xlmeta_mc4_{lang}``, mixture ``xlmeta_mc4``).
-
-    Args:
-      languages: CC-100 codes (mapped to mC4's split names, e.g. he -> iw);
-        None: the XLM-R languages mC4 has (all but the romanised, Zawgyi and
-        Traditional Chinese variants).
-      alpha: sampling exponent in (0, 1].
-      counts: n_l (documents) per language; default: the TFDS split sizes.
-      tfds_name: versioned TFDS name of mC4.
-      tfds_data_dir: TFDS data folder where mC4 was prepared.
-    """
-    if languages is None:
-        languages = [lang for lang in XLMR_LANGUAGES if mc4_split_name(lang)]
-    langs = check_languages(languages, what="mc4_corpus.languages")
-    missing = [lang for lang in langs if mc4_split_name(lang) is None]
-    if missing:
-        raise mixtures.CorpusError(f"mC4 has no split for {missing}")
-    alpha = mixtures.check_alpha(alpha)
-    return MC4Config(langs, alpha, dict(counts) if counts else None, tfds_name, tfds_data_dir)
+def cc100_counts(
+    corpora: Corpora, files_by_lang: Mapping[str, Sequence[str]]
+) -> dict[str, float]:
+    """n_l per language: the given ``cc100_counts``, or counted (cached) from the files."""
+    if corpora.cc100_counts is not None:
+        return mixtures.given_counts(corpora.cc100_counts, list(files_by_lang), what="cc100_counts")
+    return {
+        lang: mixtures.count(checked_files(corpora, files), corpora.count_unit)
+        for lang, files in files_by_lang.items()
+    }

@@ -14,23 +14,15 @@ run would have produced.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 
-import gin
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from xlmeta_jax import partitioning
-
-# Registers every gin configurable of the pipeline (corpus locations, vocabulary) when the
-# trainer imports this module, before gin parses and locks its config; neither imports
-# TensorFlow.
-from xlmeta_jax.data import corpora, vocabulary  # noqa: F401, E402
-
-MLM_FEATURES = ("inputs", "targets", "weights", "mlm_positions", "mlm_targets", "mlm_weights")
+from xlmeta_jax import mlm, partitioning
+from xlmeta_jax.data import mixtures
 
 
 class MLMIterator:
@@ -117,7 +109,6 @@ def _check_batch(global_batch_size: int, mesh: Mesh) -> int:
     return global_batch_size // count
 
 
-@gin.configurable
 def make_mlm_iterator(
     task_or_mixture: str,
     *,
@@ -127,53 +118,54 @@ def make_mlm_iterator(
     seed: int,
     split: str = "train",
     shuffle: bool = True,
-    shuffle_buffer_size: int | None = 1024,
     use_cached: bool = False,
     cache_dir: str | None = None,
     num_epochs: int | None = None,
     prefetch_batches: int = 2,
-    features: tuple[str, ...] = MLM_FEATURES,
+    features: tuple[str, ...] = mlm.STEP_FEATURES,
 ) -> MLMIterator:
     """The MLM batch stream of a seqio task or mixture, as global arrays.
 
     Args:
-      task_or_mixture: a registered Task/Mixture name (``tasks.names``), e.g.
-        ``'xlmeta_english_text'`` (phase 1) or ``'xlmeta_cc100'`` (phase 2).
+      task_or_mixture: a registered Task/Mixture name (``tasks.names``, registered
+        by ``tasks.register``), e.g. ``'xlmeta_english_text'`` (phase 1) or
+        ``'xlmeta_cc100'`` (phase 2).
       sequence_length: L, the block length.
       global_batch_size: rows per batch over all processes.
       mesh: batches are sharded over its ``('data', 'fsdp')`` axes.
       seed: seeds file order, shuffling, mixing and masking; the same seed gives
         the same batches.
       split: dataset split.
-      shuffle: shuffle files and blocks (training).
-      shuffle_buffer_size: blocks held for shuffling over the whole task or
-        mixture (a mixture of k languages holds ``max(16, size // k)`` per
-        language); part of the saved iterator state. None: the tasks' default.
+      shuffle: shuffle files and blocks (training; the blocks held for shuffling
+        are a setting of the tasks, ``tasks.register(shuffle_buffer_size=...)``).
       use_cached: read tokens from seqio's offline cache
-        (:mod:`xlmeta_jax.data.caching`) instead of tokenizing on the fly.
+        (:mod:`xlmeta_jax.tools.caching`) instead of tokenizing on the fly.
       cache_dir: a cache root to add to seqio's cache folders (else seqio's
         global cache folders are searched).
       num_epochs: passes over the data; None repeats forever (training).
       prefetch_batches: host batches tf.data prepares ahead.
-      features: which features to feed (default: the full MLM batch format).
+      features: which features to feed (default: what the train step reads).
 
     Returns:
       An :class:`MLMIterator`.
 
     Raises:
       ValueError: for a batch size that does not divide over processes or the
-        mesh's batch shards, or an unknown task name.
+        mesh's batch shards; CorpusError for a name that is not registered.
     """
     import seqio
     import tensorflow as tf
-
-    import tasks  # noqa: F401  (registers the tasks)
-    from xlmeta_jax.data import providers
 
     host_batch = _check_batch(int(global_batch_size), mesh)
     _keep_tensorflow_off_accelerators()
     if cache_dir:
         seqio.add_global_cache_dirs([cache_dir])
+    if task_or_mixture not in (*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()):
+        raise mixtures.CorpusError(
+            f"{task_or_mixture} is not a registered seqio task or mixture: tasks.register "
+            "registers the configured corpora (english_files / english_tfds_name, cc100_dir, "
+            "mc4_tfds_name; gin: ENGLISH_FILES, ENGLISH_TFDS_NAME, CC100_DIR, gin/data/mc4.gin)"
+        )
     provider = seqio.get_mixture_or_task(task_or_mixture)
     kwargs = dict(
         sequence_length={"inputs": int(sequence_length), "targets": int(sequence_length)},
@@ -185,14 +177,6 @@ def make_mlm_iterator(
         num_epochs=num_epochs,
         try_in_mem_cache=False,
     )
-    if shuffle_buffer_size is not None:
-        if isinstance(provider, providers.AlphaMixture):
-            per_task = max(16, int(shuffle_buffer_size) // max(1, len(provider.languages())))
-            kwargs["shuffle_buffer_size"] = per_task
-        elif isinstance(provider, seqio.Task):
-            kwargs["shuffle_buffer_size"] = int(shuffle_buffer_size)
-        else:
-            logging.info("%s: seqio mixtures use their tasks' shuffle buffers", task_or_mixture)
     ds = provider.get_dataset(**kwargs)
     missing = [f for f in features if f not in ds.element_spec]
     if missing:

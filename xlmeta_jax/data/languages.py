@@ -137,7 +137,7 @@ def check_languages(languages: Iterable[str], *, what: str = "language") -> tupl
 
     Args:
       languages: CC-100 codes (e.g. ``["en", "zh-Hans", "hi_rom"]``).
-      what: how the error names the list (e.g. ``"cc100_corpus.languages"``).
+      what: how the error names the list (e.g. ``"languages"``).
 
     Returns:
       The codes as a tuple, in the given order.

@@ -2,14 +2,14 @@
 
 XLM-R samples a language with probability ``q_l = p_l^alpha / sum_k p_k^alpha``
 where ``p_l = n_l / sum_k n_k`` (alpha = 0.3); the normaliser cancels, so a seqio
-mixture can use rates ``n_l^alpha`` directly. ``n_l`` is either given (gin) or
+mixture can use rates ``n_l^alpha`` directly. ``n_l`` is either given (``Corpora.cc100_counts``) or
 counted once by :func:`corpus_stats`, which reads every file a single time and
 caches the result next to the data (``xlmeta_corpus_stats.json`` in the files'
 folder; in the user's cache folder where that folder is read-only).
 
 The same pass validates the text: it counts the lines the pipeline skips —
 lines that are not valid UTF-8 and lines longer than ``max_line_bytes`` — with
-exactly the rules the tf.data reader applies (:mod:`xlmeta_jax.data.sources`),
+exactly the rules the tf.data reader applies (:mod:`xlmeta_jax.data.providers`),
 and it rejects files without any usable text.
 
 Nothing here imports TensorFlow at module import (``tf.io.gfile`` is imported

@@ -5,7 +5,8 @@ The pretraining tasks run, in order::
   tokenize_documents        {"text", "ends_document"} -> {"tokens"}  (eos after each document)
   seqio.CacheDatasetPlaceholder()                      (offline cache of tokens, optional)
   pack_blocks               {"tokens"} -> {"targets": [L]}  RoBERTa FULL-SENTENCES packing
-  mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.losses)
+  mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.mlm)
+  add_language              + {"language": string}  (tasks of a language mixture)
 
 seqio repeats the dataset between the cache placeholder and ``pack_blocks``, so
 packing runs across epoch boundaries and each epoch draws new masks (dynamic
@@ -15,12 +16,14 @@ Packing: documents (each ending in ``eos``) are concatenated and cut into blocks
 of ``L - 1`` tokens, each prefixed with ``<s>``; every block is full, none is
 padded, a block may start or end inside a document (RoBERTa's FULL-SENTENCES).
 
-Masking, per block of length L with ``n`` candidate positions (every id >=
-NUM_SPECIAL_TOKENS: ``<pad>``, ``</s>``, ``<unk>``, ``<s>`` and ``<mask>`` are
-never selected — ``<unk>`` because it carries nothing to predict):
-select exactly ``floor(0.15 * n + u)``, ``u ~ U[0, 1)`` positions uniformly
-(fairseq's probabilistic rounding, so the expected rate is exactly 15%); of
-those, 80% become ``<mask>``, 10% a random non-special id, 10% stay. All draws
+Masking (:class:`xlmeta_jax.mlm.Masking`, default 15% and 80/10/10), per block
+of length L with ``n`` candidate positions (every id >= NUM_SPECIAL_TOKENS:
+``<pad>``, ``</s>``, ``<unk>``, ``<s>`` and ``<mask>`` are never selected —
+``<unk>`` because it carries nothing to predict): select exactly
+``floor(rate * n + u)``, ``u ~ U[0, 1)`` positions uniformly (fairseq's
+probabilistic rounding, so the expected rate is exactly ``rate``) into
+``mlm.max_predictions(L, rate)`` slots; of those, 80% become ``<mask>``, 10% a
+random non-special id, 10% stay. All draws
 are stateless, seeded per block from the pipeline seed (seqio's map seeds), the
 task and the block's place in the stream: deterministic for a seed, different
 every epoch.
@@ -34,12 +37,9 @@ from collections.abc import Mapping
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax import losses
+from xlmeta_jax import mlm
 from xlmeta_jax.data.vocabulary import BOS_ID, EOS_ID, MASK_ID, NUM_SPECIAL_TOKENS
 
-MASK_RATE = 0.15
-MASK_TOKEN_SHARE = 0.8
-RANDOM_TOKEN_SHARE = 0.1
 # Documents tokenized per SentencePiece call (sources of one document per element).
 _TOKENIZE_BATCH = 64
 # Token runs concatenated per packing step.
@@ -48,16 +48,6 @@ _PACK_BATCH = 16
 # The graph functions below have no Python control flow on tensors; skipping
 # autograph's source conversion makes building 100 language pipelines faster.
 _no_autograph = tf.autograph.experimental.do_not_convert
-
-MLM_FEATURE_NAMES = (
-    "inputs",
-    "targets",
-    "weights",
-    "mlm_positions",
-    "mlm_targets",
-    "mlm_weights",
-)
-
 
 def block_length(sequence_length: Mapping[str, int] | None) -> int:
     """L from seqio's ``sequence_length`` ({"inputs": L, "targets": L})."""
@@ -139,8 +129,7 @@ def mask_block(
     seed: tf.Tensor,
     *,
     vocab_size: int,
-    num_slots: int,
-    mask_rate: float = MASK_RATE,
+    masking: mlm.Masking = mlm.DEFAULT_MASKING,
 ) -> dict[str, tf.Tensor]:
     """Masks one block; returns the MLM features (see the module docstring).
 
@@ -148,15 +137,16 @@ def mask_block(
       targets: int32 [L] original tokens.
       seed: int [2] stateless seed.
       vocab_size: random replacements are drawn from [NUM_SPECIAL_TOKENS, vocab_size).
-      num_slots: P, the length of the ``mlm_*`` features.
-      mask_rate: share of candidates selected (expected value, exact in mean).
+      masking: the rate and the 80/10/10 shares; the ``mlm_*`` features have
+        ``mlm.max_predictions(L, masking.rate)`` slots.
     """
     length = targets.shape[0]
+    num_slots = mlm.max_predictions(length, masking.rate)
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
     candidates = targets >= NUM_SPECIAL_TOKENS
     n_candidates = tf.reduce_sum(tf.cast(candidates, tf.float32))
     u = tf.random.stateless_uniform([], seed=seeds[0])
-    k = tf.cast(tf.floor(mask_rate * n_candidates + u), tf.int32)
+    k = tf.cast(tf.floor(masking.rate * n_candidates + u), tf.int32)
     k = tf.minimum(k, num_slots)
     # Random order of the candidates first; specials sort last.
     scores = tf.random.stateless_uniform([length], seed=seeds[1])
@@ -172,9 +162,13 @@ def mask_block(
         [num_slots], seed=seeds[3], minval=NUM_SPECIAL_TOKENS, maxval=vocab_size, dtype=tf.int32
     )
     new_tokens = tf.where(
-        action < MASK_TOKEN_SHARE,
+        action < masking.mask_token_share,
         MASK_ID,
-        tf.where(action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE, random_tokens, mlm_targets),
+        tf.where(
+            action < masking.mask_token_share + masking.random_token_share,
+            random_tokens,
+            mlm_targets,
+        ),
     )
     index = tf.boolean_mask(positions, used)[:, None]
     inputs = tf.tensor_scatter_nd_update(targets, index, tf.boolean_mask(new_tokens, used))
@@ -194,17 +188,26 @@ def mlm_mask(
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
     salt: int = 0,
+    masking: mlm.Masking = mlm.DEFAULT_MASKING,
 ) -> tf.data.Dataset:
     """Dynamic masking of packed blocks (seeds from seqio's map seed manager)."""
-    length = block_length(sequence_length)
+    block_length(sequence_length)  # checks it
     vocab_size = int(output_features["targets"].vocabulary.vocab_size)
     if vocab_size <= NUM_SPECIAL_TOKENS:
         raise ValueError(f"vocabulary of {vocab_size} ids has no non-special token")
-    num_slots = losses.max_predictions_for_length(length)
 
     @seqio.map_over_dataset(num_seeds=1)
     def mask(ex, seed):
         seed = tf.random.experimental.stateless_fold_in(tf.stack(seed), salt)
-        return mask_block(ex["targets"], seed, vocab_size=vocab_size, num_slots=num_slots)
+        return mask_block(ex["targets"], seed, vocab_size=vocab_size, masking=masking)
 
     return mask(dataset)
+
+
+def add_language(dataset: tf.data.Dataset, language: str) -> tf.data.Dataset:
+    """Adds the block's language code (``language``, a string) for inspecting a mix.
+
+    seqio's ``Mixture.get_dataset`` drops it unless asked for with
+    ``passthrough_features=["language"]``; the feeder never sends it.
+    """
+    return dataset.map(lambda ex: {**ex, "language": tf.constant(language)})

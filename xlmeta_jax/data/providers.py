@@ -1,8 +1,6 @@
-"""seqio data sources and the alpha-sampled mixture, configured when read.
+"""seqio data sources of the pretraining text (registered by :func:`tasks.register`).
 
-Tasks are registered when ``tasks`` is imported, before gin is parsed, so the
-sources here take *functions* that return their configuration (file lists, TFDS
-names) and call them only when a dataset is built. Every source yields
+Every source yields
 ``{"text": string, "ends_document": bool}`` (scalars or equal-length vectors);
 the tokenizer appends ``eos`` after each text whose ``ends_document`` is true.
 
@@ -17,8 +15,7 @@ Text files are read LINES_PER_ELEMENT lines per element (``text`` and
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import seqio
 import tensorflow as tf
@@ -93,7 +90,7 @@ def _read_paragraphs(
 
 
 class TextLineDocumentsSource(seqio.DataSource):
-    """Paragraphs of text files (CC-100 layout) whose list is looked up lazily.
+    """Paragraphs of text files (CC-100 layout), one :class:`TextFiles` per split.
 
     Sharding (``shard_info``): by file when there are at least as many files as
     shards, otherwise by document, so that no document is split across
@@ -101,13 +98,12 @@ class TextLineDocumentsSource(seqio.DataSource):
     files are read one after the other so documents stay contiguous.
     """
 
-    def __init__(self, files_fn: Callable[[str], TextFiles], splits: Sequence[str] = ("train",)):
+    def __init__(self, files_by_split: Mapping[str, TextFiles]):
         """Args:
-        files_fn: split -> TextFiles, called when a dataset is built.
-        splits: the splits ``files_fn`` accepts.
+        files_by_split: split name -> its files (already listed and checked).
         """
-        self._files_fn = files_fn
-        super().__init__(splits=splits)
+        self.files_by_split = dict(files_by_split)
+        super().__init__(splits=tuple(self.files_by_split))
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
@@ -115,7 +111,7 @@ class TextLineDocumentsSource(seqio.DataSource):
         return True
 
     def list_shards(self, split: str) -> Sequence[str]:
-        return list(self._files_fn(split).files)
+        return list(self.files_by_split[split].files)
 
     def get_dataset(
         self,
@@ -128,7 +124,9 @@ class TextLineDocumentsSource(seqio.DataSource):
         use_cached: bool = False,  # Unused
         num_epochs: int | None = 1,  # Unused
     ) -> tf.data.Dataset:
-        text_files = self._files_fn(split)
+        if split not in self.files_by_split:
+            raise mixtures.CorpusError(f"no {split!r} files configured (splits: {self.splits})")
+        text_files = self.files_by_split[split]
         files = list(text_files.files)
         document_shard = None
         if shard_info is not None and shard_info.num_shards > 1:
@@ -146,26 +144,23 @@ class TextLineDocumentsSource(seqio.DataSource):
 
 
 class TfdsDocumentsSource(seqio.DataSource):
-    """Documents of a TFDS dataset (one example = one document), configured lazily."""
+    """Documents of a TFDS dataset (one example = one document) as ``text`` entries."""
 
-    def __init__(
-        self,
-        config_fn: Callable[[], tuple[seqio.TfdsDataSource, str]],
-        splits: Sequence[str] = ("train", "validation"),
-    ):
+    def __init__(self, source: seqio.TfdsDataSource, text_feature: str = "text"):
         """Args:
-        config_fn: () -> (seqio.TfdsDataSource, name of its text feature).
-        splits: the canonical splits the TFDS source maps.
+        source: the TFDS data, its splits mapped to seqio's canonical names.
+        text_feature: the feature holding the document text.
         """
-        self._config_fn = config_fn
-        super().__init__(splits=splits)
+        self.tfds_source = source
+        self.text_feature = text_feature
+        super().__init__(splits=tuple(source.splits))
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
-        return self._config_fn()[0].supports_arbitrary_sharding
+        return self.tfds_source.supports_arbitrary_sharding
 
     def list_shards(self, split: str) -> Sequence[str]:
-        return self._config_fn()[0].list_shards(split)
+        return self.tfds_source.list_shards(split)
 
     def get_dataset(
         self,
@@ -178,141 +173,16 @@ class TfdsDocumentsSource(seqio.DataSource):
         use_cached: bool = False,  # Unused
         num_epochs: int | None = 1,  # Unused
     ) -> tf.data.Dataset:
-        source, feature = self._config_fn()
-        ds = source.get_dataset(split=split, shuffle=shuffle, seed=seed, shard_info=shard_info)
+        feature = self.text_feature
+        ds = self.tfds_source.get_dataset(
+            split=split, shuffle=shuffle, seed=seed, shard_info=shard_info
+        )
         if feature not in ds.element_spec:
             raise mixtures.CorpusError(
-                f"{source}: no text feature {feature!r}; features are {sorted(ds.element_spec)}"
+                f"{self.tfds_source}: no text feature {feature!r}; "
+                f"features are {sorted(ds.element_spec)}"
             )
         return ds.map(
             lambda ex: {"text": ex[feature], "ends_document": tf.constant(True)},
             num_parallel_calls=tf.data.AUTOTUNE,
-        )
-
-
-class AlphaMixture(seqio.Mixture):
-    """A mixture over a configured subset of per-language tasks, rates ∝ n_l^alpha.
-
-    It is registered under one name with every language's task; which languages
-    take part, alpha and the counts n_l are looked up (gin) when a dataset is
-    built. Examples are packed blocks, so a block is drawn from language l with
-    probability q_l = n_l^alpha / sum_k n_k^alpha, as XLM-R samples languages.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        task_names_by_lang: Mapping[str, str],
-        config_fn: Callable[[], tuple[Sequence[str], float]],
-        counts_fn: Callable[[Sequence[str]], Mapping[str, float]],
-    ):
-        """Args:
-        name: the mixture's name.
-        task_names_by_lang: language -> registered task name (all languages).
-        config_fn: () -> (selected languages, alpha), validated by the callee.
-        counts_fn: languages -> n_l per language.
-        """
-        self._task_names_by_lang = dict(task_names_by_lang)
-        self._config_fn = config_fn
-        self._counts_fn = counts_fn
-        self._probabilities_cache: dict[tuple, dict[str, float]] = {}
-        # seqio's constructor inspects `tasks` before any configuration exists.
-        self._registering = True
-        super().__init__(name, list(self._task_names_by_lang.values()), default_rate=1.0)
-        self._registering = False
-        self._lang_by_task = {t: lang for lang, t in self._task_names_by_lang.items()}
-
-    def languages(self) -> tuple[str, ...]:
-        """The configured languages (in configuration order)."""
-        return tuple(self._config_fn()[0])
-
-    def probabilities(self) -> dict[str, float]:
-        """q_l per configured language (counts looked up once per configuration)."""
-        langs, alpha = self._config_fn()
-        key = (tuple(langs), alpha)
-        if key not in self._probabilities_cache:
-            alpha = mixtures.check_alpha(alpha)  # before any counting
-            counts = dict(self._counts_fn(langs))
-            missing = [lang for lang in langs if lang not in counts]
-            if missing:
-                raise mixtures.CorpusError(f"{self.name}: no count n_l for {missing}")
-            probs = mixtures.alpha_probabilities({lang: counts[lang] for lang in langs}, alpha)
-            logging.info(
-                "%s: alpha=%s sampling probabilities %s",
-                self.name,
-                alpha,
-                {k: round(v, 5) for k, v in probs.items()},
-            )
-            self._probabilities_cache[key] = probs
-        return self._probabilities_cache[key]
-
-    @property
-    def tasks(self) -> list[seqio.Task]:
-        if self._registering:
-            return [seqio.TaskRegistry.get(t) for t in self._task_names_by_lang.values()]
-        return [seqio.TaskRegistry.get(self._task_names_by_lang[lang]) for lang in self.languages()]
-
-    @property
-    def rate_per_task_name(self) -> Mapping[str, float]:
-        probs = self.probabilities()
-        return {self._task_names_by_lang[lang]: q for lang, q in probs.items()}
-
-    def get_rate(self, task: seqio.Task) -> float:
-        return self.probabilities().get(self._lang_by_task.get(task.name), 0.0)
-
-    def get_dataset(
-        self,
-        sequence_length: Mapping[str, int] | None = None,
-        split: str = "train",
-        use_cached: bool = False,
-        shuffle: bool = True,
-        seed: int | None = None,
-        shard_info: seqio.ShardInfo | None = None,
-        num_epochs: int | None = None,
-        copy_pretokenized: bool = False,
-        compute_stats_empirically: bool = False,
-        log_mixing_proportions: bool = True,
-        passthrough_features: Sequence[str] | None = None,
-        trim_output_features: bool = True,
-        try_in_mem_cache: bool = True,
-        shuffle_buffer_size: int | None = None,
-    ) -> tf.data.Dataset:
-        """seqio's Mixture.get_dataset, plus a per-task ``shuffle_buffer_size``.
-
-        Counts, alpha and languages are validated before any task is built.
-        ``passthrough_features=["language"]`` adds each block's language code
-        (a string feature) for inspecting the mix.
-        """
-        del copy_pretokenized, compute_stats_empirically, log_mixing_proportions
-        # Cheap checks first: the vocabulary loads, alpha and languages are valid.
-        for feature in self.output_features.values():
-            _ = feature.vocabulary.vocab_size
-        probs = self.probabilities()
-        self._check_compatible_features()
-        keys = set(self.output_features) | set(passthrough_features or ())
-        datasets, weights = [], []
-        for lang in self.languages():
-            task = seqio.TaskRegistry.get(self._task_names_by_lang[lang])
-            if split not in task.splits:
-                raise mixtures.CorpusError(f"{task.name} has no split {split!r}")
-            ds = task.get_dataset(
-                sequence_length=sequence_length,
-                split=split,
-                use_cached=use_cached,
-                shuffle=shuffle,
-                shuffle_buffer_size=shuffle_buffer_size,
-                seed=seed,
-                shard_info=shard_info,
-                num_epochs=num_epochs,
-                trim_output_features=trim_output_features,
-                try_in_mem_cache=try_in_mem_cache,
-            )
-            ds = ds.map(lambda ex, keys=keys: {k: v for k, v in ex.items() if k in keys})
-            if "language" in keys:
-                ds = ds.map(lambda ex, lang=lang: {**ex, "language": tf.constant(lang)})
-            datasets.append(ds)
-            weights.append(probs[lang])
-        sample_seed = seed if seed is not None else (None if shuffle else 42)
-        return tf.data.Dataset.sample_from_datasets(
-            datasets, weights=weights, seed=sample_seed, stop_on_empty_dataset=True
         )

@@ -42,7 +42,6 @@ import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 
-import gin
 import numpy as np
 
 from xlmeta_jax.data import mixtures
@@ -83,39 +82,31 @@ def check_sentencepiece_model(processor, path: str = "<model>") -> None:
             raise VocabularyError(f"{path}: {piece!r} must be a control symbol")
 
 
-def _seqio():
-    import seqio  # noqa: PLC0415 - TensorFlow is imported only by the data pipeline
+def load_vocabulary(path: str | None):
+    """The project's seqio vocabulary, checked for the special-id convention.
 
-    return seqio
-
-
-@gin.configurable
-def get_vocabulary(path: str | None = None):
-    """The project's seqio vocabulary (gin: ``get_vocabulary.path = %VOCAB_PATH``).
+    seqio's own ``SentencePieceVocabulary`` serves as is: its pad (0) and eos (1)
+    are ours. One instance per path, so every task of a mixture shares it.
 
     Args:
       path: the SentencePiece ``.model`` file (any file system TF reads), as
         written by :func:`train_vocabulary`.
 
-    Returns:
-      A ``seqio.SentencePieceVocabulary``, checked for the special-id convention.
-
     Raises:
-      VocabularyError: if no path is configured, the file is missing or its ids
+      VocabularyError: if no path is given, the file is missing or its ids
         differ from the convention.
     """
     if not path:
         raise VocabularyError(
-            "no vocabulary configured: set VOCAB_PATH (gin/data/vocabulary.gin binds "
-            "get_vocabulary.path = %VOCAB_PATH) to a .model file from "
-            "`python -m xlmeta_jax.data.vocabulary`"
+            "no vocabulary configured: set VOCAB_PATH (tasks.register(vocab_path=...)) to a "
+            ".model file from `python -m xlmeta_jax.data.vocabulary`"
         )
-    return _load_checked(path)
+    return _load_checked(str(path))
 
 
 @functools.cache
 def _load_checked(path: str):
-    seqio = _seqio()
+    import seqio  # noqa: PLC0415 - TensorFlow is imported only by the data pipeline
     import tensorflow as tf  # noqa: PLC0415
 
     if not tf.io.gfile.exists(path):
@@ -123,44 +114,6 @@ def _load_checked(path: str):
     vocab = seqio.SentencePieceVocabulary(path)
     check_sentencepiece_model(vocab.tokenizer, path)
     return vocab
-
-
-_CONFIGURED_VOCABULARY = None
-
-
-def configured_vocabulary():
-    """A seqio vocabulary whose file is looked up (gin) each time it is loaded.
-
-    Tasks are registered at import, before gin is parsed; this object lets them
-    name the vocabulary without freezing its path. Every task shares this one
-    instance, so mixtures see identical vocabularies.
-    """
-    global _CONFIGURED_VOCABULARY
-    if _CONFIGURED_VOCABULARY is None:
-        seqio = _seqio()
-
-        class ConfiguredVocabulary(seqio.SentencePieceVocabulary):
-            """``get_vocabulary()``'s model, resolved lazily."""
-
-            def __init__(self):
-                super().__init__(sentencepiece_model_file="")
-
-            def _model_context(self):
-                path = get_vocabulary().sentencepiece_model_file
-                if self._model is None or path != self._sentencepiece_model_file:
-                    self._sentencepiece_model_file = path
-                    self._model = None
-                return super()._model_context()
-
-            @property
-            def sentencepiece_model_file(self) -> str:
-                return get_vocabulary().sentencepiece_model_file
-
-            def __str__(self) -> str:
-                return "ConfiguredVocabulary(get_vocabulary.path)"
-
-        _CONFIGURED_VOCABULARY = ConfiguredVocabulary()
-    return _CONFIGURED_VOCABULARY
 
 
 # --------------------------------------------------------------------------- sampling

@@ -13,9 +13,12 @@ the interleaved reading of cache shards never splits a document.
 
 Command::
 
-  python -m xlmeta_jax.data.caching --gin_file=gin/data/english_files.gin \\
-      --gin.VOCAB_PATH="'/data/vocab.model'" --task=xlmeta_english_text \\
-      --cache_dir=/data/seqio_cache --num_shards=16
+  python -m xlmeta_jax.tools.caching --gin_file=gin/data/english_files.gin \\
+      --gin.VOCAB_PATH="'/data/vocab.model'" --gin.ENGLISH_FILES="['/data/en/*.txt']" \\
+      --task=xlmeta_english_text --cache_dir=/data/seqio_cache --num_shards=16
+
+The gin files name the corpora (``xlmeta_jax.corpus.Corpora``); the tasks are
+registered with them (``tasks.register``) before caching.
 """
 
 from __future__ import annotations
@@ -116,29 +119,23 @@ def cache_task(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m xlmeta_jax.data.caching`` (see the module docstring)."""
-    import gin
+    """``python -m xlmeta_jax.tools.caching`` (see the module docstring)."""
+    from xlmeta_jax import corpus, gin_cli
 
-    parser = argparse.ArgumentParser(description="Cache a task's tokens in seqio's format.")
+    flags = gin_cli.parse_gin_flags(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        description="Cache a task's tokens in seqio's format (gin flags: --gin_file, "
+        "--gin.NAME=VALUE name the corpora)."
+    )
     parser.add_argument("--task", required=True, action="append", help="task name (repeatable)")
     parser.add_argument("--cache_dir", required=True)
     parser.add_argument("--split", default="train")
     parser.add_argument("--num_shards", type=int, default=1)
     parser.add_argument("--overwrite", action="store_true")
-    parser.add_argument("--gin_file", action="append", default=[])
-    parser.add_argument("--gin_bindings", action="append", default=[])
-    args, rest = parser.parse_known_args(argv)
-    # t5x style: --gin.NAME=VALUE
-    bindings = list(args.gin_bindings)
-    for arg in rest:
-        if arg.startswith("--gin.") and "=" in arg:
-            bindings.append(arg[len("--gin.") :])
-        else:
-            parser.error(f"unrecognised argument {arg}")
-    import tasks  # noqa: F401  (registers the tasks before gin binds them)
-
-    gin.parse_config_files_and_bindings(args.gin_file, bindings)
+    args = parser.parse_args(flags.remaining)
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
     for name in args.task:
+        corpus.registered(name)
         out = cache_task(
             name, args.cache_dir, split=args.split, num_shards=args.num_shards,
             overwrite=args.overwrite,

@@ -3,13 +3,13 @@
 Measures ``make_mlm_iterator`` end to end — reading, tokenizing, packing,
 masking, batching and assembling global ``jax.Array`` batches — on the English
 pretraining task, twice: tokenizing on the fly, and reading tokens from seqio's
-offline cache (written first with :mod:`xlmeta_jax.data.caching`).
+offline cache (written first with :mod:`xlmeta_jax.tools.caching`).
 
 Text: ``../shared/data/english_pd`` when present (or ``--english_pd``), else
 Python's documentation topics. Vocabulary: ``--vocab`` (use the real one: the
 tokenizer's cost grows with the vocabulary), else a small one trained here.
 
-  python -m xlmeta_jax.data.throughput --vocab=/data/spm/xlmeta.model --seconds=30
+  python -m xlmeta_jax.tools.throughput --vocab=/data/spm/xlmeta.model --seconds=30
 
 Compare the figure with what one accelerator consumes (docs/data.md).
 """
@@ -67,15 +67,15 @@ def run(
     vocab_size: int,
 ) -> dict[str, dict]:
     """Runs both measurements; returns ``{"on the fly": ..., "seqio cache": ...}``."""
-    import gin
     import jax
     import seqio
 
-    import tasks  # noqa: F401  (registers the tasks)
+    import tasks
     from tasks import names
     from xlmeta_jax import partitioning
-    from xlmeta_jax.data import caching, feeding, vocabulary
     from xlmeta_jax.data import english_pd as english_pd_lib
+    from xlmeta_jax.data import feeding, vocabulary
+    from xlmeta_jax.tools import caching
 
     files = english_pd_lib.english_text_files(os.path.join(work_dir, "text"), english_pd)
     if not vocab:
@@ -89,8 +89,7 @@ def run(
             num_lines=50_000,
             print_report=False,
         )
-    gin.bind_parameter("get_vocabulary.path", vocab)
-    gin.bind_parameter("english_text_corpus.file_patterns", files)
+    tasks.register(vocab_path=vocab, english_files=files, shuffle_buffer_size=1024)
     mesh = partitioning.create_mesh(data=-1, devices=jax.local_devices()[:1])
     tokens_per_batch = batch_size * sequence_length
     results = {}
@@ -99,7 +98,6 @@ def run(
         global_batch_size=batch_size,
         mesh=mesh,
         seed=0,
-        shuffle_buffer_size=1024,
     )
     it = feeding.make_mlm_iterator(names.ENGLISH_TEXT_TASK, **common)
     results["on the fly"] = measure(
@@ -122,7 +120,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m xlmeta_jax.data.throughput`` (see the module docstring)."""
+    """``python -m xlmeta_jax.tools.throughput`` (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", help="SentencePiece .model (default: train a small one)")
     parser.add_argument("--english_pd", default=_DEFAULT_ENGLISH_PD)

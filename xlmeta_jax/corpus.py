@@ -1,0 +1,72 @@
+"""gin's view of the input side of a run: corpus settings, masking, feeder options.
+
+The data modules and ``tasks`` know no gin; this entry-point module makes their
+settings gin-configurable (gin/data/*.gin, gin/pretrain.gin) and registers the
+seqio tasks with them:
+
+* ``xlmeta_jax.corpus.Corpora.*`` — :class:`xlmeta_jax.data.corpora.Corpora`
+  (vocabulary, English files / TFDS, CC-100 / mC4, languages, alpha, masking);
+* ``xlmeta_jax.mlm.Masking.*`` — :class:`xlmeta_jax.mlm.Masking` (the masking rate);
+* ``xlmeta_jax.data.feeding.make_mlm_iterator.*`` — the feeder's options;
+* ``@xlmeta_jax.corpus.registered()`` — registers the configured corpora
+  (:func:`tasks.register`) and returns ``registered.name``, for configs that name a
+  task, e.g. t5x's ``mixture_or_task_name = @xlmeta_jax.corpus.registered()``.
+
+Importing this module imports neither TensorFlow nor seqio.
+"""
+
+from __future__ import annotations
+
+import gin
+
+from xlmeta_jax import mlm
+from xlmeta_jax.data import corpora, feeding, mixtures
+
+Corpora = gin.external_configurable(corpora.Corpora, module="xlmeta_jax.corpus")
+Masking = gin.external_configurable(mlm.Masking, module="xlmeta_jax.mlm")
+make_mlm_iterator = gin.external_configurable(
+    feeding.make_mlm_iterator, module="xlmeta_jax.data.feeding"
+)
+
+# The setting that registers each task or mixture, for the error naming it.
+_SETTING = {
+    "xlmeta_english_text": "ENGLISH_FILES (Corpora.english_files; gin/data/english_files.gin)",
+    "xlmeta_english_tfds": "ENGLISH_TFDS_NAME (Corpora.english_tfds_name; "
+    "gin/data/english_tfds.gin)",
+    "xlmeta_cc100": "CC100_DIR (Corpora.cc100_dir; gin/data/cc100.gin)",
+    "xlmeta_mc4": "Corpora.mc4_tfds_name (gin/data/mc4.gin)",
+}
+
+
+def register(settings: corpora.Corpora | None = None) -> tuple[str, ...]:
+    """Registers the seqio tasks of ``settings`` (default: the gin-bound ``Corpora()``).
+
+    Returns:
+      The registered names (see :func:`tasks.register`).
+    """
+    import tasks  # noqa: PLC0415 - seqio and TensorFlow only where data is read
+
+    return tasks.register(settings if settings is not None else Corpora())
+
+
+@gin.configurable(module="xlmeta_jax.corpus")
+def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None) -> str:
+    """Registers the configured corpora and returns ``name``, checked to be registered.
+
+    Args:
+      name: a task or mixture name (tasks/names.py), e.g. ``'xlmeta_cc100'``.
+      settings: the corpus settings (default: the gin-bound ``Corpora()``).
+
+    Raises:
+      CorpusError: naming the setting that registers ``name`` when it is missing.
+    """
+    names = register(settings)
+    if name not in names:
+        hint = next(
+            (v for k, v in _SETTING.items() if name == k or name.startswith(k + "_")), None
+        )
+        raise mixtures.CorpusError(
+            f"{name} is not registered by the configured corpora (registered: "
+            f"{sorted(names) or 'none'})" + (f"; set {hint}" if hint else "")
+        )
+    return name

@@ -1,0 +1,66 @@
+"""The masked-LM batch contract: feature names, masking settings, prediction slots.
+
+One place for what the data pipeline (:mod:`xlmeta_jax.data.preprocessors`), the
+feeder, the synthetic stream and the train step agree on. A block of ``L`` tokens
+becomes these features:
+
+* ``inputs``        [L] int32 — token ids after masking;
+* ``targets``       [L] int32 — the original ids (full-length view);
+* ``weights``       [L] float32 — 1 at the positions selected for prediction;
+* ``mlm_positions`` [P] int32 — the selected positions, ascending, then 0;
+* ``mlm_targets``   [P] int32 — the original ids there, then 0;
+* ``mlm_weights``   [P] float32 — 1 for used slots, 0 for unused ones;
+
+with ``P = max_predictions(L, masking.rate)`` slots. The masking rate is set in
+one place: :class:`Masking` (gin: ``MASK_RATE`` in gin/pretrain.gin), and every
+slot count derives from it. Nothing here imports TensorFlow, seqio or gin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Every feature of a masked block, in the order above.
+FEATURES = ("inputs", "targets", "weights", "mlm_positions", "mlm_targets", "mlm_weights")
+# What the train step reads (the LM head runs at the gathered slots only); the feeder
+# sends exactly these.
+STEP_FEATURES = ("inputs", "mlm_positions", "mlm_targets", "mlm_weights")
+# What the full-vocabulary head (every position; benchmarks, references) reads.
+FULL_HEAD_FEATURES = ("inputs", "targets", "weights")
+
+
+@dataclasses.dataclass(frozen=True)
+class Masking:
+    """How a block is masked (BERT/RoBERTa/XLM-R: 15%, then 80/10/10)."""
+
+    # Expected share of the candidate tokens selected for prediction (exact in mean:
+    # floor(rate * n + u) of n candidates, u ~ U[0, 1)).
+    rate: float = 0.15
+    # Share of the selected tokens replaced by <mask>.
+    mask_token_share: float = 0.8
+    # Share of the selected tokens replaced by a random non-special token (the rest stay).
+    random_token_share: float = 0.1
+
+    def __post_init__(self):
+        if not 0.0 < self.rate < 1.0:
+            raise ValueError(f"masking rate must be in (0, 1), got {self.rate!r}")
+        shares = (self.mask_token_share, self.random_token_share)
+        if min(shares) < 0.0 or sum(shares) > 1.0:
+            raise ValueError(
+                f"mask_token_share={self.mask_token_share} and random_token_share="
+                f"{self.random_token_share} must be >= 0 and sum to at most 1"
+            )
+
+
+# XLM-R's masking (what every default refers to).
+DEFAULT_MASKING = Masking()
+
+
+def max_predictions(sequence_length: int, mask_rate: float) -> int:
+    """P, the prediction slots of a block of ``sequence_length`` tokens.
+
+    The pipeline selects ``floor(mask_rate * n + u)`` positions, u ~ U[0, 1), among
+    at most ``sequence_length - 1`` candidates, so this many slots always suffice.
+    """
+    return math.ceil(mask_rate * sequence_length) + 1
