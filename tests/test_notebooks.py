@@ -15,6 +15,7 @@ nbclient = pytest.importorskip("nbclient")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 META = NOTEBOOKS / "meta_pretraining.ipynb"
+TRANSFER = NOTEBOOKS / "zero_shot_transfer.ipynb"
 # Time limit of one cell (the trainer and fine-tuning cells are the long ones: about two
 # minutes each on 2 CPU cores, mostly compilation).
 CELL_TIMEOUT_S = 900
@@ -32,7 +33,7 @@ def _code(nb) -> list:
 
 def test_notebooks_are_stored_stripped_with_badge_and_runtimes():
     paths = sorted(NOTEBOOKS.glob("*.ipynb"))
-    assert [p.name for p in paths] == [META.name]
+    assert [p.name for p in paths] == [META.name, TRANSFER.name]
     repo = _repo_url().removeprefix("https://github.com/")
     for path in paths:
         nb = nbformat.read(path, as_version=4)
@@ -104,3 +105,20 @@ def test_meta_pretraining_notebook_runs(meta_run, kernel_env):
     assert len(plots) == 1 and "scalar_series" in plots[0].source
     run_dir = pathlib.Path(kernel_env["XLMETA_NOTEBOOK_RUN_DIR"])
     assert (run_dir / "meta" / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_zero_shot_transfer_notebook_runs(meta_run, kernel_env, shared_data):
+    nb = _execute(TRANSFER, dict(kernel_env, XLMETA_SHARED_DATA=str(shared_data)))
+    cells = _code(nb)
+    markdown = [m for c in cells for m in _outputs(c, "text/markdown")]
+    xnli_table, fill_table = markdown
+    for lang in ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur",
+                 "vi", "zh"):
+        assert f"| {lang} |" in xnli_table
+    assert fill_table.count("\n| ") == 6  # One row per language.
+    assert len([c for c in cells if _outputs(c, "image/png")]) == 2
+    run_dir = pathlib.Path(kernel_env["XLMETA_NOTEBOOK_RUN_DIR"])
+    assert (run_dir / "xnli" / "results.json").is_file()
+    assert (run_dir / "tatoeba" / "results.json").is_file()
+    assert (run_dir / "hf_export" / "tokenizer.json").is_file()

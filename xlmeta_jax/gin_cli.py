@@ -108,6 +108,9 @@ def apply_gin(
 ) -> None:
     """Parses gin files and bindings, searching ``search_paths`` and ``gin/``.
 
+    Starts from an empty config: a notebook or a test may run several commands (each
+    one locks its config) in one process.
+
     Raises:
       FileNotFoundError: naming a gin file that is in none of the search paths.
     """
@@ -123,6 +126,7 @@ def apply_gin(
                 f"gin file {f!r} not found (searched: {', '.join(search)})"
             )
         resolved.append(found)
+    gin.clear_config()
     gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=finalize)
 
 
