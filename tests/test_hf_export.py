@@ -100,7 +100,8 @@ def export(model, vocab, tmp_path_factory):
     ckpts.close()
     old_umask = os.umask(0o022)
     try:
-        assert hf.main(["to_hf", f"--checkpoint={root / 'run'}", f"--output={root / 'hf'}"]) == 0
+        assert hf.main(["to_hf", f"--checkpoint={root / 'run' / 'phase2'}",
+                        f"--output={root / 'hf'}"]) == 0
     finally:
         os.umask(old_umask)
     return root / "hf"
@@ -264,7 +265,7 @@ def test_fine_tuning_loads_the_export_as_is(export, model, vocab, texts):
 def test_bad_exports_are_refused_before_writing(export, model, vocab, tmp_path):
     cfg, params = model
     with pytest.raises(hf.ConversionError, match="already holds"):
-        hf.to_hf(str(export.parent / "run"), str(export))
+        hf.to_hf(str(export.parent / "run" / "phase2"), str(export))
     with pytest.raises(hf.ConversionError, match="vocab_path"):
         hf.save_hf(tmp_path / "no_vocab", cfg, params)
     assert not (tmp_path / "no_vocab").exists()
