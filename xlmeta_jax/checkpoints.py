@@ -12,15 +12,20 @@ Layout (t5x-like, one CheckpointManager per phase)::
       phase2/ ...
 
 Orbax writes each step into a temporary directory and renames it when complete,
-so an interrupted save never looks like a checkpoint.
+so an interrupted save never looks like a checkpoint. A failed save (disk full,
+Ctrl-C twice) removes its temporary directory; the next run's manager removes
+any left by a kill -9. Damaged checkpoints (unreadable metadata, missing or
+truncated array files) raise :class:`CheckpointError` naming the directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
+import shutil
 from typing import Any
 
 import jax
@@ -29,6 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from xlmeta_jax.errors import NoSpaceError, UserError, first_line, is_no_space
 from xlmeta_jax.network import EncoderConfig
 
 STATE, DATA, META = "state", "data", "meta"
@@ -40,8 +46,58 @@ def absolute(path) -> str:
     return path if "://" in path else os.path.abspath(path)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable or inconsistent with the run."""
+
+
+class _OrbaxLogFilter(logging.Filter):
+    """Drops Orbax log records that say nothing to a user of this module.
+
+    * notices that hold for every read of one item of a composite checkpoint
+      (its step-level metadata lives one folder up), or that precede an error
+      this module raises itself;
+    * background-thread tracebacks of a full disk: the same error is raised
+      again by ``save``/``wait`` and reported there as one line.
+    """
+
+    NOTICES = ("Metadata file does not exist", "Failed to get item metadata")
+    REPORTED = ("No space left on device",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if any(message.startswith(n) for n in self.NOTICES):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        text = message + (str(exc) if exc is not None else "")
+        return not any(r in text for r in self.REPORTED)
+
+
+_ORBAX_LOG_FILTER = _OrbaxLogFilter()
+
+
+def _filter_orbax_logs() -> None:
+    # Idempotent: logging keeps one copy of a given filter object.
+    logging.getLogger("absl").addFilter(_ORBAX_LOG_FILTER)
+
+
+def _damaged(step_dir, e: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {step_dir} is damaged or incomplete ({type(e).__name__}: "
+        f"{first_line(e)[:300]})"
+    )
+
+
+def discard_partial(directory) -> list[str]:
+    """Removes Orbax's temporary (unfinished) step directories under ``directory``."""
+    directory = epath.Path(absolute(directory))
+    removed = []
+    if not directory.exists():
+        return removed
+    for p in directory.iterdir():
+        if ocp.path.step.TMP_DIR_SUFFIX in p.name:
+            shutil.rmtree(os.fspath(p), ignore_errors=True)
+            removed.append(os.fspath(p))
+    return removed
 
 
 # ---------------------------------------------------------------------------
@@ -125,6 +181,7 @@ class PhaseCheckpoints:
         read_only: bool = False,
     ):
         self.directory = epath.Path(absolute(directory))
+        _filter_orbax_logs()
         from orbax.checkpoint import checkpoint_managers as policies
 
         options = ocp.CheckpointManagerOptions(
@@ -137,9 +194,11 @@ class PhaseCheckpoints:
             max_to_keep=max_to_keep,
             enable_async_checkpointing=async_save,
             create=not read_only,
-            read_only=read_only,
+            # Not Orbax's read_only option: it warns on every open. This object
+            # never saves when read_only (see save()).
             cleanup_tmp_directories=not read_only,
         )
+        self.read_only = read_only
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=options,
@@ -158,6 +217,8 @@ class PhaseCheckpoints:
 
     def save(self, step: int, state, iterator, meta: dict, *, force: bool = False) -> bool:
         """Saves when the interval says so (or ``force``); refuses non-finite state."""
+        if self.read_only:
+            raise RuntimeError(f"{self.directory} was opened read-only")
         if not force and not self.manager.should_save(step):
             return False
         if not all_finite(state.params):
@@ -170,21 +231,56 @@ class PhaseCheckpoints:
         }
         if iterator is not None:
             items[DATA] = DataIteratorSave(iterator)
-        return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+        try:
+            return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+        except Exception as e:
+            self._raise_write_error(e, step)
+            raise
+
+    def _raise_write_error(self, e: BaseException, step: int | None) -> None:
+        """Turns a full disk into one error, after removing the partial step."""
+        if not is_no_space(e):
+            return
+        removed = discard_partial(self.directory)
+        # A background save fails at the next save or wait: name the step it was writing.
+        steps = sorted(int(os.path.basename(p).split(".")[0]) for p in removed
+                       if os.path.basename(p).split(".")[0].isdigit())
+        if steps:
+            step = steps[0]
+        where = self.step_dir(step) if step is not None else self.directory
+        raise NoSpaceError(
+            f"no space left on device while writing checkpoint {where} (the partial "
+            f"checkpoint was removed; the run resumes from step {self.latest_step()})"
+        ) from e
 
     def restore(self, step: int, abstract_state, iterator=None):
-        """Restores state (onto ``abstract_state``'s shardings) and the iterator."""
+        """Restores state (onto ``abstract_state``'s shardings) and the iterator.
+
+        Raises:
+          CheckpointError: the step's files are damaged or do not fit ``abstract_state``.
+        """
+        self.read_meta(step)  # a readable-metadata check with a clear message first
         items = {STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
         if iterator is not None:
             items[DATA] = DataIteratorRestore(iterator)
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
+            raise _damaged(self.step_dir(step), e) from e
         return restored[STATE], restored[META]
 
     def read_meta(self, step: int) -> dict:
         return read_meta(self.step_dir(step))
 
     def wait(self):
-        self.manager.wait_until_finished()
+        """Waits for a background save; a full disk becomes a NoSpaceError."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            self._raise_write_error(e, None)
+            raise
 
     def close(self):
         self.manager.close()
@@ -228,7 +324,39 @@ def read_meta(step_dir) -> dict:
     path = epath.Path(step_dir) / META / "metadata"
     if not path.exists():
         raise CheckpointError(f"{step_dir} has no {META}/metadata: not an xlmeta_jax checkpoint")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, OSError) as e:
+        raise CheckpointError(
+            f"checkpoint metadata {path} is corrupted ({type(e).__name__}); "
+            "the checkpoint cannot be used"
+        ) from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint metadata {path} is corrupted (not a JSON object)")
+    return meta
+
+
+def verify_readable(step_dir, abstract_params=None) -> dict:
+    """Checks that a checkpoint can be used: metadata, array metadata and parameters.
+
+    The parameters are read in full (not the optimizer state): a truncated or
+    deleted array file shows only when its bytes are read, and the parameters
+    are what a later phase, a fine-tune or an export needs.
+
+    Args:
+      step_dir: ``.../phaseN/<step>``.
+      abstract_params: expected parameter shapes/dtypes (ShapeDtypeStructs), if known.
+
+    Returns:
+      The checkpoint's metadata.
+
+    Raises:
+      CheckpointError: naming the step directory and what is wrong.
+    """
+    meta = read_meta(step_dir)
+    params = restore_params(step_dir, abstract_params)
+    del params
+    return meta
 
 
 def restore_items(step_dir, abstract: dict) -> dict:
@@ -244,16 +372,42 @@ def restore_items(step_dir, abstract: dict) -> dict:
 
     Returns:
       ``{entry: restored pytree}`` placed on the given shardings.
+
+    Raises:
+      CheckpointError: the step's files are damaged, or its parameters have other
+        shapes than ``abstract["params"]`` (naming the first that differs).
     """
+    state_dir = _state_dir(step_dir)
+    if "params" in abstract:
+        _check_shapes(step_dir, _stored_tree(step_dir, state_dir).get("params", {}),
+                      abstract["params"])
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+    try:
+        return ocp.PyTreeCheckpointer().restore(
+            state_dir,
+            args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
+                                        partial_restore=True),
+        )
+    except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
+        raise _damaged(step_dir, e) from e
+
+
+def _state_dir(step_dir) -> epath.Path:
     state_dir = epath.Path(absolute(step_dir)) / STATE
     if not state_dir.exists():
         raise CheckpointError(f"{step_dir} has no {STATE}/ item: not an xlmeta_jax checkpoint")
-    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
-    return ocp.PyTreeCheckpointer().restore(
-        state_dir,
-        args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
-                                    partial_restore=True),
-    )
+    _filter_orbax_logs()
+    return state_dir
+
+
+def _stored_tree(step_dir, state_dir) -> dict:
+    """The train state's tree of array metadata (shapes, dtypes), read without data."""
+    try:
+        meta = ocp.PyTreeCheckpointer().metadata(state_dir)
+        tree = getattr(meta, "item_metadata", meta)
+        return dict(getattr(tree, "tree", tree))
+    except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
+        raise _damaged(step_dir, e) from e
 
 
 def restore_params(step_dir, abstract_params=None):
@@ -265,17 +419,11 @@ def restore_params(step_dir, abstract_params=None):
         restore onto (any mesh); default: arrays on the first device.
     """
     if abstract_params is None:
-        state_dir = epath.Path(absolute(step_dir)) / STATE
-        if not state_dir.exists():
-            raise CheckpointError(
-                f"{step_dir} has no {STATE}/ item: not an xlmeta_jax checkpoint")
-        meta = ocp.PyTreeCheckpointer().metadata(state_dir)
-        tree = getattr(meta, "item_metadata", meta)
-        tree = getattr(tree, "tree", tree)
+        tree = _stored_tree(step_dir, _state_dir(step_dir)).get("params", {})
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract_params = jax.tree.map(
             lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-            dict(tree)["params"],
+            tree,
             is_leaf=lambda x: hasattr(x, "shape"),
         )
     return restore_items(step_dir, {"params": abstract_params})["params"]
@@ -317,6 +465,22 @@ def _final_step_dir(phase_dir: epath.Path) -> epath.Path:
             f"{total}); to use it anyway, name the step directory: {step_dir}"
         )
     return step_dir
+
+
+def _check_shapes(step_dir, stored, expected) -> None:
+    """Names the first parameter whose stored shape differs from the expected one."""
+    leaves = jax.tree_util.tree_leaves_with_path(stored, is_leaf=lambda x: hasattr(x, "shape"))
+    flat_stored = {jax.tree_util.keystr(k): v for k, v in leaves}
+    for path, want in jax.tree_util.tree_leaves_with_path(expected):
+        key = jax.tree_util.keystr(path)
+        have = flat_stored.get(key)
+        if have is None:
+            raise CheckpointError(f"checkpoint {step_dir} has no parameter {key}: another model")
+        if tuple(have.shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"checkpoint {step_dir}: parameter {key} has shape {tuple(have.shape)}, the "
+                f"configured model needs {tuple(want.shape)}"
+            )
 
 
 def find_step_dir(path) -> epath.Path:
@@ -361,7 +525,12 @@ def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
     """
     step_dir = find_step_dir(path)
     meta = read_meta(step_dir)
-    cfg = EncoderConfig(**meta["model_config"])
+    try:
+        cfg = EncoderConfig(**meta["model_config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint metadata of {step_dir} has no valid model_config ({first_line(e)})"
+        ) from None
     params = restore_params(step_dir)
     params = jax.tree.map(np.asarray, params)
     return cfg, params, meta.get("vocab_path")

@@ -27,7 +27,24 @@ from __future__ import annotations
 import logging
 import sys
 
-from xlmeta_jax import gin_cli
+from xlmeta_jax import errors, gin_cli, logs
+
+
+def help_text() -> str:
+    return gin_cli.help_text(
+        "xlmeta_jax.finetune",
+        "Zero-shot cross-lingual evaluation: fine-tunes a pretrained encoder on English and "
+        "tests it on every language of the task; the sentence-retrieval tasks (Tatoeba, "
+        "BUCC) run through it without fine-tuning. INITIAL_CHECKPOINT_PATH is a pretraining "
+        "run (its MODEL_DIR), a phase or step folder, a Hugging Face XLM-R folder, a `hf "
+        "to_flax` output or init:tiny. Writes MODEL_DIR/results.json and config.gin and "
+        "prints the per-language table.",
+        gin_files=("finetune/*.gin",),
+        example="python -m xlmeta_jax.finetune --gin_file=gin/finetune/pawsx.gin "
+                "--gin_file=gin/finetune/demo.gin --gin.INITIAL_CHECKPOINT_PATH=\"'init:tiny'\" "
+                "--gin.MODEL_DIR=\"'/tmp/pawsx_demo'\"",
+        flags=(("--seeds=N", "fine-tune N times (seeds seed .. seed+N-1), report mean ± std"),),
+    )
 
 
 def _pop_seeds(argv: list[str]) -> tuple[list[str], int | None]:
@@ -49,9 +66,11 @@ def main(argv: list[str] | None = None) -> dict:
     """Parses gin flags and ``--seeds``, runs the configured ``finetune``, prints its table."""
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, seeds = _pop_seeds(argv)
-    flags = gin_cli.parse_command_line(argv, doc=__doc__, example="gin/finetune/tydiqa.gin")
+    flags = gin_cli.parse_command_line(argv, doc=help_text(),
+                                       example="gin/finetune/tydiqa.gin")
     if flags is None:
         return {}
+    logs.quiet_start(import_tensorflow=True)
     # Imported after the flags are checked: pulls in jax.
     from xlmeta_jax.evaluation import finetuning
 
@@ -64,4 +83,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    errors.exit_with(main, prog="xlmeta_jax.finetune")

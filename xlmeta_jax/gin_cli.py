@@ -14,13 +14,28 @@ The repository's ``gin/`` folder and the package directory are always searched.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 import pathlib
+import re
+import tokenize
+import typing
 from collections.abc import Sequence
 
 import gin
 
+from xlmeta_jax.errors import UserError
+
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+
+
+class GinConfigError(UserError, ValueError):
+    """A gin file or binding is wrong (unknown macro, wrong type, syntax, missing file)."""
+
+
+class GinFileNotFoundError(GinConfigError, FileNotFoundError):
+    """A ``--gin_file`` is in none of the search paths."""
 
 
 @dataclasses.dataclass
@@ -74,6 +89,52 @@ def parse_gin_flags(argv: Sequence[str]) -> GinFlags:
     return GinFlags(files, bindings, paths, rest)
 
 
+GIN_FLAGS_HELP = (
+    ("--gin_file=FILE", "gin file, repeatable; looked up in --gin_search_paths, the current "
+     "folder and the repository's gin/"),
+    ("--gin.NAME=VALUE", "bind a macro or parameter (strings keep their quotes: "
+     "--gin.MODEL_DIR=\"'/runs/x'\"); an unknown macro is an error"),
+    ("--gin_bindings='NAME = VALUE'", "the same as a raw gin binding, repeatable"),
+    ("--gin_search_paths=DIR[,DIR]", "extra folders for --gin_file and gin includes"),
+    ("--debug", "show the traceback of an error (also: XLMETA_DEBUG=1)"),
+    ("-h, --help", "show this help and exit"),
+)
+
+
+def help_text(prog: str, summary: str, *, gin_files: Sequence[str], example: str,
+              flags: Sequence[tuple[str, str]] = ()) -> str:
+    """The ``--help`` of a gin-configured command.
+
+    Args:
+      prog: module run with ``python -m``.
+      summary: what the command does (a paragraph).
+      gin_files: glob patterns under the repository's ``gin/`` it takes.
+      example: one complete command line.
+      flags: the command's own (non-gin) flags as (flag, help).
+    """
+    import textwrap
+
+    rows = [*GIN_FLAGS_HELP, *flags]
+    width = max(len(f) for f, _ in rows) + 2
+    out = [f"usage: python -m {prog} --gin_file=FILE [--gin.NAME=VALUE ...] [flags]", ""]
+    out += textwrap.wrap(" ".join(summary.split()), 88) + ["", "flags:"]
+    for flag, text in rows:
+        wrapped = textwrap.wrap(text, 88 - width - 2) or [""]
+        out.append(f"  {flag:<{width}}{wrapped[0]}")
+        out += [" " * (width + 2) + w for w in wrapped[1:]]
+    out += ["", "gin files it takes (in gin/):"]
+    names = sorted({os.fspath(p.relative_to(REPO_GIN_DIR)) for pattern in gin_files
+                    for p in REPO_GIN_DIR.glob(pattern)})
+    out += textwrap.wrap("  ".join(names) or "(none found)", 86, initial_indent="  ",
+                         subsequent_indent="  ")
+    out += ["", "example:", f"  {example}"]
+    return "\n".join(out)
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
+
+
 def parse_command_line(argv: Sequence[str], *, doc: str, example: str) -> GinFlags | None:
     """Gin flags of a command that takes nothing else; None after printing ``--help``.
 
@@ -83,20 +144,31 @@ def parse_command_line(argv: Sequence[str], *, doc: str, example: str) -> GinFla
       example: a gin file to name when none is given (e.g. ``gin/finetune/tydiqa.gin``).
 
     Raises:
-      SystemExit: for unknown arguments or no ``--gin_file``.
+      SystemExit: (one line) for unknown arguments or no ``--gin_file``.
     """
-    if any(a in ("-h", "--help") for a in argv):
+    if wants_help(argv):
         print(doc)
         return None
-    flags = parse_gin_flags(argv)
+    try:
+        flags = parse_gin_flags(argv)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if flags.remaining:
         raise SystemExit(
             f"unknown arguments {flags.remaining}; use --gin_file, --gin_bindings, "
-            "--gin.NAME=VALUE or --gin_search_paths"
+            "--gin.NAME=VALUE or --gin_search_paths (see --help)"
         )
     if not flags.gin_files:
         raise SystemExit(f"no --gin_file given (e.g. --gin_file={example})")
     return flags
+
+
+class _DropIncludeProbes(logging.Filter):
+    """Drops gin's ERROR-level "Path not found" lines: each is one search-path probe
+    of an ``include`` that another search path then finds."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Path not found")
 
 
 def apply_gin(
@@ -105,14 +177,29 @@ def apply_gin(
     search_paths: Sequence[str] = (),
     *,
     finalize: bool = True,
+    positive: Sequence[str] = (),
 ) -> None:
     """Parses gin files and bindings, searching ``search_paths`` and ``gin/``.
 
     Starts from an empty config: a notebook or a test may run several commands (each
     one locks its config) in one process.
 
+    Files are parsed first; then each command-line binding of a macro
+    (``NAME = VALUE``) must name a macro the files define or use, and every
+    literal value must have the type its configurable parameter declares.
+
+    Args:
+      gin_files: gin files, in order.
+      bindings: ``NAME = VALUE`` bindings applied after the files.
+      search_paths: folders searched for the files and their includes.
+      finalize: lock the config afterwards.
+      positive: parameters (``module.Configurable.param``, any scope) that must be
+        integers > 0; a bad value is named by the macro it comes from.
+
     Raises:
-      FileNotFoundError: naming a gin file that is in none of the search paths.
+      GinConfigError: naming a gin file that is in none of the search paths, an
+        unknown macro (with the known ones nearby), a value of the wrong type, or
+        gin's own parse error.
     """
     search = [*search_paths, os.getcwd(), os.fspath(REPO_GIN_DIR), os.fspath(REPO_GIN_DIR.parent)]
     for path in search:
@@ -122,12 +209,182 @@ def apply_gin(
         candidates = [f] + [os.path.join(p, f) for p in search]
         found = next((c for c in candidates if os.path.isfile(c)), None)
         if found is None:
-            raise FileNotFoundError(
+            raise GinFileNotFoundError(
                 f"gin file {f!r} not found (searched: {', '.join(search)})"
             )
         resolved.append(found)
     gin.clear_config()
-    gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=finalize)
+    probes = _DropIncludeProbes()
+    logging.getLogger().addFilter(probes)
+    try:
+        gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+        check_macro_bindings(bindings)
+        gin.parse_config_files_and_bindings([], list(bindings), finalize_config=False)
+        check_types(positive)
+        if finalize:
+            gin.finalize()
+    except (ValueError, SyntaxError, TypeError, OSError, tokenize.TokenError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise GinConfigError(f"gin config: {_gin_message(e)}") from e
+    finally:
+        logging.getLogger().removeFilter(probes)
+
+
+def _gin_message(e: BaseException) -> str:
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # gin appends "In file ..., line N" / the offending text on following lines.
+    where = next((ln for ln in lines[1:] if ln.startswith("In ")), "")
+    return f"{lines[0]} ({where})" if where and lines else (lines[0] if lines else repr(e))
+
+
+# ---------------------------------------------------------------------------
+# Checks of the parsed config (public gin API: config_str, query_parameter).
+# ---------------------------------------------------------------------------
+
+_MACRO_LINE = re.compile(r"^([A-Za-z_][\w.]*) = ")
+_BINDING_LINE = re.compile(r"^((?:[\w.]+/)*[\w.]+\.\w+) = ")
+_MACRO_USE = re.compile(r"%([A-Za-z_][\w.]*)")
+
+
+def known_macros() -> set[str]:
+    """Macros the parsed config defines or uses (``NAME = ...`` / ``%NAME``)."""
+    text = gin.config_str()
+    names = set(_MACRO_USE.findall(text))
+    for line in text.splitlines():
+        m = _MACRO_LINE.match(line)
+        if m and "." not in m.group(1):
+            names.add(m.group(1))
+    names.discard("gin.REQUIRED")
+    return names
+
+
+def check_macro_bindings(bindings: Sequence[str]) -> None:
+    """Raises GinConfigError for a binding of a macro the parsed files do not know.
+
+    gin accepts any ``NAME = VALUE`` as a macro definition, so a misspelled
+    ``--gin.BATCH_SIZ=8`` would silently leave ``BATCH_SIZE`` at its default.
+    """
+    known = None
+    for binding in bindings:
+        name = binding.partition("=")[0].strip()
+        if not name or "." in name or "/" in name or not name.isidentifier():
+            continue
+        if known is None:
+            known = known_macros()
+        if name not in known:
+            near = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(near)}?" if near else (
+                f"known macros: {', '.join(sorted(known)) or 'none'}"
+            )
+            raise GinConfigError(f"unknown gin macro {name!r} in binding {binding!r}; {hint}")
+
+
+def binding_source(key: str) -> str:
+    """The macro a parameter's value comes from (``META_STEPS``), else ``key`` itself."""
+    try:
+        value = gin.query_parameter(key)
+    except ValueError:
+        return key
+    name = _macro_name(value)
+    return name or key
+
+
+def _macro_name(value) -> str | None:
+    if isinstance(value, gin.config.ConfigurableReference) and (
+        value.selector == "gin.macro"
+    ):
+        return value.scoped_selector.rsplit("/", 1)[0]
+    return None
+
+
+def _resolve(value, depth: int = 0):
+    """(literal value, macro it came from); references other than macros stay as they are."""
+    macro = None
+    while depth < 20:
+        name = _macro_name(value)
+        if name is None:
+            break
+        macro = macro or name
+        try:
+            value = gin.query_parameter(f"{name}/gin.macro.value")
+        except ValueError:
+            break
+        depth += 1
+    return value, macro
+
+
+def _binding_keys() -> list[str]:
+    keys = []
+    for line in gin.config_str().splitlines():
+        m = _BINDING_LINE.match(line)
+        if m and not m.group(1).endswith("gin.macro.value"):
+            keys.append(m.group(1))
+    return keys
+
+
+_SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
+
+
+def _type_ok(value, hint) -> bool | None:
+    """Whether ``value`` fits a simple annotation; None when the hint is not simple."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        results = [_type_ok(value, h) for h in typing.get_args(hint)]
+        if any(r is None for r in results):
+            return None
+        return any(results)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def _hints(selector: str) -> dict:
+    try:
+        fn = gin.get_configurable(selector.rsplit("/", 1)[-1])
+    except (ValueError, KeyError):
+        return {}
+    target = getattr(fn, "__wrapped__", fn)
+    try:
+        return typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    except Exception:  # noqa: BLE001 - unresolvable annotations are simply not checked
+        return {}
+
+
+def _describe(key: str, macro: str | None, value) -> str:
+    return f"{macro} = {value!r} (used by {key})" if macro else f"{key} = {value!r}"
+
+
+def check_types(positive: Sequence[str] = ()) -> None:
+    """Raises GinConfigError for a literal whose type its parameter does not accept.
+
+    Args:
+      positive: ``module.Configurable.param`` names (any scope) that must be integers > 0.
+    """
+    for key in _binding_keys():
+        selector, _, param = key.rpartition(".")
+        value, macro = _resolve(gin.query_parameter(key))
+        if isinstance(value, gin.config.ConfigurableReference) or value is gin.REQUIRED:
+            continue
+        unscoped = key.rsplit("/", 1)[-1]
+        if any(unscoped == p or p.endswith("." + unscoped) for p in positive):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise GinConfigError(
+                    f"{_describe(key, macro, value)}: must be an integer > 0"
+                )
+        hint = _hints(selector).get(param)
+        if hint is not None and _type_ok(value, hint) is False:
+            expected = _SIMPLE.get(hint) or str(hint).replace("typing.", "")
+            raise GinConfigError(f"{_describe(key, macro, value)}: expected {expected}")
 
 
 def write_config(model_dir: str, filename: str = "config.gin") -> str:

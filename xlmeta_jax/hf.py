@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import pathlib
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -385,13 +384,27 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None) -> pat
     return save_hf(output, cfg, params, vocab_path=vocab_path or recorded)
 
 
+def _help_epilog(subparsers: Mapping[str, argparse.ArgumentParser]) -> str:
+    """Every sub-command's flags in the top-level ``--help`` (argparse lists only names)."""
+    parts = [f"--- {name} ---\n{p.format_help()}" for name, p in subparsers.items()]
+    parts.append(
+        "examples:\n"
+        "  python -m xlmeta_jax.hf to_flax --hf_path=xlm-roberta-base_dir --output=runs/xlmr_flax\n"
+        "  python -m xlmeta_jax.hf to_hf --checkpoint=runs/demo --output=runs/demo_hf\n"
+        "(no gin files; --debug shows the traceback of an error)"
+    )
+    return "\n".join(parts)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m xlmeta_jax.hf",
         description="Convert XLM-R masked-LM weights between Hugging Face and xlmeta_jax.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("to_flax", help="HF save_pretrained dir -> our checkpoint (Orbax)")
+    p = to_flax_parser = sub.add_parser("to_flax",
+                                        help="HF save_pretrained dir -> our checkpoint (Orbax)")
     p.add_argument("--hf_path", required=True, help="save_pretrained dir or weights file")
     p.add_argument("--output", required=True,
                    help="new output dir: a phase directory with step 0, as the trainer writes")
@@ -399,7 +412,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the scanned layout (one 'layers' subtree with a layer axis)")
     p.add_argument("--allow_pickle", action="store_true",
                    help="permit pytorch_model.bin (pickle) weights; only for trusted files")
-    p = sub.add_parser("to_hf", help="our checkpoint -> HF save_pretrained dir")
+    p = to_hf_parser = sub.add_parser("to_hf", help="our checkpoint -> HF save_pretrained dir")
     p.add_argument("--checkpoint", required=True,
                    help="dir written by to_flax, or a pretraining MODEL_DIR / phase / step dir")
     p.add_argument("--output", required=True,
@@ -407,6 +420,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab_path", default=None,
                    help="the model's SentencePiece .model (default: the one the checkpoint "
                    "records)")
+    parser.epilog = _help_epilog({"to_flax": to_flax_parser, "to_hf": to_hf_parser})
     return parser
 
 
@@ -423,4 +437,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from xlmeta_jax import errors
+
+    errors.exit_with(main, prog="xlmeta_jax.hf")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from xlmeta_jax.errors import UserError
 from xlmeta_jax.network import EncoderConfig
 
 # Keys that may appear in HF checkpoints but have no counterpart in the MLM network:
@@ -32,7 +33,7 @@ _TIED = {
 }
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """A checkpoint does not match the expected XLM-R layout (names the offending key)."""
 
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import jax
 
-from xlmeta_jax import gin_cli, trainer
+from xlmeta_jax import errors, gin_cli, logs, trainer
 
 # The trainer's logger: its progress lines are what this command prints.
 log = logging.getLogger("xlmeta_jax.train")
@@ -68,24 +68,67 @@ def setup_logging() -> None:
     log.propagate = False
 
 
+# Parameters that must be integers > 0 whatever scope binds them; a bad value is
+# reported under the macro it comes from (META_STEPS, not OptimizerConfig.total_steps).
+POSITIVE_PARAMETERS = (
+    "xlmeta_jax.trainer.Phase.num_steps",
+    "xlmeta_jax.trainer.Phase.batch_size",
+    "xlmeta_jax.trainer.Phase.sequence_length",
+    "xlmeta_jax.optimizer.OptimizerConfig.total_steps",
+    "xlmeta_jax.trainer.train.checkpoint_every",
+    "xlmeta_jax.trainer.train.log_every",
+)
+
+HELP_FLAGS = (
+    ("--coordinator_address=HOST:PORT", "jax.distributed coordinator (multi-process runs; "
+     "with --process_count and --process_index)"),
+    ("--process_count=N", "number of processes"),
+    ("--process_index=I", "this process's index"),
+    ("--cpu_collectives=gloo", "collectives of multi-process CPU runs"),
+)
+
+
+def help_text() -> str:
+    return gin_cli.help_text(
+        "xlmeta_jax.train",
+        "Pretrains the encoder: every phase of the run the gin files describe (meta-"
+        "pretraining: English, then the 100-language mixture from phase 1's parameters; "
+        "the XLM-R baseline: one phase). Rerunning the same command resumes where it "
+        "stopped; Ctrl-C stops at a step boundary with a checkpoint.",
+        gin_files=("*.gin", "models/*.gin", "data/*.gin"),
+        example="python -m xlmeta_jax.train --gin_file=gin/demo.gin "
+                "--gin.MODEL_DIR=\"'runs/demo'\"",
+        flags=HELP_FLAGS,
+    )
+
+
 def main(argv: Sequence[str]) -> dict:
     """Parses gin flags and runs :func:`xlmeta_jax.trainer.train`; returns its summary."""
+    if gin_cli.wants_help(argv):
+        print(help_text())
+        return {}
     setup_logging()
-    flags = gin_cli.parse_gin_flags(argv)
+    try:
+        flags = gin_cli.parse_gin_flags(argv)
+    except ValueError as e:
+        raise trainer.ConfigError(str(e)) from None
     rest = initialize_distributed(flags.remaining)
     if rest:
-        raise trainer.ConfigError(f"unknown arguments: {rest}")
+        raise trainer.ConfigError(f"unknown arguments: {rest} (see --help)")
     if not flags.gin_files:
         raise trainer.ConfigError("give at least one --gin_file (e.g. --gin_file=gin/demo.gin)")
+    # TensorFlow (the input pipeline's tf.data) imported now, without its start-up lines.
+    logs.quiet_start(import_tensorflow=True)
     # The input pipeline's gin configurables (xlmeta_jax.corpus) come with the trainer and
     # need no TensorFlow; hosts without it can still train on the synthetic stream.
-    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths,
+                      positive=POSITIVE_PARAMETERS)
     return trainer.train()
 
 
 def run() -> None:
     """Console entry point (``python -m xlmeta_jax.train`` / ``xlmeta-train``)."""
-    main(sys.argv[1:])
+    errors.exit_with(main, prog="xlmeta_jax.train")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,18 @@ from typing import Any
 import gin
 import jax
 
-from xlmeta_jax import checkpoints, corpus, gin_cli, losses, network, partitioning, step
+from xlmeta_jax import (
+    checkpoints,
+    corpus,
+    errors,
+    gin_cli,
+    interrupts,
+    losses,
+    network,
+    partitioning,
+    run_dir,
+    step,
+)
 from xlmeta_jax.optimizer import OptimizerConfig
 from xlmeta_jax.tools import hardware
 
@@ -38,7 +49,7 @@ gin.external_configurable(OptimizerConfig, module="xlmeta_jax.optimizer")
 SYNTHETIC = "synthetic"
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.UserError, ValueError):
     """The run's configuration is invalid (raised before anything compiles)."""
 
 
@@ -111,8 +122,15 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
         raise ConfigError(f"train.mesh_shape: {e}") from e
     data_parallel = shape[0] * shape[1]
     seen = set()
+    schedule_offset = {}
     for p in phases:
         where = f"phase {p.name!r}"
+        for field in ("num_steps", "batch_size", "sequence_length"):
+            value = getattr(p, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                source = gin_cli.binding_source(f"{p.name}/xlmeta_jax.trainer.Phase.{field}")
+                raise ConfigError(f"{where}: {field} ({source}) must be an integer > 0, "
+                                  f"got {value!r}")
         if p.name in seen:
             raise ConfigError(f"{where}: duplicate phase name")
         if p.init_from is not None and p.init_from not in seen:
@@ -133,23 +151,76 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"{model.max_length} positions (max_position_embeddings="
                 f"{model.max_position_embeddings}, pad_token_id={model.pad_token_id})"
             )
-        if p.optimizer is not None and p.optimizer.total_steps < p.num_steps:
+        # With reset_schedule=False a phase continues its init_from phase's step count,
+        # so its schedule must reach that offset plus its own steps.
+        offset = 0
+        if p.init_from is not None and not p.reset_schedule:
+            prev = next(q for q in phases if q.name == p.init_from)
+            offset = schedule_offset[prev.name] + prev.num_steps
+        schedule_offset[p.name] = offset
+        total = p.optimizer_config().total_steps
+        if total < offset + p.num_steps:
+            source = gin_cli.binding_source(
+                f"{p.name}/xlmeta_jax.optimizer.OptimizerConfig.total_steps")
             raise ConfigError(
-                f"{where}: optimizer.total_steps={p.optimizer.total_steps} < num_steps="
-                f"{p.num_steps}; the schedule would end early"
+                f"{where}: optimizer total_steps={total} ({source}) < step_offset {offset} + "
+                f"num_steps {p.num_steps}; the schedule would end early and the last "
+                f"{offset + p.num_steps - total} steps would train at its end learning rate"
             )
     return shape
 
 
-def _is_complete(model_dir: str, phase: Phase) -> bool:
-    """Whether the phase's final checkpoint exists (finalised by Orbax)."""
+def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> None:
+    """VOCAB_PATH is a SentencePiece model the encoder's embedding covers, same pad id.
+
+    Raises:
+      ConfigError: naming VOCAB_PATH or the EncoderConfig field.
+    """
+    if not vocab_path or "://" in vocab_path:
+        return
+    if not os.path.isfile(vocab_path):
+        raise ConfigError(f"VOCAB_PATH {vocab_path} does not exist")
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(vocab_path)
+    except (OSError, RuntimeError) as e:
+        raise ConfigError(
+            f"VOCAB_PATH {vocab_path} is not a SentencePiece model ({errors.first_line(e)})"
+        ) from None
+    if sp.get_piece_size() > model.vocab_size:
+        raise ConfigError(
+            f"EncoderConfig.vocab_size={model.vocab_size} does not cover the "
+            f"{sp.get_piece_size()} pieces of VOCAB_PATH {vocab_path}"
+        )
+    # seqio pads with id 0; a vocabulary that defines its own pad piece must agree.
+    vocab_pad = sp.pad_id() if sp.pad_id() >= 0 else 0
+    if model.pad_token_id != vocab_pad:
+        raise ConfigError(
+            f"EncoderConfig.pad_token_id={model.pad_token_id} differs from the pad id "
+            f"{vocab_pad} of VOCAB_PATH {vocab_path}"
+        )
+
+
+def _is_complete(model_dir: str, phase: Phase, model: network.EncoderConfig) -> bool:
+    """Whether the phase's final checkpoint exists (finalised by Orbax).
+
+    Raises:
+      run_dir.RunConfigMismatch: the phase's stored checkpoints were written for
+        another model or phase setting than the requested one.
+    """
     path = os.path.join(model_dir, phase.name)
     if not os.path.isdir(path):
         return False
     ckpt = checkpoints.PhaseCheckpoints(path, save_interval_steps=1, max_to_keep=None,
                                         read_only=True)
     try:
-        return ckpt.latest_step() == phase.num_steps
+        latest = ckpt.latest_step()
+        if latest is not None:
+            run_dir.check_stored_config(os.fspath(ckpt.step_dir(latest)),
+                                        ckpt.read_meta(latest), model, phase)
+        return latest == phase.num_steps
     finally:
         ckpt.close()
 
@@ -319,6 +390,8 @@ class _Run:
     vocab_path: str | None
     peak_flops: float | None
     rng_impl: str
+    # Ctrl-C / SIGTERM handling while training (None: default signal behaviour).
+    stop: Any = None
 
 
 def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
@@ -344,11 +417,12 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     # fresh or carried-over optimizer moments / schedule per the flags;
     # (3) INITIAL_CHECKPOINT_PATH params for a phase without init_from;
     # (4) random init from the seed.
+    # (The stored config matches the requested one: checked by _is_complete.)
     latest = ckpt.latest_step()
     provenance = None
     step_offset = 0
     if latest == phase.num_steps:
-        # Complete: nothing to restore (a later phase reads this checkpoint itself).
+        # Complete (and verified readable by _train_all): nothing to restore.
         meta = ckpt.read_meta(latest)
         ckpt.close()
         log.info("[%s] already complete at %s", phase.name, ckpt.step_dir(latest))
@@ -376,6 +450,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
                     f"[{phase.name}] init_from={phase.init_from!r}: no final checkpoint "
                     f"(step {prev_phase.num_steps}) in {prev.directory}; latest is {prev_step}"
                 )
+            run_dir.check_stored_config(os.fspath(prev.step_dir(prev_step)),
+                                        prev.read_meta(prev_step), model, prev_phase)
             provenance = os.fspath(prev.step_dir(prev_step))
             state = handoff_state(fns, provenance, run.seed,
                                   reset_optimizer=phase.reset_optimizer,
@@ -427,6 +503,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             )
         return host
 
+    if first_step == 0:
+        log.info("[%s] compiling the train step and reading the first batch", phase.name)
     while phase_step < phase.num_steps:
         batch = next(iterator)
         state, metrics = fns.train_step(state, batch)
@@ -463,6 +541,12 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             t_log, steps_since_log = time.time(), 0
         if save_now:
             ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics), force=done)
+        sync_point = save_now or phase_step % run.log_every == 0
+        if not done and run.stop is not None and run.stop.requested(sync_point=sync_point):
+            if pending is not None:
+                last_metrics, pending = check(*pending), None
+            _stop_with_checkpoint(phase, ckpt, phase_step, state, iterator,
+                                  meta_for(phase_step, last_metrics), saved=save_now)
 
     # --------------------------------------------------------- phase end
     ckpt.wait()
@@ -471,6 +555,32 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     writer.close()
     return _phase_summary(phase, last_metrics, ckpt.step_dir(final_step), provenance,
                           steps_run=phase.num_steps - first_step, wall=time.time() - t_phase)
+
+
+def _stop_with_checkpoint(phase, ckpt, phase_step, state, iterator, meta, *, saved):
+    """Writes (or finishes) the checkpoint of ``phase_step`` and stops the run."""
+    try:
+        if not saved:
+            ckpt.save(phase_step, state, iterator, meta, force=True)
+        ckpt.wait()
+    except KeyboardInterrupt:
+        checkpoints.discard_partial(ckpt.directory)
+        raise errors.Interrupted(
+            f"[{phase.name}] stopped at step {phase_step}/{phase.num_steps} without a "
+            f"checkpoint of it; rerunning the same command resumes from "
+            f"{_resume_point(ckpt)}"
+        ) from None
+    latest = ckpt.latest_step()
+    ckpt.close()
+    raise errors.Interrupted(
+        f"[{phase.name}] stopped at step {phase_step}/{phase.num_steps}; rerunning the "
+        f"same command resumes from {ckpt.step_dir(latest)}"
+    )
+
+
+def _resume_point(ckpt) -> str:
+    latest = ckpt.latest_step()
+    return os.fspath(ckpt.step_dir(latest)) if latest is not None else "the phase's start"
 
 
 def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
@@ -535,22 +645,47 @@ def train(
             f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}"
         )
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
+    check_vocabulary(vocab_path, model)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
     vocab_path = checkpoints.absolute(vocab_path) if vocab_path else None
     _check_model_dir(model_dir)
+    # One writer per run directory (on a pod: the primary host speaks for all).
+    lock = None
+    if jax.process_index() == 0 and run_dir.RunLock.supported(model_dir):
+        lock = run_dir.RunLock(model_dir).acquire()
+    try:
+        with interrupts.StopSignals() as stop:
+            summary = _train_all(model_dir, model, phases, mesh_shape, seed, checkpoint_every,
+                                 keep_checkpoints, async_checkpointing, log_every,
+                                 initial_checkpoint_path, vocab_path, rng_impl, stop)
+    finally:
+        if lock is not None:
+            lock.release()
+    return summary
+
+
+def _train_all(model_dir, model, phases, mesh_shape, seed, checkpoint_every, keep_checkpoints,
+               async_checkpointing, log_every, initial_checkpoint_path, vocab_path, rng_impl,
+               stop) -> dict:
     mesh = partitioning.create_mesh(*mesh_shape)
     log.info("devices: %s; mesh (data, fsdp, tensor) = %s", hardware.device_description(),
              mesh_shape)
     # All iterators are built now so a missing file or unknown task fails early
     # (except for phases that are already complete).
-    iterators = {
-        p.name: None if _is_complete(model_dir, p)
-        else _make_iterator(p, model, mesh, seed=seed * 1000 + i + 1)
-        for i, p in enumerate(phases)
-    }
-    if jax.process_index() == 0:
+    iterators = {}
+    for i, p in enumerate(phases):
+        if _is_complete(model_dir, p, model):
+            # Its parameters must be readable before it counts as complete: a later
+            # phase, fine-tuning and export read them.
+            checkpoints.verify_readable(os.path.join(model_dir, p.name, str(p.num_steps)))
+            iterators[p.name] = None
+            continue
+        log.info("[%s] building the input pipeline of %s", p.name, p.task)
+        iterators[p.name] = _make_iterator(p, model, mesh, seed=seed * 1000 + i + 1)
+    # A run that trains records its config; a rerun of a complete run leaves it alone.
+    if jax.process_index() == 0 and any(it is not None for it in iterators.values()):
         gin_cli.write_config(model_dir)
 
     summary = {"model_dir": model_dir, "phases": []}
@@ -558,12 +693,18 @@ def train(
                checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                async_checkpointing=async_checkpointing, log_every=log_every,
                initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
-               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl)
+               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl, stop=stop)
     for index, phase in enumerate(phases):
+        if index and stop.requested(sync_point=True):
+            raise errors.Interrupted(
+                f"stopped after phase {phases[index - 1].name!r}; rerunning the same command "
+                f"starts phase {phase.name!r}"
+            )
         summary["phases"].append(_train_phase(run, index, phase, iterators[phase.name]))
 
     # ------------------------------------------------------------- final summary
-    if jax.process_index() == 0:
+    # Like config.gin, written by a run that trained (a rerun of a complete run reads only).
+    if jax.process_index() == 0 and any(p["steps_run_now"] for p in summary["phases"]):
         with open(os.path.join(model_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
     _log_summary(summary)

@@ -1,0 +1,363 @@
+"""Bad inputs and faults: each gives one line naming the bad thing, a non-zero exit and
+leaves existing runs untouched (issue #15's table; the command-line subset runs in
+subprocesses in test_errors_cli.py).
+
+The commands run in-process here through the same wrapper as their ``__main__``
+(``errors.run_command``), against one tiny finished two-phase run per module.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+
+import gin
+import pytest
+from errors_fixtures import (
+    STEPS,
+    array_files,
+    copy_run,
+    digest,
+    train_argv,
+    write_gin,
+)
+
+from xlmeta_jax import checkpoints, errors, gin_cli, run_dir
+from xlmeta_jax import train as train_cli
+from xlmeta_jax import trainer as train
+
+PROG = "xlmeta_jax.train"
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def _train(argv, capsys) -> tuple[int, str]:
+    gin.clear_config()
+    capsys.readouterr()
+    code = errors.run_command(train_cli.main, argv, prog=PROG)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+@pytest.fixture(scope="module")
+def run_gin(tmp_path_factory):
+    return write_gin(tmp_path_factory.mktemp("gin"))
+
+
+@pytest.fixture(scope="module")
+def finished(run_gin, tmp_path_factory, fast_compiles):
+    """One finished two-phase run (STEPS steps each), made once for the module."""
+    model_dir = tmp_path_factory.mktemp("finished")
+    gin.clear_config()
+    code = errors.run_command(train_cli.main, train_argv(run_gin, model_dir), prog=PROG)
+    gin.clear_config()
+    assert code == 0
+    return model_dir
+
+
+def _one_line(err: str, *parts: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{PROG}: "), err
+    assert "Traceback" not in err
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+# ---------------------------------------------------------------------------
+# Command-line and gin mistakes against the finished run: nothing may change.
+# ---------------------------------------------------------------------------
+
+BAD_BINDINGS = [
+    # (extra argv, parts of the one line)
+    (["--gin.BATCH_SIZ=8"], ["unknown gin macro 'BATCH_SIZ'", "did you mean BATCH_SIZE"]),
+    (["--gin.XLING_STEP=8"], ["unknown gin macro 'XLING_STEP'", "XLING_STEPS"]),
+    (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "must be an integer > 0"]),
+    (["--gin.META_STEPS=0"], ["META_STEPS = 0", "must be an integer > 0"]),
+    (["--gin.XLING_STEPS=-3"], ["XLING_STEPS = -3", "must be an integer > 0"]),
+    (["--gin.BATCH_SIZE='sixteen'"], ["BATCH_SIZE = 'sixteen'", "integer > 0"]),
+    (["--gin.xlmeta_jax.trainer.train.seed='zero'"],
+     ["train.seed = 'zero'", "expected an integer"]),
+    (["--gin.xlmeta_jax.trainer.train.sed=1"], ["doesn't have a parameter named 'sed'"]),
+    (["--gin.xlmeta_jax.trainer.train.log_every=0"], ["train.log_every = 0", "integer > 0"]),
+    (["--gin.BATCH_SIZE=[8"], ["gin config"]),
+    (["--gin_file=no_such.gin"], ["gin file 'no_such.gin' not found"]),
+    (["--frobnicate=1"], ["unknown arguments", "--frobnicate=1"]),
+    (["--gin_file"], ["flag --gin_file needs a value"]),
+    (["--gin.xlmeta_jax.trainer.train.mesh_shape=(3, 1, 1)"], ["mesh_shape", "(3, 1, 1)"]),
+    (["--gin.BATCH_SIZE=12"], ["batch_size=12 is not divisible"]),
+    (["--gin.SEQUENCE_LENGTH=4096"], ["sequence_length=4096 exceeds"]),
+    (["--gin.xlmeta_jax.trainer.train.rng_impl='philox'"], ["rng_impl='philox'"]),
+    # A run whose stored config differs: named field, not Orbax's "strict=False" dump.
+    (["--gin.xlmeta_jax.network.get_config.hidden_size=32"],
+     ["EncoderConfig.hidden_size=64", "asks for 32"]),
+    (["--gin.xlmeta_jax.network.get_config.hidden_size=32", "--gin.XLING_STEPS=8"],
+     ["EncoderConfig.hidden_size=64", "asks for 32"]),
+    (["--gin.xlmeta_jax.network.get_config.num_layers=3", "--gin.META_STEPS=8",
+      "--gin.phase1/xlmeta_jax.optimizer.OptimizerConfig.total_steps=8"],
+     ["EncoderConfig.num_layers=2", "asks for 3"]),
+    (["--gin.SEQUENCE_LENGTH=16"], ["sequence_length=32", "asks for 16"]),
+    (["--gin.META_STEPS=2"], ["phase1/4 is at step 4", "num_steps=2"]),
+    (["--gin.phase1/xlmeta_jax.trainer.Phase.task='xlmeta_other'"], ["task='synthetic'"]),
+]
+
+
+@pytest.mark.parametrize("extra, parts", BAD_BINDINGS, ids=lambda x: str(x)[:60])
+def test_bad_binding_is_one_line_and_run_untouched(finished, run_gin, capsys, extra, parts):
+    before = digest(finished)
+    code, err = _train(train_argv(run_gin, finished, *extra), capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, *parts)
+    assert digest(finished) == before
+
+
+def test_missing_required_macro_is_named(run_gin, tmp_path, capsys):
+    code, err = _train(["--gin_file=models/tiny.gin", f"--gin_file={run_gin}"], capsys)
+    assert code == errors.EXIT_USER_ERROR
+    _one_line(err, "MODEL_DIR")
+
+
+def test_no_gin_file(capsys):
+    code, err = _train([], capsys)
+    assert code == errors.EXIT_USER_ERROR
+    _one_line(err, "--gin_file")
+
+
+def test_rerun_of_complete_run_changes_nothing(finished, run_gin, capsys):
+    before = digest(finished)
+    code, err = _train(train_argv(run_gin, finished), capsys)
+    assert code == 0, err
+    assert digest(finished) == before  # config.gin not rewritten either
+
+
+def test_debug_shows_the_traceback(finished, run_gin, capsys, monkeypatch):
+    with pytest.raises(gin_cli.GinConfigError, match="BATCH_SIZ"):
+        errors.run_command(train_cli.main, [*train_argv(run_gin, finished), "--gin.BATCH_SIZ=8",
+                                        "--debug"], prog=PROG)
+    gin.clear_config()
+    monkeypatch.setenv(errors.DEBUG_ENV, "1")
+    with pytest.raises(gin_cli.GinConfigError):
+        errors.run_command(train_cli.main, [*train_argv(run_gin, finished), "--gin.BATCH_SIZ=8"],
+                           prog=PROG)
+
+
+def test_bugs_keep_their_traceback():
+    def buggy(argv):
+        return {}["missing"]
+
+    with pytest.raises(KeyError):
+        errors.run_command(buggy, [], prog="x")
+
+
+# ---------------------------------------------------------------------------
+# Damaged run directories (on copies of the finished run).
+# ---------------------------------------------------------------------------
+
+
+def _damage(model_dir, how: str):
+    final = model_dir / "phase2" / str(STEPS)
+    if how == "delete_array_file":
+        array_files(final)[0].unlink()
+    elif how == "truncate_array_files":
+        for f in array_files(final):
+            f.write_bytes(f.read_bytes()[:7])
+    elif how == "corrupt_metadata":
+        (final / "meta" / "metadata").write_bytes(os.urandom(64) + b"\xff\xfe")
+    elif how == "metadata_not_json_object":
+        (final / "meta" / "metadata").write_text("[1, 2]")
+    elif how == "delete_state_metadata":
+        (final / "state" / "_METADATA").unlink()
+    elif how == "phase1_final_truncated":
+        # phase 2 not started yet: it must not initialise from a damaged phase 1
+        import shutil
+
+        shutil.rmtree(model_dir / "phase2")
+        for f in array_files(model_dir / "phase1" / str(STEPS)):
+            f.write_bytes(b"")
+    return final
+
+
+@pytest.mark.parametrize("how, parts", [
+    ("delete_array_file", ["checkpoint", "phase2/4", "is damaged"]),
+    ("truncate_array_files", ["checkpoint", "phase2/4", "is damaged"]),
+    ("corrupt_metadata", ["checkpoint metadata", "phase2/4/meta/metadata", "is corrupted"]),
+    ("metadata_not_json_object", ["phase2/4/meta/metadata", "is corrupted"]),
+    ("delete_state_metadata", ["phase2/4", "is damaged"]),
+    ("phase1_final_truncated", ["phase1/4", "is damaged"]),
+])
+def test_damaged_checkpoint_is_one_line(finished, run_gin, tmp_path, capsys, how, parts):
+    model_dir = copy_run(finished, tmp_path / "run")
+    _damage(model_dir, how)
+    before = digest(model_dir)
+    code, err = _train(train_argv(run_gin, model_dir), capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, *parts)
+    assert "already complete" not in err
+    assert digest(model_dir) == before
+
+
+@pytest.mark.parametrize("how", ["delete_array_file", "corrupt_metadata"])
+def test_hf_export_of_damaged_checkpoint_is_one_line(finished, tmp_path, capsys, how):
+    from xlmeta_jax import hf
+
+    model_dir = copy_run(finished, tmp_path / "run")
+    _damage(model_dir, how)
+    code = errors.run_command(hf.main, ["to_hf", f"--checkpoint={model_dir}",
+                                        f"--output={tmp_path / 'out'}"], prog="xlmeta_jax.hf")
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR
+    assert len(err.splitlines()) == 1 and "phase2/4" in err, err
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_load_pretrained_names_damage(finished, tmp_path):
+    model_dir = copy_run(finished, tmp_path / "run")
+    _damage(model_dir, "truncate_array_files")
+    with pytest.raises(checkpoints.CheckpointError, match=r"phase2/4 is damaged"):
+        checkpoints.load_pretrained(model_dir)
+
+
+# ---------------------------------------------------------------------------
+# The run-directory lock.
+# ---------------------------------------------------------------------------
+
+
+def test_live_lock_names_its_holder(finished, run_gin, capsys):
+    before = digest(finished)
+    with run_dir.RunLock(finished):
+        code, err = _train(train_argv(run_gin, finished), capsys)
+    assert code == errors.EXIT_USER_ERROR
+    _one_line(err, f"is in use by pid {os.getpid()} on host {socket.gethostname()} since")
+    after = digest(finished)
+    # The holder's own record was cleared on release; nothing else changed.
+    assert after == before
+
+
+def test_stale_lock_of_dead_process_is_taken_over(tmp_path, caplog):
+    (tmp_path / run_dir.LOCK_NAME).write_text(json.dumps(
+        {"host": "elsewhere", "pid": 999999, "since": "2020-01-01T00:00:00"}))
+    with caplog.at_level("INFO", logger="xlmeta_jax.train"):
+        with run_dir.RunLock(tmp_path) as lock:
+            held = json.loads(open(lock.path).read())
+    assert held["pid"] == os.getpid()
+    assert "pid 999999 on host elsewhere" in caplog.text
+    assert (tmp_path / run_dir.LOCK_NAME).read_text() == ""
+
+
+def test_lock_fallback_without_flock_checks_pid(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "no locks")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    (tmp_path / run_dir.LOCK_NAME).write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": os.getppid(), "since": "t"}))
+    with pytest.raises(run_dir.RunLockedError, match=f"pid {os.getppid()}"):
+        run_dir.RunLock(tmp_path).acquire()
+    (tmp_path / run_dir.LOCK_NAME).write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": 999999, "since": "t"}))
+    run_dir.RunLock(tmp_path).acquire().release()
+
+
+# ---------------------------------------------------------------------------
+# Vocabulary and schedule validation (issue #13's two checks).
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_spm(tmp_path_factory):
+    import sentencepiece as spm
+
+    folder = tmp_path_factory.mktemp("spm")
+    text = folder / "t.txt"
+    text.write_text("\n".join(f"the quick brown fox {i} jumps over {i * 7} lazy dogs, "
+                              f"sphinx of black quartz judge my vow {i % 13}"
+                              for i in range(300)))
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(folder / "v"), vocab_size=60, pad_id=0, eos_id=1,
+        unk_id=2, bos_id=-1, num_threads=1,
+    )
+    return folder / "v.model"
+
+
+def _tiny(**kw):
+    from xlmeta_jax import network
+
+    kw.setdefault("pad_token_id", 0)
+    return network.get_config("tiny", **kw)
+
+
+def test_vocab_path_not_sentencepiece_is_named(tmp_path):
+    bad = tmp_path / "spm.model"
+    bad.write_bytes(b"\x08\x96\x01 this is not a model" * 10)
+    with pytest.raises(train.ConfigError, match=f"VOCAB_PATH {bad} is not a SentencePiece"):
+        train.check_vocabulary(os.fspath(bad), _tiny())
+    with pytest.raises(train.ConfigError, match="does not exist"):
+        train.check_vocabulary(os.fspath(tmp_path / "nope.model"), _tiny())
+
+
+def test_vocab_larger_than_embedding_and_pad_mismatch(toy_spm):
+    train.check_vocabulary(os.fspath(toy_spm), _tiny(vocab_size=64))
+    with pytest.raises(train.ConfigError, match=r"vocab_size=32 does not cover the 60 pieces"):
+        train.check_vocabulary(os.fspath(toy_spm), _tiny(vocab_size=32))
+    with pytest.raises(train.ConfigError, match=r"pad_token_id=1 differs from the pad id 0"):
+        train.check_vocabulary(os.fspath(toy_spm), _tiny(vocab_size=64, pad_token_id=1))
+
+
+def test_schedule_must_cover_carried_step_count(tmp_path):
+    from xlmeta_jax.optimizer import OptimizerConfig
+
+    p1 = train.Phase("phase1", "synthetic", 4, 8, 32)
+    p2 = train.Phase("phase2", "synthetic", 4, 8, 32, init_from="phase1", reset_schedule=False,
+                     optimizer=OptimizerConfig(total_steps=4, warmup_steps=1))
+    with pytest.raises(train.ConfigError, match=r"total_steps=4 .* < step_offset 4 \+ num_steps 4"):
+        train.validate(os.fspath(tmp_path), _tiny(), [p1, p2], (8, 1, 1), 8)
+    p2.optimizer = OptimizerConfig(total_steps=8, warmup_steps=1)
+    train.validate(os.fspath(tmp_path), _tiny(), [p1, p2], (8, 1, 1), 8)
+    p2.reset_schedule = True
+    p2.optimizer = OptimizerConfig(total_steps=4, warmup_steps=1)
+    train.validate(os.fspath(tmp_path), _tiny(), [p1, p2], (8, 1, 1), 8)
+
+
+# ---------------------------------------------------------------------------
+# Disk full while writing a checkpoint.
+# ---------------------------------------------------------------------------
+
+
+def test_disk_full_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
+    import numpy as np
+
+    from xlmeta_jax import step as step_lib
+
+    class Iterator:
+        def save(self, filename):
+            # The state item is written by then; the disk fills on the data item.
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    ckpt = checkpoints.PhaseCheckpoints(os.fspath(tmp_path), save_interval_steps=1,
+                                        max_to_keep=None, async_save=True)
+    state = step_lib.TrainState(step=np.int32(1), params={"w": np.ones(3, np.float32)},
+                                opt_state=())
+    with pytest.raises(errors.NoSpaceError,
+                       match=r"no space left on device while writing checkpoint .*/1 "):
+        ckpt.save(1, state, Iterator(), {}, force=True)
+        ckpt.wait()
+    ckpt.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_no_space_is_recognised_through_tensorstore_messages():
+    e = ValueError('RESOURCE_EXHAUSTED: Failed to write 9 bytes: No space left on device '
+                   "[os_error_code='28']")
+    assert errors.is_no_space(RuntimeError("wrapped").with_traceback(None)) is False
+    wrapped = RuntimeError("background save failed")
+    wrapped.__cause__ = e
+    assert errors.is_no_space(wrapped)

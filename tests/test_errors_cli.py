@@ -1,0 +1,165 @@
+"""The commands as a user runs them: one stderr line per bad input, exit status, run
+untouched, clean logs, ``--help`` everywhere, Ctrl-C. Representative cases of the
+table in test_errors.py, each in a subprocess with the commands' own log settings."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from errors_fixtures import (
+    REPO,
+    STEPS,
+    array_files,
+    copy_run,
+    digest,
+    env,
+    train_cmd,
+    write_gin,
+)
+
+from xlmeta_jax import errors, run_dir
+
+
+def _user_env() -> dict:
+    e = env()
+    # What a user gets: the commands' own TensorFlow log settings, not the tests'.
+    e.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    return e
+
+
+def _run(cmd, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=_user_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def run_gin(tmp_path_factory):
+    return write_gin(tmp_path_factory.mktemp("gin"))
+
+
+@pytest.fixture(scope="module")
+def finished(run_gin, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("finished")
+    out = _run(train_cmd(run_gin, model_dir), timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return model_dir
+
+
+def _assert_one_line(out, *parts, code=errors.EXIT_USER_ERROR):
+    assert out.returncode == code, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+def test_rerun_of_finished_run_is_quiet_and_changes_nothing(finished, run_gin):
+    before = digest(finished)
+    out = _run(train_cmd(run_gin, finished))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "", out.stderr  # no TensorFlow/absl/gin noise
+    assert "[phase2] already complete" in out.stdout
+    assert digest(finished) == before
+
+
+@pytest.mark.parametrize("extra, parts", [
+    (["--gin.BATCH_SIZ=8"], ["unknown gin macro 'BATCH_SIZ'", "did you mean BATCH_SIZE"]),
+    (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "integer > 0"]),
+    # Changed model size with more steps: the differing field, not Orbax's dump.
+    (["--gin.xlmeta_jax.network.get_config.hidden_size=32", "--gin.XLING_STEPS=8"],
+     ["EncoderConfig.hidden_size=64", "asks for 32"]),
+])
+def test_bad_input_on_the_command_line(finished, run_gin, extra, parts):
+    before = digest(finished)
+    out = _run(train_cmd(run_gin, finished, *extra))
+    _assert_one_line(out, "xlmeta_jax.train: error:", *parts)
+    assert "strict" not in out.stderr
+    assert digest(finished) == before
+
+
+def test_truncated_final_checkpoint_is_not_complete(finished, run_gin, tmp_path):
+    model_dir = copy_run(finished, tmp_path / "run")
+    for f in array_files(model_dir / "phase2" / str(STEPS)):
+        f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    before = digest(model_dir)
+    out = _run(train_cmd(run_gin, model_dir))
+    _assert_one_line(out, "phase2/4 is damaged")
+    assert "already complete" not in out.stdout.split("[phase1]")[-1].replace(
+        "[phase1] already complete", "")
+    assert digest(model_dir) == before
+
+
+def test_second_writer_is_refused_naming_the_holder(finished, run_gin):
+    with run_dir.RunLock(finished):
+        out = _run(train_cmd(run_gin, finished))
+    _assert_one_line(out, f"is in use by pid {os.getpid()}")
+
+
+def test_hf_export_of_corrupted_metadata(finished, tmp_path):
+    model_dir = copy_run(finished, tmp_path / "run")
+    (model_dir / "phase2" / str(STEPS) / "meta" / "metadata").write_bytes(b"\xff\xfe\x00garbage")
+    out = _run([sys.executable, "-m", "xlmeta_jax.hf", "to_hf", f"--checkpoint={model_dir}",
+                f"--output={tmp_path / 'hf'}"])
+    _assert_one_line(out, "xlmeta_jax.hf: error: checkpoint metadata", "is corrupted")
+
+
+@pytest.mark.parametrize("module, parts", [
+    ("xlmeta_jax.train", ["--gin_file", "--gin.NAME=VALUE", "--coordinator_address",
+                          "--debug", "meta.gin", "models/tiny.gin", "example:"]),
+    ("xlmeta_jax.finetune", ["--gin_file", "finetune/xnli.gin", "finetune/tatoeba.gin",
+                             "--seeds", "example:"]),
+    ("xlmeta_jax.hf", ["to_flax", "--hf_path", "to_hf", "--checkpoint", "examples:"]),
+])
+def test_every_command_has_a_help(module, parts):
+    out = _run([sys.executable, "-m", module, "--help"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    for part in parts:
+        assert part in out.stdout, (part, out.stdout)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
+    import jax
+    import numpy as np
+
+    from xlmeta_jax import checkpoints
+
+    steps = ["--gin.META_STEPS=30", "--gin.XLING_STEPS=2"]
+    ref = tmp_path / "ref"
+    out = _run(train_cmd(run_gin, ref, *steps), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    model_dir = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(run_gin, model_dir, *steps), env=_user_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = model_dir / "phase1" / "2" / "commit_success.txt"
+    t0 = time.time()
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < 300
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == errors.EXIT_INTERRUPTED, stdout[-2000:] + stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "[phase1] stopped at step" in lines[0], stderr
+    assert "rerunning the same command resumes from" in lines[0]
+    stopped_at = pathlib.Path(lines[0].rsplit(" ", 1)[-1])
+    assert (stopped_at / "commit_success.txt").exists()
+    assert not [p for p in (model_dir / "phase1").iterdir() if "tmp" in p.name]
+    assert (model_dir / run_dir.LOCK_NAME).read_text() == ""
+
+    out = _run(train_cmd(run_gin, model_dir, *steps), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resuming from {stopped_at}" in out.stdout
+    for phase in ("phase1", "phase2"):
+        a = checkpoints.restore_params(checkpoints.find_step_dir(ref / phase))
+        b = checkpoints.restore_params(checkpoints.find_step_dir(model_dir / phase))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -1,0 +1,115 @@
+"""User errors, and how every command reports them: one line, no traceback.
+
+A bad input (a gin binding, a file, a language code), a damaged or locked run
+directory, a full disk or Ctrl-C are not bugs: the command prints one line
+naming the bad thing and exits non-zero. Anything else is a bug and keeps its
+traceback. ``--debug`` on any command (or ``XLMETA_DEBUG=1``) shows the
+traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+DEBUG_ENV = "XLMETA_DEBUG"
+DEBUG_FLAG = "--debug"
+
+# Exit status for user errors (argparse uses 2 as well) and for an interrupted run.
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+class UserError(Exception):
+    """A bad input or a faulty run directory, reported as one line."""
+
+
+class Interrupted(UserError):
+    """The run stopped on Ctrl-C / SIGTERM after leaving a resumable state."""
+
+
+class NoSpaceError(UserError, OSError):
+    """The disk filled up while writing (the partial output has been removed)."""
+
+
+def first_line(e: BaseException) -> str:
+    """The message of ``e`` without gin's "In call to configurable ..." context lines."""
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0].strip()
+
+
+def is_no_space(e: BaseException) -> bool:
+    """True when ``e`` or its cause chain is an ENOSPC (Python's or TensorStore's)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _user_message(e: BaseException) -> str | None:
+    """The one line for a user error, or None for a bug (which keeps its traceback)."""
+    if isinstance(e, UserError):
+        return first_line(e)
+    if is_no_space(e):
+        return f"no space left on device ({first_line(e)})"
+    # A path the user gave that is missing, in the way or not accessible (the
+    # message names it).
+    if isinstance(e, (FileNotFoundError, FileExistsError, NotADirectoryError,
+                      IsADirectoryError, PermissionError)):
+        return first_line(e)
+    text = str(e)
+    # Left-unset %gin.REQUIRED macros / parameters surface from gin at call time.
+    if isinstance(e, ValueError) and ("gin.REQUIRED" in text or "Required bindings" in text):
+        return first_line(e)
+    return None
+
+
+def debug_requested(argv: Sequence[str]) -> bool:
+    return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None,
+                *, prog: str) -> int:
+    """Runs ``main(argv)``; user errors become one line on stderr and an exit status.
+
+    Args:
+      main: the command's ``main`` (takes the arguments without ``--debug``).
+      argv: arguments (default: ``sys.argv[1:]``).
+      prog: the command's name, printed before the message.
+
+    Returns:
+      The exit status: 0, ``EXIT_USER_ERROR``, ``EXIT_INTERRUPTED`` or main's int result.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(argv)
+    argv = [a for a in argv if a != DEBUG_FLAG]
+    try:
+        result = main(argv)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - classified below; bugs are re-raised
+        message = _user_message(e)
+        if message is None or debug:
+            raise
+        if isinstance(e, Interrupted):
+            print(f"{prog}: {message}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return result if isinstance(result, int) else 0
+
+
+def exit_with(main: Callable[[list[str]], Any], *, prog: str) -> None:
+    """``sys.exit(run_command(main, prog=prog))``: the body of a ``__main__`` block."""
+    sys.exit(run_command(main, prog=prog))

@@ -1,0 +1,233 @@
+r"""Kill soak: random ``kill -9`` during training and checkpoint writes, then resume.
+
+Trains a reference run without interruption, then the same run again while
+killing it (SIGKILL) at random moments — half of the kills while a checkpoint
+is being written (an Orbax temporary directory exists), the rest after a random
+number of seconds of training — restarting it after each kill. After the last
+kill the run finishes; its final parameters and metrics of every phase must be
+bit-identical to the reference's.
+
+  python -m xlmeta_jax.tools.soak --work_dir=/tmp/soak --kills=20
+
+The default run is the tiny two-phase synthetic one (8 fake CPU devices, async
+checkpoints every 3 steps). Any training command line can be soaked instead by
+giving its gin flags after ``--`` (MODEL_DIR is set by the soak):
+
+  python -m xlmeta_jax.tools.soak --work_dir=/tmp/soak_demo --kills=5 -- \
+      --gin_file=gin/demo.gin
+
+Prints one line per kill and the verdict; exits 1 when the runs differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+SOAK_GIN = """
+import xlmeta_jax.trainer
+include 'models/tiny.gin'
+MODEL_DIR = %gin.REQUIRED
+xlmeta_jax.trainer.train.model_dir = %MODEL_DIR
+xlmeta_jax.trainer.train.mesh_shape = (2, 2, 2)
+xlmeta_jax.trainer.train.checkpoint_every = 3
+xlmeta_jax.trainer.train.keep_checkpoints = 2
+xlmeta_jax.trainer.train.async_checkpointing = True
+xlmeta_jax.trainer.train.log_every = 5
+xlmeta_jax.trainer.train.phases = [
+    @phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
+xlmeta_jax.trainer.Phase.task = 'synthetic'
+xlmeta_jax.trainer.Phase.batch_size = 8
+xlmeta_jax.trainer.Phase.sequence_length = 32
+phase1/xlmeta_jax.trainer.Phase.name = 'phase1'
+phase1/xlmeta_jax.trainer.Phase.num_steps = {steps}
+phase2/xlmeta_jax.trainer.Phase.name = 'phase2'
+phase2/xlmeta_jax.trainer.Phase.num_steps = {steps}
+phase2/xlmeta_jax.trainer.Phase.init_from = 'phase1'
+"""
+
+
+@dataclasses.dataclass
+class Kill:
+    """One kill: when, and what the run was doing."""
+
+    attempt: int
+    mode: str
+    seconds: float
+    during_checkpoint_write: bool
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    repo = str(pathlib.Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _command(train_args: Sequence[str], model_dir: pathlib.Path) -> list[str]:
+    return [sys.executable, "-m", "xlmeta_jax.train", *train_args,
+            f"--gin.MODEL_DIR='{model_dir}'"]
+
+
+def _writing_checkpoint(model_dir: pathlib.Path) -> bool:
+    return any(".orbax-checkpoint-tmp" in p.name for p in model_dir.glob("*/*"))
+
+
+def _started_training(model_dir: pathlib.Path) -> bool:
+    return any(p.name.isdigit() for p in model_dir.glob("*/*")) or _writing_checkpoint(model_dir)
+
+
+def _kill_once(cmd, model_dir: pathlib.Path, rng: random.Random, attempt: int,
+               log_path: pathlib.Path, max_wait: float) -> Kill | None:
+    """Starts the run and SIGKILLs it; None when it finished before the kill."""
+    mode = rng.choice(["checkpoint_write", "training"])
+    delay = rng.uniform(0.0, 6.0)
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        t0 = time.time()
+        trained_since = None
+        try:
+            while proc.poll() is None:
+                now = time.time()
+                if now - t0 > max_wait:
+                    break
+                if trained_since is None and _started_training(model_dir):
+                    trained_since = now
+                if mode == "checkpoint_write" and _writing_checkpoint(model_dir):
+                    time.sleep(rng.uniform(0.0, 0.05))
+                    break
+                if mode == "training" and trained_since is not None and (
+                        now - trained_since >= delay):
+                    break
+                time.sleep(0.005)
+            if proc.poll() is not None:
+                return None
+            writing = _writing_checkpoint(model_dir)
+            proc.kill()
+            proc.wait()
+            return Kill(attempt, mode, time.time() - t0, writing)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _final_state(model_dir: pathlib.Path):
+    from xlmeta_jax import checkpoints
+
+    out = {}
+    for phase_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and
+                            p.name.startswith("phase")):
+        step_dir = checkpoints.find_step_dir(phase_dir)
+        out[phase_dir.name] = (step_dir.name, checkpoints.restore_params(step_dir),
+                               checkpoints.read_meta(step_dir).get("metrics"))
+    return out
+
+
+def compare(reference: pathlib.Path, soaked: pathlib.Path) -> list[str]:
+    """Differences between two finished runs' final checkpoints (empty: bit-identical)."""
+    import jax
+    import numpy as np
+
+    a, b = _final_state(reference), _final_state(soaked)
+    if sorted(a) != sorted(b):
+        return [f"phases differ: {sorted(a)} vs {sorted(b)}"]
+    diffs = []
+    for phase in a:
+        (step_a, params_a, metrics_a), (step_b, params_b, metrics_b) = a[phase], b[phase]
+        if step_a != step_b:
+            diffs.append(f"{phase}: final step {step_a} vs {step_b}")
+        leaves_a = jax.tree_util.tree_leaves_with_path(params_a)
+        leaves_b = jax.tree.leaves(params_b)
+        for (path, x), y in zip(leaves_a, leaves_b):
+            if not np.array_equal(np.asarray(x), np.asarray(y)):
+                diffs.append(f"{phase}: parameter {jax.tree_util.keystr(path)} differs")
+        if metrics_a != metrics_b:
+            diffs.append(f"{phase}: final metrics {metrics_a} vs {metrics_b}")
+    return diffs
+
+
+def soak(work_dir, kills: int, *, train_args: Sequence[str] = (), seed: int = 0,
+         steps: int = 60, max_wait: float = 600.0) -> dict:
+    """Runs the soak; returns {"kills": [...], "restarts": n, "differences": [...]}."""
+    work = pathlib.Path(work_dir).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    if not train_args:
+        gin_path = work / "soak.gin"
+        gin_path.write_text(SOAK_GIN.format(steps=steps))
+        train_args = [f"--gin_file={gin_path}"]
+    reference, soaked = work / "reference", work / "soaked"
+    log_path = work / "train.log"
+    print(f"reference run -> {reference}", flush=True)
+    out = subprocess.run(_command(train_args, reference), env=_env(), capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"reference run failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    rng = random.Random(seed)
+    done, attempts = [], 0
+    while len(done) < kills:
+        attempts += 1
+        kill = _kill_once(_command(train_args, soaked), soaked, rng, attempts, log_path,
+                          max_wait)
+        if kill is None:
+            print(f"run {attempts}: finished before its kill ({len(done)} kills so far)",
+                  flush=True)
+            break
+        done.append(kill)
+        print(f"kill {len(done)}/{kills}: after {kill.seconds:.1f}s ({kill.mode}; "
+              f"checkpoint being written: {kill.during_checkpoint_write})", flush=True)
+    final = subprocess.run(_command(train_args, soaked), env=_env(), capture_output=True,
+                           text=True)
+    if final.returncode != 0:
+        raise RuntimeError(f"final resume failed:\n{final.stdout[-3000:]}{final.stderr[-3000:]}")
+    diffs = compare(reference, soaked)
+    leftovers = [os.fspath(p) for p in soaked.glob("*/*") if ".orbax-checkpoint-tmp" in p.name]
+    return {"kills": [dataclasses.asdict(k) for k in done], "restarts": attempts + 1,
+            "differences": diffs, "leftover_tmp_dirs": leftovers}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_args = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, train_args = argv[:i], argv[i + 1:]
+    parser = argparse.ArgumentParser(
+        prog="python -m xlmeta_jax.tools.soak",
+        description=__doc__.split("\n\n")[1],
+        epilog="example: python -m xlmeta_jax.tools.soak --work_dir=/tmp/soak --kills=20",
+    )
+    parser.add_argument("--work_dir", required=True,
+                        help="folder for the reference run, the soaked run and train.log")
+    parser.add_argument("--kills", type=int, default=20, help="SIGKILLs before the final run")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill times and modes")
+    parser.add_argument("--steps", type=int, default=60,
+                        help="steps per phase of the built-in tiny run")
+    parser.add_argument("--max_wait", type=float, default=600.0,
+                        help="seconds one attempt may run before it is killed regardless")
+    args = parser.parse_args(argv)
+    result = soak(args.work_dir, args.kills, train_args=train_args, seed=args.seed,
+                  steps=args.steps, max_wait=args.max_wait)
+    writes = sum(k["during_checkpoint_write"] for k in result["kills"])
+    print(f"{len(result['kills'])} kills ({writes} during a checkpoint write), "
+          f"{result['restarts']} starts")
+    if result["leftover_tmp_dirs"]:
+        print(f"leftover temporary checkpoint dirs: {result['leftover_tmp_dirs']}")
+    if result["differences"]:
+        print("NOT identical to the uninterrupted run:\n  " + "\n  ".join(result["differences"]))
+        return 1
+    print("final checkpoints bit-identical to the uninterrupted run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
