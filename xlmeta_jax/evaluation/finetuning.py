@@ -471,5 +471,5 @@ def finetune(
         "settings": {**dataclasses.asdict(s), "num_seeds": num_seeds},
         "data_source": data_source,
     }
-    write_results(model_dir, results)
+    log.info("results written to %s", write_results(model_dir, results))
     return results

@@ -60,6 +60,13 @@ def gather(runs: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
             path.glob("*/results.json")
         )
         if not files:
+            if (path / "config.gin").is_file() and any(path.glob("phase*/*/meta")):
+                raise FileNotFoundError(
+                    f"{path} is a pretraining run (python -m xlmeta_jax.train), which has no "
+                    "results.json: evaluate it first with python -m xlmeta_jax.finetune "
+                    f"--gin.INITIAL_CHECKPOINT_PATH=\"'{path}'\" and give the fine-tuning "
+                    "MODEL_DIR here"
+                )
             raise FileNotFoundError(f"no results.json in {path} or its sub-folders")
         label = label or path.name
         for f in files:
@@ -272,7 +279,9 @@ def write_report(
 
 def main(argv: list[str] | None = None) -> pathlib.Path:
     parser = argparse.ArgumentParser(
-        prog="python -m xlmeta_jax.tools.report", description=__doc__.splitlines()[0]
+        prog="python -m xlmeta_jax.tools.report", description=__doc__.splitlines()[0],
+        epilog="example: python -m xlmeta_jax.tools.report meta=runs/meta_eval "
+               "xlmr=runs/xlmr_eval --output reports/meta_vs_xlmr (no gin files)",
     )
     parser.add_argument("runs", nargs="+", help="[LABEL=]DIR holding results.json files")
     parser.add_argument("--output", required=True, help="folder for report.md and PNG plots")
@@ -284,8 +293,12 @@ def main(argv: list[str] | None = None) -> pathlib.Path:
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"report: {e}") from None
     print(path.read_text())
+    plots = sorted(p.name for p in path.parent.glob("*.png"))
+    print(f"wrote {path}" + (f" and {len(plots)} plots in {path.parent}" if plots else ""))
     return path
 
 
 if __name__ == "__main__":
-    main()
+    from xlmeta_jax import errors
+
+    errors.exit_with(main, prog="xlmeta_jax.tools.report")
