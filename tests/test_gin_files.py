@@ -65,6 +65,8 @@ def _evaluated_train_args(monkeypatch, gin_file, bindings=()):
     monkeypatch.setattr(trainer, "_make_iterator", fake_iterator)
     monkeypatch.setattr(trainer, "_train_phase", stop)
     monkeypatch.setattr(trainer.gin_cli, "write_config", lambda d: None)
+    # VOCAB_PATH is a placeholder here (the vocabulary check has its own tests).
+    monkeypatch.setattr(trainer, "check_vocabulary", lambda *args: None)
     gin_cli.apply_gin([gin_file], [*_REQUIRED[:2], *bindings])
     with pytest.raises(Stop):
         trainer.train()

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Imported after the flags are checked: pulls in jax.
     from xlmeta_jax.evaluation import finetuning
 
-    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True)
     # After parsing: gin logs every include-path probe at INFO.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     results = finetuning.finetune(**({} if seeds is None else {"num_seeds": seeds}))

@@ -177,6 +177,7 @@ def apply_gin(
     search_paths: Sequence[str] = (),
     *,
     finalize: bool = True,
+    check_macros: bool = False,
     positive: Sequence[str] = (),
 ) -> None:
     """Parses gin files and bindings, searching ``search_paths`` and ``gin/``.
@@ -184,7 +185,7 @@ def apply_gin(
     Starts from an empty config: a notebook or a test may run several commands (each
     one locks its config) in one process.
 
-    Files are parsed first; then each command-line binding of a macro
+    Files are parsed first; then (with ``check_macros``) each binding of a macro
     (``NAME = VALUE``) must name a macro the files define or use, and every
     literal value must have the type its configurable parameter declares.
 
@@ -193,6 +194,9 @@ def apply_gin(
       bindings: ``NAME = VALUE`` bindings applied after the files.
       search_paths: folders searched for the files and their includes.
       finalize: lock the config afterwards.
+      check_macros: refuse bindings of macros the files neither define nor use (a
+        command line's misspelling); off for programs that bind a fixed set of
+        macros to whichever files they load.
       positive: parameters (``module.Configurable.param``, any scope) that must be
         integers > 0; a bad value is named by the macro it comes from.
 
@@ -218,7 +222,8 @@ def apply_gin(
     logging.getLogger().addFilter(probes)
     try:
         gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
-        check_macro_bindings(bindings)
+        if check_macros:
+            check_macro_bindings(bindings)
         gin.parse_config_files_and_bindings([], list(bindings), finalize_config=False)
         check_types(positive)
         if finalize:

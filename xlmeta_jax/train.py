@@ -122,7 +122,7 @@ def main(argv: Sequence[str]) -> dict:
     # The input pipeline's gin configurables (xlmeta_jax.corpus) come with the trainer and
     # need no TensorFlow; hosts without it can still train on the synthetic stream.
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths,
-                      positive=POSITIVE_PARAMETERS)
+                      check_macros=True, positive=POSITIVE_PARAMETERS)
     return trainer.train()
 
 
