@@ -361,3 +361,38 @@ def test_no_space_is_recognised_through_tensorstore_messages():
     wrapped = RuntimeError("background save failed")
     wrapped.__cause__ = e
     assert errors.is_no_space(wrapped)
+
+
+# ---------------------------------------------------------------------------
+# Data commands and corpora.
+# ---------------------------------------------------------------------------
+
+
+def test_vocabulary_refuses_an_unknown_language(tmp_path, capsys):
+    from xlmeta_jax.data import vocabulary
+
+    (tmp_path / "t.txt").write_text("some text\n")
+    code = errors.run_command(vocabulary.main, [
+        "--files", f"zz={tmp_path}/t.txt", "--files", f"en={tmp_path}/t.txt",
+        f"--output_prefix={tmp_path}/v"], prog="xlmeta_jax.data.vocabulary")
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR
+    assert len(err.splitlines()) == 1 and "--files" in err and "'zz'" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
+
+
+def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
+    import random
+
+    from xlmeta_jax.data import mixtures
+
+    rng = random.Random(0)
+    binary = tmp_path / "en.txt"
+    binary.write_bytes(bytes(rng.randrange(256) for _ in range(20000)))
+    with pytest.raises(mixtures.CorpusError, match=f"{binary}: .*% of its lines are not valid"):
+        mixtures.corpus_stats([os.fspath(binary)], cache_dir=os.fspath(tmp_path / "cache"))
+    # A text file with one stray undecodable line is fine.
+    text = tmp_path / "fr.txt"
+    text.write_bytes("\n".join(f"ligne {i} de texte" for i in range(50)).encode() + b"\n\xff\xfe\n")
+    (stats,) = mixtures.corpus_stats([os.fspath(text)], cache_dir=os.fspath(tmp_path / "cache"))
+    assert stats.lines == 50 and stats.skipped_invalid_utf8 == 1

@@ -115,6 +115,10 @@ def test_hf_export_of_corrupted_metadata(finished, tmp_path):
     ("xlmeta_jax.finetune", ["--gin_file", "finetune/xnli.gin", "finetune/tatoeba.gin",
                              "--seeds", "example:"]),
     ("xlmeta_jax.hf", ["to_flax", "--hf_path", "to_hf", "--checkpoint", "examples:"]),
+    ("xlmeta_jax.data.vocabulary", ["--files", "--num_threads", "this machine's cores",
+                                    "No gin files", "Example"]),
+    ("xlmeta_jax.tools.report", ["--output", "example:", "no gin files"]),
+    ("xlmeta_jax.tools.bench", ["--batch", "models/small.gin", "example:"]),
 ])
 def test_every_command_has_a_help(module, parts):
     out = _run([sys.executable, "-m", module, "--help"], timeout=120)

@@ -38,6 +38,9 @@ _UNSUPPORTED_SUFFIXES = (".xz", ".bz2", ".zst", ".lz4", ".7z", ".zip")
 COUNT_UNITS = ("lines", "bytes")
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
+# A file with a larger share of lines that are not UTF-8 is refused: it is binary, or
+# in another encoding, and training on its few decodable lines would be meaningless.
+MAX_UNDECODABLE_SHARE = 0.1
 
 
 class CorpusError(ValueError):
@@ -342,6 +345,13 @@ def corpus_stats(
                 stats.skipped_invalid_utf8,
                 stats.skipped_long_lines,
                 max_line_bytes,
+            )
+        undecodable = stats.skipped_invalid_utf8 / max(1, stats.lines + stats.skipped_invalid_utf8)
+        if stats.lines and undecodable > MAX_UNDECODABLE_SHARE:
+            raise CorpusError(
+                f"{stats.path}: {100 * undecodable:.0f}% of its lines are not valid UTF-8 "
+                f"(more than {100 * MAX_UNDECODABLE_SHARE:.0f}%): not a text corpus, or "
+                "not UTF-8 encoded"
             )
         if stats.lines == 0:
             raise CorpusError(

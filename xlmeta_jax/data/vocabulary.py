@@ -239,6 +239,8 @@ def train_vocabulary(
         raise mixtures.CorpusError("train_vocabulary: no languages given")
     if not 0.0 < character_coverage <= 1.0:
         raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
+    logging.info("sampling %d lines from %d languages (alpha %.2f; counting each language's "
+                 "lines first, cached per folder)", num_lines, len(text_files_by_lang), alpha)
     lines_by_lang, q = sample_training_lines(
         text_files_by_lang,
         num_lines=num_lines,
@@ -277,6 +279,8 @@ def train_vocabulary(
         )
         options.update(trainer_options or {})
         spm.set_random_generator_seed(int(seed))
+        logging.info("training the %d-piece SentencePiece model on %d lines (%d threads)",
+                     int(vocab_size), len(all_lines), int(num_threads))
         spm.SentencePieceTrainer.train(**options)
     model_path = f"{output_prefix}.model"
     _drop_temporary_paths(model_path, alpha=alpha, seed=seed)
@@ -287,6 +291,7 @@ def train_vocabulary(
         {lang: lines[:report_lines_per_language] for lang, lines in lines_by_lang.items()},
         q,
     )
+    logging.info("wrote %s; measuring fertility per language", model_path)
     text = format_fertility_table(rows)
     with open(f"{output_prefix}.fertility.tsv", "w", encoding="utf-8") as f:
         f.write(format_fertility_table(rows, tsv=True))
@@ -431,6 +436,10 @@ def _files_from_args(args) -> dict[str, list[str]]:
         if not sep or not lang or not pattern:
             raise SystemExit(f"--files expects LANG=GLOB, got {spec!r}")
         by_lang.setdefault(lang, []).append(pattern)
+    if args.files:
+        from xlmeta_jax.data.languages import check_languages
+
+        check_languages(sorted({spec.partition("=")[0] for spec in args.files}), what="--files")
     if not by_lang:
         raise SystemExit("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
     return by_lang
@@ -439,27 +448,41 @@ def _files_from_args(args) -> dict[str, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m xlmeta_jax.data.vocabulary`` (see the module docstring)."""
     parser = argparse.ArgumentParser(
+        prog="python -m xlmeta_jax.data.vocabulary",
         description="Train the multilingual unigram SentencePiece vocabulary on an "
-        "alpha-sampled sample and print per-language fertility."
+        "alpha-sampled sample and print per-language fertility.",
+        epilog="No gin files. Example: python -m xlmeta_jax.data.vocabulary "
+        "--cc100_dir=/data/cc100 --languages=en,fr,sw --output_prefix=/data/vocab/xlmeta_8k "
+        "--vocab_size=8000 --num_lines=200000",
     )
     parser.add_argument("--cc100_dir", help="folder of CC-100 files {lang}.txt*")
     parser.add_argument("--languages", help="comma-separated CC-100 codes (default: all found)")
     parser.add_argument(
-        "--files", action="append", help="LANG=GLOB, repeatable (adds to --cc100_dir)"
+        "--files", action="append",
+        help="LANG=GLOB, repeatable (adds to --cc100_dir); LANG is a CC-100 code",
     )
-    parser.add_argument("--output_prefix", required=True)
-    parser.add_argument("--vocab_size", type=int, default=250_000)
-    parser.add_argument("--alpha", type=float, default=0.3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num_lines", type=int, default=2_000_000)
-    parser.add_argument("--character_coverage", type=float, default=0.9995)
+    parser.add_argument("--output_prefix", required=True,
+                        help="writes PREFIX.model, PREFIX.vocab and PREFIX.fertility.tsv")
+    parser.add_argument("--vocab_size", type=int, default=250_000,
+                        help="pieces, including the 5 special ones (XLM-R: 250000)")
+    parser.add_argument("--alpha", type=float, default=0.3,
+                        help="language sampling exponent: q_l ~ n_l^alpha (XLM-R: 0.3)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the line sample and of the trainer")
+    parser.add_argument("--num_lines", type=int, default=2_000_000,
+                        help="lines in the training sample, over all languages")
+    parser.add_argument("--character_coverage", type=float, default=0.9995,
+                        help="share of characters the pieces must cover (rest: bytes/unk)")
     parser.add_argument(
-        "--byte_fallback", action=argparse.BooleanOptionalAction, default=True
+        "--byte_fallback", action=argparse.BooleanOptionalAction, default=True,
+        help="spell uncovered characters as UTF-8 byte pieces instead of <unk>",
     )
-    parser.add_argument("--max_line_bytes", type=int, default=mixtures.DEFAULT_MAX_LINE_BYTES)
+    parser.add_argument("--max_line_bytes", type=int, default=mixtures.DEFAULT_MAX_LINE_BYTES,
+                        help="longer lines are skipped when sampling")
     parser.add_argument(
-        "--num_threads", type=int, default=16,
-        help="trainer threads; the model depends on it (fixed default for reproducibility)",
+        "--num_threads", type=int, default=os.cpu_count() or 1,
+        help="trainer threads (default: this machine's cores); the trained model can differ "
+        "with the thread count, so give a fixed value to reproduce a vocabulary elsewhere",
     )
     parser.add_argument(
         "--train_extremely_large_corpus", action="store_true",
@@ -493,4 +516,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from xlmeta_jax import errors
+
+    errors.exit_with(main, prog="xlmeta_jax.data.vocabulary")
