@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from xlmeta_jax import losses
+from xlmeta_jax import mlm
 from xlmeta_jax.network import get_config
-from xlmeta_jax.tools import bench
+from xlmeta_jax.tools import bench, flops
 
 
 def _positive(x):
@@ -65,9 +65,9 @@ def test_flops_per_token_hand_checked():
     cfg = get_config("tiny")
     per_layer = 2 * (4 * 64 * 64 + 2 * 64 * 128) + 2 * (2 * 16 * 64)  # 69632
     head = 2 * (64 * 64 + 64 * 1024)  # per position where the head runs: 139264
-    assert losses.max_predictions_for_length(16) == 4
-    assert losses.mlm_flops_per_token(cfg, 16, 4) == 3 * (2 * per_layer + head * 4 / 16)
-    assert losses.mlm_flops_per_token(cfg, 16, 4, masked_head=False) == 3 * (
+    assert mlm.max_predictions(16, 0.15) == 4
+    assert flops.mlm_flops_per_token(cfg, 16, 4) == 3 * (2 * per_layer + head * 4 / 16)
+    assert flops.mlm_flops_per_token(cfg, 16, 4, masked_head=False) == 3 * (
         2 * per_layer + head
     )
 
@@ -111,7 +111,7 @@ def test_dropout_draws_hand_checked():
     # tiny: h=64, 2 layers, 8 heads; L=16. Hidden: 64 * (1 + 2*2) = 320 per token;
     # attention probabilities: 2 layers * 8 heads * 16 keys = 256 per token.
     cfg = get_config("tiny")
-    assert losses.dropout_mask_elements_per_token(cfg, 16) == 320 + 256
-    assert losses.dropout_mask_elements_per_token(cfg, 16, attention_dropout=False) == 320
+    assert flops.dropout_mask_elements_per_token(cfg, 16) == 320 + 256
+    assert flops.dropout_mask_elements_per_token(cfg, 16, attention_dropout=False) == 320
     off = get_config("tiny", dropout_rate=0.0, attention_dropout_rate=0.0)
-    assert losses.dropout_mask_elements_per_token(off, 16) == 0
+    assert flops.dropout_mask_elements_per_token(off, 16) == 0

@@ -13,7 +13,7 @@ from data_toy import train_toy_vocabulary, write_cc100_dir  # noqa: E402
 
 import tasks  # noqa: E402
 from tasks import names  # noqa: E402
-from xlmeta_jax import losses, mlm, partitioning  # noqa: E402
+from xlmeta_jax import mlm, partitioning  # noqa: E402
 from xlmeta_jax.data import english_pd, feeding, mixtures, vocabulary  # noqa: E402
 from xlmeta_jax.tools import caching, throughput  # noqa: E402
 
@@ -72,7 +72,7 @@ def test_global_arrays_exact_resume_and_determinism(toy, mesh, tmp_path):
     _register(toy, languages=["en", "sw"])
     it = _iterator(mesh)
     spec = it.element_spec
-    slots = losses.max_predictions_for_length(LENGTH)
+    slots = mlm.max_predictions(LENGTH, 0.15)
     assert spec["inputs"].shape == (BATCH, LENGTH) and spec["inputs"].dtype == np.int32
     assert spec["weights"].dtype == np.float32
     assert spec["mlm_positions"].shape == (BATCH, slots)

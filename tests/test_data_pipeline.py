@@ -21,7 +21,7 @@ from data_toy import (  # noqa: E402
 
 import tasks  # noqa: E402
 from tasks import names  # noqa: E402
-from xlmeta_jax import losses, mlm  # noqa: E402
+from xlmeta_jax import mlm  # noqa: E402
 from xlmeta_jax.data import mixtures, providers, vocabulary  # noqa: E402
 from xlmeta_jax.data.languages import UnknownLanguageError  # noqa: E402
 
@@ -272,7 +272,7 @@ def test_mixed_blocks_are_full_and_start_with_bos(mixed_blocks):
 
 def test_masking_statistics(mixed_blocks):
     _, _, blocks = mixed_blocks[0.3]
-    slots = losses.max_predictions_for_length(MIX_LENGTH)
+    slots = mlm.max_predictions(MIX_LENGTH, 0.15)
     selected = candidates = 0
     kept = masked = randomized = 0
     rounding_error = []
@@ -392,12 +392,15 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
             [f"VOCAB_PATH = '{toy['vocab']}'", f"CC100_DIR = '{toy['cc_dir']}'",
              "CC100_LANGUAGES = ['en', 'ja']", "ALPHA = 1.0",
              "xlmeta_jax.mlm.Masking.rate = 0.25",
-             "xlmeta_jax.corpus.Corpora.masking = @xlmeta_jax.mlm.Masking()",
              "xlmeta_jax.corpus.registered.name = 'xlmeta_cc100'"],
             finalize=False,
         )
         assert corpus.registered() == names.CC100_MIXTURE
-        assert corpus.Corpora().masking.rate == 0.25
+        # The one gin-visible masking rate reaches the registered tasks.
+        ds = seqio.get_mixture_or_task(names.CC100_MIXTURE).get_dataset(
+            {"inputs": 40, "targets": 40}, shuffle=False, seed=0
+        )
+        assert ds.element_spec["mlm_positions"].shape == (mlm.max_predictions(40, 0.25),)
         q = tasks.language_probabilities(names.CC100_MIXTURE)
         assert q == pytest.approx({"en": 600 / 650, "ja": 50 / 650})
         with pytest.raises(mixtures.CorpusError, match="set ENGLISH_FILES"):

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import losses, network
+from xlmeta_jax import losses, network, synthetic
+from xlmeta_jax.tools import flops
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -41,42 +42,18 @@ def test_weighted_cross_entropy_is_fp32_for_bf16_logits():
     assert all(o.dtype == jnp.float32 for o in outs)
 
 
-def test_max_predictions_for_length():
-    # ceil(0.15 * L) + 1
-    assert losses.max_predictions_for_length(32) == 6
-    assert losses.max_predictions_for_length(128) == 21
-    assert losses.max_predictions_for_length(512) == 78
-
-
-def test_synthetic_batch_is_consistent():
-    b = losses.synthetic_mlm_batch(np.random.default_rng(1), 3, 40, 100)
-    slots = losses.max_predictions_for_length(40)
-    assert b["mlm_positions"].shape == (3, slots)
-    assert (b["inputs"][:, 0] == 3).all()
-    for r in range(3):
-        used = b["mlm_weights"][r] == 1
-        pos = b["mlm_positions"][r, used]
-        assert (pos > 0).all() and len(set(pos)) == len(pos)
-        assert (b["inputs"][r, pos] == 4).all()
-        np.testing.assert_array_equal(b["targets"][r, pos], b["mlm_targets"][r, used])
-        np.testing.assert_array_equal(np.flatnonzero(b["weights"][r]), np.sort(pos))
-        unmasked = np.setdiff1d(np.arange(40), pos)
-        np.testing.assert_array_equal(b["inputs"][r, unmasked], b["targets"][r, unmasked])
-    assert (b["targets"][:, 1:] >= 5).all() and (b["targets"] < 100).all()
-
-
 def test_mlm_flops_per_token_hand_computed():
     cfg = types.SimpleNamespace(hidden_size=2, mlp_dim=3, vocab_size=5, num_layers=1)
     # per layer: 2*(4*4 + 2*2*3) + 2*(2*4*2) = 88; head: 2*(4 + 10) = 28 (x 2/4 slots).
-    assert losses.mlm_flops_per_token(cfg, 4, 2) == 3 * (88 + 14)
-    assert losses.mlm_flops_per_token(cfg, 4, 2, masked_head=False) == 3 * (88 + 28)
+    assert flops.mlm_flops_per_token(cfg, 4, 2) == 3 * (88 + 14)
+    assert flops.mlm_flops_per_token(cfg, 4, 2, masked_head=False) == 3 * (88 + 28)
 
 
 @pytest.fixture(scope="module")
 def model_and_batch():
     model = network.XLMRForMaskedLM(_CFG)
     rng = np.random.default_rng(0)
-    batch = losses.synthetic_mlm_batch(rng, 4, 32, _CFG.vocab_size)
+    batch = synthetic.mlm_batch(rng, 4, 32, _CFG.vocab_size)
     # Row 2 ends in padding: its tail is never a prediction target.
     batch["inputs"][2, 24:] = 0
     batch["targets"][2, 24:] = 0

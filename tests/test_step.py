@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import losses, network, partitioning, step
+from xlmeta_jax import network, partitioning, step, synthetic
 from xlmeta_jax.optimizer import OptimizerConfig
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 2, 4), (1, 1, 8)]
@@ -51,7 +51,7 @@ _REMAT_PROBE = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from xlmeta_jax import losses, network, partitioning, step
+from xlmeta_jax import network, partitioning, step, synthetic
 from xlmeta_jax.optimizer import OptimizerConfig
 
 jax.config.update("jax_disable_most_optimizations", True)
@@ -72,7 +72,7 @@ jax.jit(lookup).lower(
 ).compile()
 done("CONTROL")
 fns = step.make_step_functions(network.get_config("tiny", pad_token_id=0), OptimizerConfig(), mesh)
-batch = losses.synthetic_mlm_batch(np.random.default_rng(0), 8, 32, 1024)
+batch = synthetic.mlm_batch(np.random.default_rng(0), 8, 32, 1024)
 batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
 jax.jit(fns.train_step).lower(fns.abstract_state, batch).compile()
 done("STEP")
@@ -108,7 +108,7 @@ def remat_probe(request):
 
 
 def _batch():
-    batch = losses.synthetic_mlm_batch(np.random.default_rng(0), 8, 32, CFG.vocab_size)
+    batch = synthetic.mlm_batch(np.random.default_rng(0), 8, 32, CFG.vocab_size)
     # Padded tails in two rows exercise the attention mask and position ids.
     for row in (1, 6):
         batch["inputs"][row, 20:] = 0

@@ -5,8 +5,10 @@ settings gin-configurable (gin/data/*.gin, gin/pretrain.gin) and registers the
 seqio tasks with them:
 
 * ``xlmeta_jax.corpus.Corpora.*`` — :class:`xlmeta_jax.data.corpora.Corpora`
-  (vocabulary, English files / TFDS, CC-100 / mC4, languages, alpha, masking);
-* ``xlmeta_jax.mlm.Masking.*`` — :class:`xlmeta_jax.mlm.Masking` (the masking rate);
+  (vocabulary, English files / TFDS, CC-100 / mC4, languages, alpha);
+* ``xlmeta_jax.mlm.Masking.*`` — :class:`xlmeta_jax.mlm.Masking`, the one place of the
+  masking rate (gin/pretrain.gin: ``MASK_RATE``): the registered tasks and the trainer's
+  synthetic stream both take it from here (``Corpora.masking`` is not a gin binding);
 * ``xlmeta_jax.data.feeding.make_mlm_iterator.*`` — the feeder's options;
 * ``@xlmeta_jax.corpus.registered()`` — registers the configured corpora
   (:func:`tasks.register`) and returns ``registered.name``, for configs that name a
@@ -22,7 +24,9 @@ import gin
 from xlmeta_jax import mlm
 from xlmeta_jax.data import corpora, feeding, mixtures
 
-Corpora = gin.external_configurable(corpora.Corpora, module="xlmeta_jax.corpus")
+Corpora = gin.external_configurable(
+    corpora.Corpora, module="xlmeta_jax.corpus", denylist=["masking"]
+)
 Masking = gin.external_configurable(mlm.Masking, module="xlmeta_jax.mlm")
 make_mlm_iterator = gin.external_configurable(
     feeding.make_mlm_iterator, module="xlmeta_jax.data.feeding"
@@ -39,14 +43,20 @@ _SETTING = {
 
 
 def register(settings: corpora.Corpora | None = None) -> tuple[str, ...]:
-    """Registers the seqio tasks of ``settings`` (default: the gin-bound ``Corpora()``).
+    """Registers the seqio tasks of ``settings``.
+
+    Args:
+      settings: the corpus settings; default: the gin-bound ``Corpora()`` with the
+        gin-bound ``Masking()``.
 
     Returns:
       The registered names (see :func:`tasks.register`).
     """
     import tasks  # noqa: PLC0415 - seqio and TensorFlow only where data is read
 
-    return tasks.register(settings if settings is not None else Corpora())
+    if settings is None:
+        settings = Corpora(masking=Masking())
+    return tasks.register(settings)
 
 
 @gin.configurable(module="xlmeta_jax.corpus")
@@ -55,7 +65,7 @@ def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None
 
     Args:
       name: a task or mixture name (tasks/names.py), e.g. ``'xlmeta_cc100'``.
-      settings: the corpus settings (default: the gin-bound ``Corpora()``).
+      settings: the corpus settings (default: the gin-bound ones, see :func:`register`).
 
     Raises:
       CorpusError: naming the setting that registers ``name`` when it is missing.

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from xlmeta_jax import losses, partitioning
+from xlmeta_jax import losses, mlm, partitioning
 from xlmeta_jax.network import EncoderConfig, XLMRForMaskedLM
 from xlmeta_jax.optimizer import (
     OptimizerConfig,
@@ -103,7 +103,7 @@ def make_step_functions(
         so a resumed run draws the same dropout masks as an uninterrupted one).
       rules: logical-axis rules.
       full_head: apply the LM head at every position (batches then need
-        ``losses.FULL_HEAD_FEATURES``); only to measure what the gathered head saves.
+        ``mlm.FULL_HEAD_FEATURES``); only to measure what the gathered head saves.
       rng_impl: PRNG of the dropout masks: ``"threefry2x32"`` (JAX's default; the
         same masks on every backend and mesh) or ``"rbg"`` / ``"unsafe_rbg"`` (XLA's
         RngBitGenerator: cheaper masks, but a different stream, which may differ
@@ -192,7 +192,7 @@ def make_step_functions(
         )
         return metrics
 
-    features = losses.FULL_HEAD_FEATURES if full_head else losses.MLM_FEATURES
+    features = mlm.FULL_HEAD_FEATURES if full_head else mlm.STEP_FEATURES
     batch_shardings = {k: batch_sharding for k in features}
     train_step = jax.jit(
         _with_rules(train_step_fn),
@@ -220,7 +220,7 @@ def make_step_functions(
     )
 
 
-def _select(batch, mesh: Mesh, features=losses.MLM_FEATURES):
+def _select(batch, mesh: Mesh, features=mlm.STEP_FEATURES):
     """The step's features of ``batch``, checked against the mesh before any tracing."""
     missing = [k for k in features if k not in batch]
     if missing:

@@ -29,14 +29,13 @@ from xlmeta_jax import (
     errors,
     gin_cli,
     interrupts,
-    losses,
     network,
     partitioning,
     run_dir,
     step,
 )
 from xlmeta_jax.optimizer import OptimizerConfig
-from xlmeta_jax.tools import hardware
+from xlmeta_jax.tools import flops, hardware
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -235,6 +234,8 @@ def _make_iterator(phase: Phase, model: network.EncoderConfig, mesh, seed: int):
             mesh=mesh,
             seed=seed,
             vocab_size=model.vocab_size,
+            # The one masking setting (gin: MASK_RATE) shapes the synthetic batches too.
+            masking=corpus.Masking(),
         )
     # Registers the gin-configured corpora (tasks.register; TensorFlow and seqio are
     # imported only here), then reads the phase's task or mixture.
@@ -484,8 +485,9 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
 
     # ---------------------------------------------------------- train loop
     writer = _Writer(os.path.join(phase_dir, "train"))
-    slots = losses.max_predictions_for_length(phase.sequence_length)
-    flops_per_token = losses.mlm_flops_per_token(model, phase.sequence_length, slots)
+    # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.mlm).
+    slots = iterator.element_spec["mlm_positions"].shape[-1]
+    flops_per_token = flops.mlm_flops_per_token(model, phase.sequence_length, slots)
     tokens_per_step = phase.batch_size * phase.sequence_length
     last_metrics = dict(meta["metrics"]) if latest is not None and meta.get("metrics") else {}
     t_phase = time.time()

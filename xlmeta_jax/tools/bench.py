@@ -22,7 +22,7 @@ override of :class:`xlmeta_jax.network.EncoderConfig`'s fields (through
         --variants="default;full_head=true;scan_layers=false;remat_policy=full"
 
 FLOPs are model FLOPs (matmuls only, forward + backward = 3x forward) from
-:func:`xlmeta_jax.losses.mlm_flops_per_token`; the LM head is counted only at the
+:func:`xlmeta_jax.tools.flops.mlm_flops_per_token`; the LM head is counted only at the
 masked slots, since that is all our step computes. Importing this module imports
 neither TensorFlow, seqio, gin nor torch: the library entry points
 (:func:`run_ours`, :func:`run`) take an ``EncoderConfig``; the command line reads
@@ -43,11 +43,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from xlmeta_jax import losses, partitioning
+from xlmeta_jax import mlm, partitioning, synthetic
 from xlmeta_jax.network import EncoderConfig, resolve_attention_impl
 from xlmeta_jax.optimizer import OptimizerConfig
 from xlmeta_jax.step import RNG_IMPLS, make_step_functions
-from xlmeta_jax.tools import hardware, profiling, timing
+from xlmeta_jax.tools import flops, hardware, profiling, timing
 from xlmeta_jax.tools.bench_hf import HFRun, hf_available
 
 PEAK_SOURCE = (
@@ -157,13 +157,12 @@ class OursRun(timing.TimedRun):
             cfg, opt_cfg, self.mesh, seed=opts.seed, full_head=opts.full_head,
             rng_impl=opts.rng_impl,
         )
-        self.slots = losses.max_predictions_for_length(opts.length)
-        host_batch = losses.synthetic_mlm_batch(
-            np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size,
-            slots=self.slots,
+        host_batch = synthetic.mlm_batch(
+            np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size
         )
+        self.slots = host_batch["mlm_positions"].shape[1]
         self.masked_fraction = float(host_batch["weights"].mean())
-        features = losses.FULL_HEAD_FEATURES if opts.full_head else losses.MLM_FEATURES
+        features = mlm.FULL_HEAD_FEATURES if opts.full_head else mlm.STEP_FEATURES
         self.batch = {k: jax.device_put(host_batch[k], fns.batch_sharding) for k in features}
 
         self.state = jax.block_until_ready(fns.init(jax.random.key(opts.seed)))
@@ -192,7 +191,7 @@ class OursRun(timing.TimedRun):
         opts, cfg = self.opts, self.cfg
         loss = timing.check_finite(float(self.metrics["loss"]), str(opts))
         tokens = opts.batch * opts.length
-        flops_per_token = losses.mlm_flops_per_token(
+        flops_per_token = flops.mlm_flops_per_token(
             cfg, opts.length, self.slots, masked_head=not opts.full_head
         )
         tflops = flops_per_token * tokens / step_time / 1e12
@@ -228,7 +227,7 @@ class OursRun(timing.TimedRun):
             "model_tflops_per_s": tflops,
             # PRNG work of the dropout masks (32-bit draws per step), to read the profile's
             # "dropout masks" row against.
-            "dropout_draws_per_step": losses.dropout_mask_elements_per_token(
+            "dropout_draws_per_step": flops.dropout_mask_elements_per_token(
                 cfg, opts.length) * tokens * cfg.dropout_mask_bits / 32,
             "peak_tflops_per_device": None if peak is None else peak / 1e12,
             "mfu": mfu,

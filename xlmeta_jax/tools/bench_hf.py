@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from xlmeta_jax import losses
+from xlmeta_jax import synthetic
 from xlmeta_jax.network import EncoderConfig
-from xlmeta_jax.tools import timing
+from xlmeta_jax.tools import flops, timing
 
 
 def hf_available() -> bool:
@@ -63,10 +63,8 @@ class HFRun(timing.TimedRun):
             [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
             lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
         )
-        self.slots = losses.max_predictions_for_length(length)
-        host = losses.synthetic_mlm_batch(
-            np.random.default_rng(seed), batch, length, cfg.vocab_size, slots=self.slots,
-        )
+        host = synthetic.mlm_batch(np.random.default_rng(seed), batch, length, cfg.vocab_size)
+        self.slots = host["mlm_positions"].shape[1]
         self.ids = torch.from_numpy(host["inputs"].astype(np.int64)).to(device)
         self.labels = torch.from_numpy(
             np.where(host["weights"] > 0, host["targets"], -100).astype(np.int64)
@@ -105,7 +103,7 @@ class HFRun(timing.TimedRun):
         """The run's figures at ``step_time`` seconds per step."""
         tokens = self.batch * self.length
         # HF's own computation: LM head at every position.
-        flops_per_token = losses.mlm_flops_per_token(
+        flops_per_token = flops.mlm_flops_per_token(
             self.cfg, self.length, self.slots, masked_head=False
         )
         return {

@@ -1,0 +1,37 @@
+"""Work per training step: model FLOPs and dropout PRNG draws, per input token.
+
+For the benchmark's TFLOP/s and MFU, and the trainer's MFU log line. Counts follow
+from the model configuration and the batch shape only (no TensorFlow, no tracing).
+"""
+
+from __future__ import annotations
+
+
+def mlm_flops_per_token(cfg, length: int, slots: int, *, masked_head: bool = True) -> float:
+    """Training FLOPs per input token (forward + backward = 3x forward matmuls).
+
+    Counts matmuls only: QKV/out projections, attention scores and context, MLP,
+    and the LM head (dense + vocabulary projection) applied at ``slots`` of every
+    ``length`` positions when ``masked_head`` (else at every position). ``slots``
+    is the batch's prediction slots (``batch["mlm_positions"].shape[1]``, i.e.
+    ``mlm.max_predictions(length, masking rate)``).
+    """
+    h, f, v, n = cfg.hidden_size, cfg.mlp_dim, cfg.vocab_size, cfg.num_layers
+    per_layer = 2 * (4 * h * h + 2 * h * f) + 2 * (2 * length * h)
+    head_frac = slots / length if masked_head else 1.0
+    head = 2 * (h * h + h * v) * head_frac
+    return 3.0 * (n * per_layer + head)
+
+
+def dropout_mask_elements_per_token(cfg, length: int, *, attention_dropout: bool = True) -> float:
+    """Dropout-mask elements one training step draws per input token.
+
+    The embeddings' and every layer's two hidden-state dropouts draw ``hidden_size``
+    elements per token; attention dropout draws ``num_heads * length`` per token and
+    layer (one per attention probability). Each element costs one PRNG draw at
+    ``dropout_mask_bits=32``, half or a quarter of one at 16 or 8 bits.
+    """
+    h, n = cfg.hidden_size, cfg.num_layers
+    hidden = h * (1 + 2 * n) if cfg.dropout_rate > 0 else 0
+    attn = n * cfg.num_heads * length if attention_dropout and cfg.attention_dropout_rate > 0 else 0
+    return float(hidden + attn)
