@@ -30,7 +30,13 @@ import pytest
 from xlmeta_jax import network, partitioning, step, synthetic
 from xlmeta_jax.optimizer import OptimizerConfig
 
-MESHES = [(8, 1, 1), (2, 2, 2), (1, 2, 4), (1, 1, 8)]
+# (2, 2, 2) splits every axis and is in the quick loop; the others are slow-marked variants.
+MESHES = [
+    pytest.param((8, 1, 1), marks=pytest.mark.slow),
+    (2, 2, 2),
+    pytest.param((1, 2, 4), marks=pytest.mark.slow),
+    pytest.param((1, 1, 8), marks=pytest.mark.slow),
+]
 SEED = 17
 # Dropout on (the default rates): the mesh-equality tests then cover the masks too.
 CFG = network.get_config("tiny", pad_token_id=0)
@@ -274,6 +280,7 @@ def test_same_seed_and_step_give_same_dropout(host_state0):
     assert abs(float(evaluated["loss"]) - metrics[0]["loss"]) > 1e-4
 
 
+@pytest.mark.slow
 def test_rbg_dropout_is_deterministic_and_resumable(host_state0, baseline):
     # XLA's RngBitGenerator (rng_impl="rbg"): another stream than threefry's, but
     # a rebuilt step (a resumed run) on another mesh draws the same masks.

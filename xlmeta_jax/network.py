@@ -138,25 +138,15 @@ class EncoderConfig:
 
 
 # Named sizes: the one table of model shapes (gin/models/*.gin name a size and read it
-# through get_config). `tiny` is for tests and the CPU demo; base/large are XLM-R's.
+# through get_config). `tiny` is for tests and the CPU demo (divisible by 8 everywhere it
+# matters, so tests can shard it on 8 devices); base/large are XLM-R's published shapes.
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+                "max_position_embeddings")
 _SIZES = {
-    # Divisible by 8 everywhere it matters, so tests can shard it on 8 devices.
-    "tiny": dict(
-        vocab_size=1024, hidden_size=64, num_layers=2, num_heads=8, mlp_dim=128,
-        max_position_embeddings=130,
-    ),
-    "small": dict(
-        vocab_size=32000, hidden_size=256, num_layers=4, num_heads=4, mlp_dim=1024,
-        max_position_embeddings=514,
-    ),
-    "base": dict(
-        vocab_size=250002, hidden_size=768, num_layers=12, num_heads=12, mlp_dim=3072,
-        max_position_embeddings=514,
-    ),
-    "large": dict(
-        vocab_size=250002, hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096,
-        max_position_embeddings=514,
-    ),
+    "tiny": (1024, 64, 2, 8, 128, 130),
+    "small": (32000, 256, 4, 4, 1024, 514),
+    "base": (250002, 768, 12, 12, 3072, 514),
+    "large": (250002, 1024, 24, 16, 4096, 514),
 }
 
 SIZES = tuple(_SIZES)
@@ -178,7 +168,7 @@ def get_config(size: str, **overrides) -> EncoderConfig:
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise ValueError(f"get_config: {unknown} are not EncoderConfig fields ({sorted(fields)})")
-    return EncoderConfig(**{**_SIZES[size], **overrides})
+    return EncoderConfig(**{**dict(zip(_SIZE_FIELDS, _SIZES[size])), **overrides})
 
 
 def _dense_init(cfg: EncoderConfig):
