@@ -275,3 +275,28 @@ def test_bad_exports_are_refused_before_writing(export, model, vocab, tmp_path):
     with pytest.raises(hf.ConversionError, match="pad id 0"):
         hf.save_hf(tmp_path / "pad", cfg.replace(pad_token_id=1), params, vocab_path=vocab)
     assert not (tmp_path / "small").exists() and not (tmp_path / "pad").exists()
+
+
+@pytest.mark.slow
+def test_fine_tuning_command_runs_on_the_export(export, shared_data, tmp_path):
+    """``python -m xlmeta_jax.finetune`` with the export as INITIAL_CHECKPOINT_PATH and no
+    other checkpoint flag (no vocabulary, no id convention)."""
+    import gin
+
+    from xlmeta_jax import finetune
+
+    gin.clear_config()
+    results = finetune.main([
+        "--gin_file=gin/finetune/pawsx.gin", "--gin_file=gin/finetune/demo.gin",
+        f"--gin.INITIAL_CHECKPOINT_PATH='{export}'", f"--gin.MODEL_DIR='{tmp_path / 'pawsx'}'",
+        f"--gin.DATA_DIR='{shared_data}'", "--gin.finetune.train_steps=4",
+        "--gin.finetune.max_train_examples=64", "--gin.finetune.max_eval_examples=8",
+        "--gin.finetune.eval_every=4", "--gin.finetune.log_every=2",
+        # The test model has 64 positions.
+        "--gin.finetune.max_seq_length=64",
+    ])
+    gin.clear_config()
+    assert results["model"]["source"] == "hf"
+    assert results["model"]["vocab_path"] == str(export / hf_tokenizer.SPM_NAME)
+    assert results["train"]["steps"] == 4
+    assert set(results["languages"]) == {"de", "en", "es", "fr", "ja", "ko", "zh"}
