@@ -1,0 +1,225 @@
+"""The experiment: arms at equal compute, the joint mixture's English share, configuration
+checks, resume bookkeeping and the dry-run estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from xlmeta_jax import network
+from xlmeta_jax.experiment import arms, plan, runner
+from xlmeta_jax.optimizer import OptimizerConfig
+
+BUDGET = arms.Budget(meta_steps=300, xling_steps=900, batch_size=32, sequence_length=128)
+OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=60)
+
+
+def _phases(arm, budget=BUDGET, opt=OPT):
+    return arms.arm_phases(arm, budget, english_task="en_task", xling_mixture="xling_mix",
+                           optimizer=opt)
+
+
+# ----------------------------------------------------------------------------- arms
+
+
+def test_meta_xlmr_joint_train_equal_tokens_xling_only_the_xling_part():
+    tokens = {arm: arms.phase_tokens(_phases(arm)) for arm in arms.ARMS}
+    per_step = 32 * 128
+    assert tokens["meta"] == tokens["xlmr"] == tokens["joint"] == 1200 * per_step
+    assert tokens["xling_only"] == 900 * per_step
+
+
+def test_every_phase_shares_batch_length_peak_lr_and_warmup_with_its_own_schedule():
+    for arm in arms.ARMS:
+        for p in _phases(arm):
+            assert (p.batch_size, p.sequence_length) == (32, 128)
+            opt = p.optimizer_config()
+            assert opt.learning_rate == 1e-3 and opt.warmup_steps == 60
+            # The schedule ends exactly at the phase's last step (no steps at rate 0).
+            assert opt.total_steps == p.num_steps
+
+
+def test_meta_is_english_then_the_mixture_from_phase_one():
+    p1, p2 = _phases("meta")
+    assert (p1.name, p1.task, p1.num_steps, p1.init_from) == ("phase1", "en_task", 300, None)
+    assert (p2.task, p2.num_steps, p2.init_from) == ("xling_mix", 900, "phase1")
+    assert p2.reset_optimizer and p2.reset_schedule
+    (x,) = _phases("xlmr")
+    assert (x.task, x.num_steps, x.init_from) == ("xling_mix", 1200, None)
+    (o,) = _phases("xling_only")
+    assert (o.task, o.num_steps) == ("xling_mix", 900)
+    (j,) = _phases("joint")
+    assert j.task == arms.joint_mixture_name("en_task", "xling_mix", BUDGET)
+    assert j.num_steps == 1200
+
+
+def test_unknown_arm_and_warmup_longer_than_a_phase_are_refused():
+    with pytest.raises(arms.ArmError, match="unknown arm 'mbert'"):
+        _phases("mbert")
+    short = dataclasses.replace(BUDGET, meta_steps=50)
+    with pytest.raises(arms.ArmError, match="phase 'phase1': warmup_steps=60 exceeds its 50"):
+        _phases("meta", budget=short)
+
+
+def _toy_task(name: str, token: int, length: int):
+    """A seqio task whose every example is `length` copies of `token`."""
+    import seqio
+    import tensorflow as tf
+
+    def dataset_fn(split, shuffle_files, seed=None):
+        del split, shuffle_files, seed
+        return tf.data.Dataset.from_tensors(
+            {"targets": tf.fill([length], tf.constant(token, tf.int32))}).repeat()
+
+    if name not in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.add(
+            name, source=seqio.FunctionDataSource(dataset_fn, splits=["train"]),
+            output_features={"targets": seqio.Feature(seqio.PassThroughVocabulary(100),
+                                                      add_eos=False, dtype=tf.int32)})
+    return name
+
+
+def test_joint_mixture_gives_english_the_meta_share_of_the_tokens():
+    import seqio
+
+    length = 16
+    english = _toy_task("exp_test_english", 1, length)
+    langs = {_toy_task(f"exp_test_xling_{i}", 10 + i, length): rate
+             for i, rate in enumerate((5.0, 3.0, 2.0))}
+    if "exp_test_xling" not in seqio.MixtureRegistry.names():
+        seqio.MixtureRegistry.add("exp_test_xling", list(langs.items()))
+    budget = arms.Budget(meta_steps=1, xling_steps=3, batch_size=8, sequence_length=length)
+    name = arms.register_joint_mixture(english, "exp_test_xling", budget)
+    assert name == arms.register_joint_mixture(english, "exp_test_xling", budget)  # idempotent
+    mix = seqio.get_mixture_or_task(name)
+    total = sum(mix.get_rate(t) for t in mix.tasks)
+    assert mix.get_rate(seqio.get_mixture_or_task(english)) / total == pytest.approx(0.25)
+    # Within the multilingual 75%, the languages keep their own rates.
+    for task, rate in langs.items():
+        share = mix.get_rate(seqio.get_mixture_or_task(task)) / total
+        assert share == pytest.approx(0.75 * rate / 10.0)
+
+    # Sampling: the English share of the tokens drawn is 1/4 within 4 standard deviations.
+    n = 4000
+    ds = mix.get_dataset(sequence_length={"targets": length}, split="train", shuffle=True,
+                         seed=0, use_cached=False)
+    tokens = np.stack([ex["targets"] for ex in ds.take(n).as_numpy_iterator()])
+    english_share = float((tokens == 1).mean())
+    assert abs(english_share - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def _experiment(model_dir, **overrides):
+    kw = dict(
+        name="test", model_dir=str(model_dir), arms=arms.ARMS, seeds=(0, 1),
+        meta_steps=4, xling_steps=6, batch_size=8, sequence_length=32,
+        model=network.EncoderConfig(vocab_size=100, num_layers=1, hidden_size=16, num_heads=2,
+                                    mlp_dim=32, max_position_embeddings=34),
+        optimizer=OptimizerConfig(warmup_steps=2), english_task="en_task",
+        xling_mixture="xling_mix", tasks=("pawsx", "tatoeba"),
+    )
+    kw.update(overrides)
+    return runner.experiment(**kw)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"arms": ("meta", "bert")}, "experiment.arms=\\['meta', 'bert'\\]"),
+    ({"arms": ("meta", "meta")}, "expected distinct arms"),
+    ({"seeds": (0, 0)}, "experiment.seeds=\\[0, 0\\]"),
+    ({"meta_steps": 0}, "experiment.meta_steps=0"),
+    ({"tasks": ("xnli", "glue")}, "experiment.tasks="),
+    ({"optimizer": OptimizerConfig(warmup_steps=5)}, "warmup_steps=5 exceeds its 4 steps"),
+])
+def test_bad_settings_name_the_setting(tmp_path, overrides, message):
+    with pytest.raises(runner.ExperimentError, match=message):
+        _experiment(tmp_path, **overrides)
+
+
+def _fake_finished_run(exp, arm, seed, seconds_per_step=0.5):
+    """A run folder as the trainer leaves it (summary.json), without training."""
+    run_dir = exp.run_dir(arm, seed)
+    phases = exp.phases(arm)
+    summary = {"model_dir": run_dir, "phases": [
+        {"phase": p.name, "task": p.task, "steps": p.num_steps, "steps_run_now": p.num_steps,
+         "final_loss": 5.0, "final_accuracy": 0.1,
+         "tokens": p.num_steps * p.batch_size * p.sequence_length,
+         "wall_seconds_now": seconds_per_step * p.num_steps,
+         "checkpoint": os.path.join(run_dir, p.name, str(p.num_steps)),
+         "initialized_from": None} for p in phases]}
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    return summary
+
+
+def _fake_results(exp, arm, seed, task, checkpoint, seconds=30.0):
+    out = exp.eval_dir(arm, seed, task)
+    os.makedirs(out, exist_ok=True)
+    results = {"task": task, "metric": "accuracy",
+               "languages": {"en": {"accuracy": 60.0}, "de": {"accuracy": 50.0}},
+               "average": 55.0, "average_target": 50.0, "english": 60.0, "transfer_gap": 10.0,
+               "model": {"checkpoint": checkpoint}, "total_seconds": seconds}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f)
+
+
+def test_finished_work_is_found_and_a_changed_plan_is_refused(tmp_path):
+    exp = _experiment(tmp_path)
+    assert runner.pretraining_done(exp, "meta", 0) is None
+    summary = _fake_finished_run(exp, "meta", 0)
+    assert runner.pretraining_done(exp, "meta", 0) == summary
+    ckpt = runner.final_checkpoint(exp, "meta", 0)
+    assert ckpt == summary["phases"][-1]["checkpoint"]
+    assert runner.evaluation_done(exp, "meta", 0, "pawsx", ckpt) is None
+    _fake_results(exp, "meta", 0, "pawsx", ckpt)
+    assert runner.evaluation_done(exp, "meta", 0, "pawsx", ckpt)["english"] == 60.0
+    with pytest.raises(runner.ExperimentError, match="evaluates .* not this experiment's"):
+        runner.evaluation_done(exp, "meta", 0, "pawsx", "/elsewhere/7")
+    longer = _experiment(tmp_path, xling_steps=8)
+    with pytest.raises(runner.ExperimentError, match="holds a finished run of phases"):
+        runner.pretraining_done(longer, "meta", 0)
+
+    runner._check_model_dir(exp)
+    runner._check_model_dir(exp)  # the same plan resumes
+    with pytest.raises(runner.ExperimentError, match="another budget"):
+        runner._check_model_dir(longer)
+
+
+def test_finetune_command_of_an_evaluation(tmp_path):
+    exp = _experiment(tmp_path, finetune_gin_files=("experiments/cpu_finetune.gin",),
+                      data_dir=str(tmp_path / "data"))
+    _fake_finished_run(exp, "joint", 1)
+    argv = runner.finetune_argv(exp, "joint", 1, "pawsx")
+    ckpt = runner.final_checkpoint(exp, "joint", 1)
+    assert argv == [
+        "--gin_file=finetune/pawsx.gin",
+        "--gin_file=experiments/cpu_finetune.gin",
+        f"--gin.DATA_DIR={str(tmp_path / 'data')!r}",
+        f"--gin.INITIAL_CHECKPOINT_PATH={ckpt!r}",
+        f"--gin.MODEL_DIR={exp.eval_dir('joint', 1, 'pawsx')!r}",
+        "--gin.finetune.seed=1",
+    ]
+
+
+def test_plan_counts_what_is_left_and_estimates_from_finished_runs(tmp_path):
+    exp = _experiment(tmp_path)
+    # Every run but xlmr seed 1 finished at 0.5 s per step; every pawsx evaluation took 30 s.
+    for arm in exp.arms:
+        for seed in exp.seeds:
+            if (arm, seed) != ("xlmr", 1):
+                _fake_finished_run(exp, arm, seed, seconds_per_step=0.5)
+                _fake_results(exp, arm, seed, "pawsx", runner.final_checkpoint(exp, arm, seed))
+    text = plan.plan(exp, eval_seconds=lambda task: 100.0)
+    assert "xlmr           1" in text and "to do" in text
+    assert text.count("  done") == 7
+    assert "evaluations: pawsx, tatoeba for every run: 16 (7 done)" in text
+    # Left: xlmr seed 1 (10 steps) at 0.5 s; 9 evaluations at 100 s.
+    assert "pretraining left: 10 steps in 1 phases ~ 5s" in text
+    assert "pawsx 1 x 1m40s, tatoeba 8 x 1m40s ~ 15m00s" in text
+    assert "estimated time left: 15m05s" in text

@@ -1,0 +1,112 @@
+"""The experiment's report on a tiny fake experiment: the numbers in report.md and the plots."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from xlmeta_jax.experiment import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(arm, seed, en, de, fr, tatoeba_by_layer, losses):
+    """One arm x seed of the fake experiment: XNLI (en, de, fr) and Tatoeba (de, fr)."""
+    target = (de + fr) / 2
+    return {
+        "arm": arm, "seed": seed,
+        "pretraining": {
+            "tokens": 4096 * len(losses),
+            "phases": [{"phase": arm, "task": "mix", "steps": len(losses), "tokens": 4096,
+                        "final_loss": losses[-1]}],
+            "loss_curve": {"tokens": [4096 * (i + 1) for i in range(len(losses))],
+                           "loss": losses, "phase": [arm] * len(losses)},
+        },
+        "evaluations": {
+            "xnli": {"metric": "accuracy", "english": en, "average_target": target,
+                     "transfer_gap": en - target, "average": (en + de + fr) / 3,
+                     "languages": {"en": en, "de": de, "fr": fr}},
+            "tatoeba": {"metric": "accuracy", "english": None,
+                        "average_target": tatoeba_by_layer[1], "transfer_gap": None,
+                        "languages": {"de": tatoeba_by_layer[1], "fr": tatoeba_by_layer[1]},
+                        "layer_sweep": {str(i): v for i, v in enumerate(tatoeba_by_layer)}},
+        },
+    }
+
+
+@pytest.fixture()
+def fake_results():
+    runs = [
+        _run("meta", 0, 70.0, 60.0, 58.0, [10.0, 30.0, 20.0], [6.0, 5.0, 4.0]),
+        _run("meta", 1, 74.0, 64.0, 60.0, [12.0, 34.0, 22.0], [6.1, 5.1, 4.1]),
+        _run("xlmr", 0, 66.0, 62.0, 62.0, [8.0, 20.0, 18.0], [6.2, 5.3, 4.5]),
+        _run("xlmr", 1, 68.0, 60.0, 64.0, [9.0, 22.0, 19.0], [6.3, 5.2, 4.4]),
+    ]
+    return {
+        "experiment": {"name": "fake", "command": "python -m xlmeta_jax.experiment ...",
+                       "arms": ["meta", "xlmr"], "seeds": [0, 1], "tasks": ["xnli", "tatoeba"]},
+        "runs": {f"{r['arm']}/seed{r['seed']}": r for r in runs},
+    }
+
+
+def test_summary_is_mean_and_sample_std_over_seeds(fake_results):
+    s = report.summarize(fake_results)
+    meta = s["xnli"]["meta"]
+    assert meta["english"]["mean"] == pytest.approx(72.0)
+    assert meta["english"]["std"] == pytest.approx(np.std([70.0, 74.0], ddof=1))
+    # target averages 59 and 62; gaps 11 and 12
+    assert meta["average_target"]["mean"] == pytest.approx(60.5)
+    assert meta["transfer_gap"]["mean"] == pytest.approx(11.5)
+    assert meta["transfer_gap"]["std"] == pytest.approx(np.std([11.0, 12.0], ddof=1))
+    xlmr = s["xnli"]["xlmr"]
+    assert xlmr["transfer_gap"]["mean"] == pytest.approx(((66 - 62) + (68 - 62)) / 2)
+    # Retrieval has no English score and no gap.
+    assert s["tatoeba"]["meta"]["english"] == {"mean": None, "std": None, "n": 0}
+    assert report.mean_std([3.0]) == {"mean": 3.0, "std": None, "n": 1}
+
+
+def test_per_language_and_per_layer_numbers(fake_results):
+    langs = report.per_language(fake_results, "xnli")
+    assert langs["meta"]["de"]["mean"] == pytest.approx(62.0)
+    assert langs["xlmr"]["fr"]["mean"] == pytest.approx(63.0)
+    layers = report.layer_sweep(fake_results, "tatoeba")
+    assert sorted(layers["meta"]) == [0, 1, 2]
+    assert layers["meta"][1]["mean"] == pytest.approx(32.0)
+    assert layers["xlmr"][2]["mean"] == pytest.approx(18.5)
+
+
+def test_report_markdown_and_plots(tmp_path, fake_results):
+    (tmp_path / "results.json").write_text(json.dumps(fake_results))
+    paths = report.write_report(fake_results, tmp_path)
+    names = sorted(p.name for p in paths)
+    assert names == sorted(["report.md", "english_vs_target.png", "xnli_languages.png",
+                            "tatoeba_languages.png", "retrieval_layers.png",
+                            "pretraining_loss.png"])
+    for p in paths:
+        if p.suffix == ".png":
+            data = p.read_bytes()
+            assert data.startswith(PNG_MAGIC) and len(data) > 2000, p
+    text = (tmp_path / "report.md").read_text()
+    assert "python -m xlmeta_jax.experiment ..." in text
+    lines = text.splitlines()
+    xnli = lines.index("## xnli (accuracy)")
+    # meta: English 72.0 ± 2.8, target 60.5 ± 2.1 (59, 62), gap 11.5 ± 0.7
+    assert lines[xnli + 4] == "| meta | 72.0 ± 2.8 | 60.5 ± 2.1 | 11.5 ± 0.7 |"
+    assert lines[xnli + 5] == "| xlmr | 67.0 ± 1.4 | 62.0 ± 0.0 | 5.0 ± 1.4 |"
+    tatoeba = lines.index("## tatoeba (accuracy)")
+    assert lines[tatoeba + 4] == "| meta | – | 32.0 ± 2.8 | – |"
+    assert "| meta | 0 | mix: 3 | 12,288 | 4.000 |" in lines
+    for name in names:
+        if name.endswith(".png"):
+            assert f"({name})" in text
+
+
+def test_plots_are_skipped_when_there_is_nothing_to_plot(tmp_path):
+    results = {"experiment": {"arms": ["meta"], "tasks": ["xnli"]},
+               "runs": {"meta/seed0": {"arm": "meta", "seed": 0, "pretraining": None,
+                                       "evaluations": {}}}}
+    paths = report.write_report(results, tmp_path)
+    assert [p.name for p in paths] == ["report.md"]
+    assert "| meta | 0 |  | – | – |" in (tmp_path / "report.md").read_text()

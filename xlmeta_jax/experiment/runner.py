@@ -1,0 +1,439 @@
+"""The experiment's configuration, the state of its folder and its stages.
+
+:func:`experiment` is the gin entry point (gin/experiments/*.gin); :func:`run`
+prepares the corpus, pretrains every arm x seed with :func:`xlmeta_jax.trainer.train`,
+evaluates every final checkpoint with the fine-tune command
+(:mod:`xlmeta_jax.finetune`) and writes ``results.json`` and the report. Each stage
+first looks at what MODEL_DIR already holds, so a rerun resumes.
+
+Layout of MODEL_DIR: ``pretrain/<arm>/seed<k>/`` (a trainer run each),
+``eval/<arm>/seed<k>/<task>/`` (a fine-tune run each), ``experiment.json`` (the
+plan, checked on resume), ``config.gin``, ``results.json``, ``report.md``, ``*.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gin
+
+from xlmeta_jax import gin_cli, network, trainer
+from xlmeta_jax.experiment.arms import (
+    ARMS,
+    ArmError,
+    Budget,
+    arm_phases,
+    phase_tokens,
+    register_joint_mixture,
+)
+from xlmeta_jax.optimizer import OptimizerConfig
+
+log = logging.getLogger("xlmeta_jax.train")
+
+
+class ExperimentError(ValueError):
+    """The experiment's configuration or its MODEL_DIR is invalid (one line)."""
+
+
+# ============================================================================
+# Configuration.
+# ============================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A resolved experiment (see :func:`experiment` for the fields)."""
+
+    name: str
+    model_dir: str
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    budget: Budget
+    model: network.EncoderConfig
+    optimizer: OptimizerConfig
+    english_task: str
+    xling_mixture: str
+    tasks: tuple[str, ...]
+    finetune_gin_files: tuple[str, ...]
+    finetune_bindings: tuple[str, ...]
+    data_dir: str | None
+    prepare: Callable[[], Any] | None
+
+    def phases(self, arm: str) -> list[trainer.Phase]:
+        return arm_phases(arm, self.budget, english_task=self.english_task,
+                          xling_mixture=self.xling_mixture, optimizer=self.optimizer)
+
+    def run_dir(self, arm: str, seed: int) -> str:
+        return os.path.join(self.model_dir, "pretrain", arm, f"seed{seed}")
+
+    def eval_dir(self, arm: str, seed: int, task: str) -> str:
+        return os.path.join(self.model_dir, "eval", arm, f"seed{seed}", task)
+
+    def fingerprint(self) -> dict:
+        """What a resumed experiment must share with the one that wrote MODEL_DIR."""
+        return {
+            "budget": dataclasses.asdict(self.budget),
+            "model": dataclasses.asdict(self.model),
+            "optimizer": dataclasses.asdict(self.optimizer),
+            "english_task": self.english_task,
+            "xling_mixture": self.xling_mixture,
+        }
+
+
+@gin.configurable(module="xlmeta_jax.experiment")
+def experiment(
+    *,
+    name: str = "experiment",
+    model_dir: str = gin.REQUIRED,
+    arms: Sequence[str] = ARMS,
+    seeds: Sequence[int] = (0, 1),
+    meta_steps: int = gin.REQUIRED,
+    xling_steps: int = gin.REQUIRED,
+    batch_size: int = gin.REQUIRED,
+    sequence_length: int = gin.REQUIRED,
+    model: network.EncoderConfig = gin.REQUIRED,
+    optimizer: OptimizerConfig = gin.REQUIRED,
+    english_task: str = gin.REQUIRED,
+    xling_mixture: str = gin.REQUIRED,
+    tasks: Sequence[str] = ("pawsx", "xnli", "panx", "udpos", "tatoeba"),
+    finetune_gin_files: Sequence[str] = (),
+    finetune_bindings: Sequence[str] = (),
+    data_dir: str | None = None,
+    prepare: Callable[[], Any] | None = None,
+) -> Experiment:
+    """The experiment's settings, checked (gin entry point of the experiment).
+
+    Args:
+      name: shown in the report.
+      model_dir: the experiment's folder (gin macro MODEL_DIR).
+      arms: arms to run, some of :data:`ARMS`.
+      seeds: pretraining seeds (init, dropout, data order); each arm runs each seed, and
+        the fine-tuning of a checkpoint uses the same seed.
+      meta_steps: English steps of the meta arm (META_STEPS).
+      xling_steps: multilingual steps of the meta arm (XLING_STEPS).
+      batch_size: global batch of every phase.
+      sequence_length: packed sequence length of every phase.
+      model: the encoder, e.g. ``@xlmeta_jax.network.EncoderConfig()``.
+      optimizer: AdamW settings of every phase (its total_steps is set per phase).
+      english_task: seqio task of the English phase.
+      xling_mixture: seqio mixture of the multilingual phases.
+      tasks: evaluation tasks, each run with ``gin/finetune/<task>.gin``.
+      finetune_gin_files: gin files applied after each task's file (e.g. a size override).
+      finetune_bindings: gin bindings applied after those files.
+      data_dir: evaluation data, laid out like ``../shared/data`` (the fine-tune
+        command's DATA_DIR; None: its default).
+      prepare: called once before anything trains (e.g. writes the corpus and vocabulary).
+    """
+    arms = tuple(arms)
+    bad = [a for a in arms if a not in ARMS]
+    if bad or not arms or len(set(arms)) != len(arms):
+        raise ExperimentError(f"experiment.arms={list(arms)}: expected distinct arms of {ARMS}")
+    seeds = tuple(seeds)
+    if not seeds or len(set(seeds)) != len(seeds) or not all(
+            isinstance(s, int) and s >= 0 for s in seeds):
+        raise ExperimentError(f"experiment.seeds={list(seeds)}: expected distinct integers >= 0")
+    for key, value in (("meta_steps", meta_steps), ("xling_steps", xling_steps),
+                       ("batch_size", batch_size), ("sequence_length", sequence_length)):
+        if not isinstance(value, int) or value <= 0:
+            raise ExperimentError(f"experiment.{key}={value!r}: expected a positive integer")
+    if not isinstance(model, network.EncoderConfig):
+        raise ExperimentError("experiment.model must be an EncoderConfig "
+                              f"(@xlmeta_jax.network.EncoderConfig()), got {type(model).__name__}")
+    if not isinstance(optimizer, OptimizerConfig):
+        raise ExperimentError("experiment.optimizer must be an OptimizerConfig "
+                              f"(@xlmeta_jax.optimizer.OptimizerConfig()), got "
+                              f"{type(optimizer).__name__}")
+    tasks = tuple(tasks)
+    from xlmeta_jax.evaluation import readers
+
+    unknown = [t for t in tasks if t not in readers.TASKS]
+    if unknown or len(set(tasks)) != len(tasks):
+        raise ExperimentError(f"experiment.tasks={list(tasks)}: expected distinct tasks of "
+                              f"{sorted(readers.TASKS)}")
+    exp = Experiment(
+        name=name, model_dir=model_dir, arms=arms, seeds=seeds,
+        budget=Budget(meta_steps, xling_steps, batch_size, sequence_length),
+        model=model, optimizer=optimizer, english_task=english_task,
+        xling_mixture=xling_mixture, tasks=tasks,
+        finetune_gin_files=tuple(finetune_gin_files),
+        finetune_bindings=tuple(finetune_bindings), data_dir=data_dir, prepare=prepare,
+    )
+    for arm in arms:
+        try:
+            exp.phases(arm)
+        except ArmError as e:
+            raise ExperimentError(str(e)) from None
+    return exp
+
+
+# ============================================================================
+# State of a run folder: what is done.
+# ============================================================================
+
+
+def pretraining_done(exp: Experiment, arm: str, seed: int) -> dict | None:
+    """The trainer's summary of a finished arm x seed run, or None.
+
+    Raises:
+      ExperimentError: when the folder holds a finished run of other phases.
+    """
+    path = os.path.join(exp.run_dir(arm, seed), "summary.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        summary = json.load(f)
+    want = [(p.name, p.task, p.num_steps) for p in exp.phases(arm)]
+    got = [(p["phase"], p["task"], p["steps"]) for p in summary.get("phases", [])]
+    if got != want:
+        raise ExperimentError(
+            f"{exp.run_dir(arm, seed)} holds a finished run of phases {got}, the experiment "
+            f"plans {want}; use a new MODEL_DIR")
+    return summary
+
+
+def evaluation_done(exp: Experiment, arm: str, seed: int, task: str,
+                    checkpoint: str | None) -> dict | None:
+    """The results.json of a finished evaluation of ``checkpoint``, or None."""
+    path = os.path.join(exp.eval_dir(arm, seed, task), "results.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        results = json.load(f)
+    recorded = results.get("model", {}).get("checkpoint")
+    if checkpoint is not None and recorded not in (None, checkpoint):
+        raise ExperimentError(
+            f"{path} evaluates {recorded}, not this experiment's {checkpoint}; use a new "
+            "MODEL_DIR")
+    return results
+
+
+def _check_model_dir(exp: Experiment) -> None:
+    """Records the plan in MODEL_DIR/experiment.json; a resume must match it."""
+    path = os.path.join(exp.model_dir, "experiment.json")
+    mine = exp.fingerprint()
+    if os.path.isfile(path):
+        with open(path) as f:
+            theirs = json.load(f).get("fingerprint", {})
+        for key in mine:
+            if json.dumps(theirs.get(key), sort_keys=True) != json.dumps(mine[key],
+                                                                          sort_keys=True):
+                raise ExperimentError(
+                    f"MODEL_DIR {exp.model_dir} holds an experiment with another {key} "
+                    f"({theirs.get(key)} there, {mine[key]} now); use a new MODEL_DIR")
+        return
+    os.makedirs(exp.model_dir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"name": exp.name, "fingerprint": mine}, f, indent=2)
+    os.replace(tmp, path)
+
+
+# ============================================================================
+# Stages: pretrain, evaluate, collect.
+# ============================================================================
+
+
+def pretrain(exp: Experiment, arm: str, seed: int) -> dict:
+    """Runs (or resumes) one arm x seed with the trainer; returns the trainer's summary."""
+    done = pretraining_done(exp, arm, seed)
+    if done is not None:
+        log.info("[%s seed %d] pretraining finished earlier (%s)", arm, seed,
+                 exp.run_dir(arm, seed))
+        return done
+    log.info("[%s seed %d] pretraining: %s", arm, seed,
+             " then ".join(f"{p.task} x {p.num_steps} steps" for p in exp.phases(arm)))
+    return trainer.train(model_dir=exp.run_dir(arm, seed), model=exp.model,
+                         phases=exp.phases(arm), seed=seed)
+
+
+def final_checkpoint(exp: Experiment, arm: str, seed: int) -> str | None:
+    """Step directory of the arm x seed run's last phase, once pretraining finished."""
+    summary = pretraining_done(exp, arm, seed)
+    return None if summary is None else summary["phases"][-1]["checkpoint"]
+
+
+def finetune_argv(exp: Experiment, arm: str, seed: int, task: str) -> list[str]:
+    """Arguments of ``python -m xlmeta_jax.finetune`` for one evaluation."""
+    checkpoint = final_checkpoint(exp, arm, seed) or os.path.join(exp.run_dir(arm, seed),
+                                                                  "<final checkpoint>")
+    return [
+        f"--gin_file=finetune/{task}.gin",
+        *(f"--gin_file={f}" for f in exp.finetune_gin_files),
+        *([f"--gin.DATA_DIR={os.path.abspath(exp.data_dir)!r}"] if exp.data_dir else []),
+        *(f"--gin_bindings={b}" for b in exp.finetune_bindings),
+        f"--gin.INITIAL_CHECKPOINT_PATH={checkpoint!r}",
+        f"--gin.MODEL_DIR={exp.eval_dir(arm, seed, task)!r}",
+        f"--gin.finetune.seed={seed}",
+    ]
+
+
+def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
+    """Fine-tunes / evaluates one checkpoint on one task with the fine-tune command.
+
+    The command's gin config replaces the experiment's (gin has one global config), so
+    every pretraining run is finished before the first evaluation starts.
+    """
+    checkpoint = final_checkpoint(exp, arm, seed)
+    if checkpoint is None:
+        raise ExperimentError(f"[{arm} seed {seed}] {task}: pretraining has not finished")
+    done = evaluation_done(exp, arm, seed, task, checkpoint)
+    if done is not None:
+        log.info("[%s seed %d] %s evaluated earlier", arm, seed, task)
+        return done
+    from xlmeta_jax import finetune as finetune_cli
+
+    argv = finetune_argv(exp, arm, seed, task)
+    log.info("[%s seed %d] %s: python -m xlmeta_jax.finetune %s", arm, seed, task,
+             " ".join(argv))
+    gin.clear_config()
+    finetune_cli.main(argv)
+    results = evaluation_done(exp, arm, seed, task, checkpoint)
+    if results is None:
+        raise ExperimentError(f"the {task} evaluation of {checkpoint} wrote no results.json")
+    return results
+
+
+def loss_curve(exp: Experiment, arm: str, seed: int) -> dict[str, list]:
+    """Training loss against tokens seen, from the trainer's TensorBoard events.
+
+    A resumed phase logs some steps twice; the last value written wins.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return {"tokens": [], "loss": [], "phase": []}
+    import glob
+
+    curve: dict[str, list] = {"tokens": [], "loss": [], "phase": []}
+    tokens_before = 0
+    for phase in exp.phases(arm):
+        points: dict[int, float] = {}
+        files = sorted(glob.glob(os.path.join(exp.run_dir(arm, seed), phase.name, "train",
+                                              "events.out.tfevents.*")))
+        for path in files:
+            for event in tf.compat.v1.train.summary_iterator(path):
+                for value in event.summary.value:
+                    if value.tag == "loss":
+                        points[int(event.step)] = float(tf.make_ndarray(value.tensor)
+                                                        if value.HasField("tensor")
+                                                        else value.simple_value)
+        per_step = phase.batch_size * phase.sequence_length
+        for step_ in sorted(points):
+            curve["tokens"].append(tokens_before + step_ * per_step)
+            curve["loss"].append(points[step_])
+            curve["phase"].append(phase.name)
+        tokens_before += phase.num_steps * per_step
+    return curve
+
+
+def _evaluation_summary(results: dict) -> dict:
+    metric = results["metric"]
+    out = {key: results.get(key) for key in ("metric", "english", "average_target",
+                                             "transfer_gap", "average")}
+    out["languages"] = {lang: v[metric] for lang, v in results["languages"].items()}
+    if results.get("layer_sweep"):
+        out["layer_sweep"] = {layer: v["xx2en"] for layer, v in results["layer_sweep"].items()}
+    for key in ("total_seconds", "eval_seconds"):
+        if key in results:
+            out[key] = results[key]
+    return out
+
+
+def collect(exp: Experiment, command: str = "") -> dict:
+    """The experiment's results.json content: everything finished so far."""
+    from xlmeta_jax.experiment import report as experiment_report
+
+    runs = {}
+    for arm in exp.arms:
+        for seed in exp.seeds:
+            summary = pretraining_done(exp, arm, seed)
+            run: dict[str, Any] = {"arm": arm, "seed": seed, "pretraining": None,
+                                   "evaluations": {}}
+            if summary is not None:
+                run["pretraining"] = {
+                    "tokens": sum(p["tokens"] for p in summary["phases"]),
+                    "phases": [{k: p.get(k) for k in ("phase", "task", "steps", "tokens",
+                                                      "final_loss", "final_accuracy",
+                                                      "checkpoint")}
+                               for p in summary["phases"]],
+                    "loss_curve": loss_curve(exp, arm, seed),
+                }
+                checkpoint = summary["phases"][-1]["checkpoint"]
+                for task in exp.tasks:
+                    results = evaluation_done(exp, arm, seed, task, checkpoint)
+                    if results is not None:
+                        run["evaluations"][task] = _evaluation_summary(results)
+            runs[f"{arm}/seed{seed}"] = run
+    out = {
+        "experiment": {
+            "name": exp.name, "command": command, "arms": list(exp.arms),
+            "seeds": list(exp.seeds), "tasks": list(exp.tasks),
+            "english_task": exp.english_task, "xling_mixture": exp.xling_mixture,
+            "english_share_of_joint": exp.budget.english_share,
+            "tokens": {arm: phase_tokens(exp.phases(arm)) for arm in exp.arms},
+            **exp.fingerprint(),
+        },
+        "runs": runs,
+    }
+    out["summary"] = experiment_report.summarize(out)
+    return out
+
+
+def write_results(exp: Experiment, command: str = "") -> dict:
+    """Writes MODEL_DIR/results.json, report.md and the plots; returns the results."""
+    from xlmeta_jax.experiment import report as experiment_report
+
+    results = collect(exp, command)
+    path = os.path.join(exp.model_dir, "results.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + ".tmp", path)
+    experiment_report.write_report(results, exp.model_dir)
+    return results
+
+
+def run(exp: Experiment, command: str = "") -> dict:
+    """Runs (or resumes) the whole experiment; returns its results."""
+    _check_model_dir(exp)
+    gin_cli.write_config(exp.model_dir)
+    t0 = time.time()
+    todo = [(a, s) for a in exp.arms for s in exp.seeds if pretraining_done(exp, a, s) is None]
+    if todo:
+        if exp.prepare is not None:
+            exp.prepare()
+        import tasks  # noqa: F401 - registers the seqio tasks the phases name
+
+        if "joint" in exp.arms:
+            register_joint_mixture(exp.english_task, exp.xling_mixture, exp.budget)
+    for arm in exp.arms:
+        for seed in exp.seeds:
+            pretrain(exp, arm, seed)
+    write_results(exp, command)
+    for arm in exp.arms:
+        for seed in exp.seeds:
+            for task in exp.tasks:
+                evaluate(exp, arm, seed, task)
+    results = write_results(exp, command)
+    log.info("experiment %s finished in %s: %s", exp.name,
+             format_duration(time.time() - t0),
+             os.path.join(exp.model_dir, "report.md"))
+    return results
+
+
+def format_duration(seconds: float) -> str:
+    """``1h02m`` / ``3m05s`` / ``12s``."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
