@@ -14,6 +14,9 @@ ENGLISH_TFDS_TASK = "xlmeta_english_tfds"
 CC100_MIXTURE = "xlmeta_cc100"
 # Phase 2 alternative: mC4 through TFDS, alpha-sampled over Corpora.languages.
 MC4_MIXTURE = "xlmeta_mc4"
+# One-phase baseline with meta's data: the English task mixed into the multilingual mixture
+# at Corpora.joint_english_share of the tokens (the experiment's `joint` arm).
+JOINT_MIXTURE = "xlmeta_joint"
 
 
 def cc100_task(lang: str) -> str:
@@ -33,6 +36,7 @@ PRETRAINING_NAMES = (
     ENGLISH_TFDS_TASK,
     CC100_MIXTURE,
     MC4_MIXTURE,
+    JOINT_MIXTURE,
     *CC100_TASKS.values(),
     *MC4_TASKS.values(),
 )

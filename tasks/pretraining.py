@@ -48,6 +48,8 @@ class _Plan:
 
     corpora: corpora_lib.Corpora
     output_features: dict
+    # Strings -> token-id lists with the run's vocabulary (n_l in tokens).
+    encode: object = None
     tasks: dict = dataclasses.field(default_factory=dict)  # name -> TaskRegistry.add kwargs
     mixtures: dict = dataclasses.field(default_factory=dict)  # name -> [(task, rate)]
 
@@ -94,6 +96,7 @@ def _english_text(plan: _Plan) -> None:
             names.ENGLISH_TEXT_TASK,
             providers.TextLineDocumentsSource(files_by_split),
             shuffle_buffer_size=c.shuffle_buffer_size,
+            language="en",
         )
 
 
@@ -113,6 +116,7 @@ def _english_tfds(plan: _Plan) -> None:
         names.ENGLISH_TFDS_TASK,
         providers.TfdsDocumentsSource(source, c.english_tfds_text_feature),
         shuffle_buffer_size=c.shuffle_buffer_size,
+        language="en",
     )
 
 
@@ -133,8 +137,8 @@ def _cc100(plan: _Plan) -> None:
             if folder:
                 files = corpora_lib.cc100_files(folder, lang)
                 stats = corpora_lib.checked_files(c, files)
-                if split == "train":
-                    counts[lang] = mixtures.count(stats, c.count_unit)
+                if split == "train" and c.cc100_counts is None:
+                    counts[lang] = corpora_lib.language_count(c, stats, plan.encode)
                 files_by_split[split] = providers.TextFiles(tuple(files), int(c.max_line_bytes))
         plan.add_task(
             names.cc100_task(lang),
@@ -176,6 +180,27 @@ def _mc4(plan: _Plan) -> None:
     plan.add_mixture(names.MC4_MIXTURE, names.MC4_TASKS, counts, c.alpha)
 
 
+def _joint(plan: _Plan) -> None:
+    """English mixed into the multilingual mixture at ``joint_english_share`` of the tokens.
+
+    Every block of every task is ``sequence_length`` tokens, so shares of blocks (seqio's
+    rates) are shares of tokens; within the multilingual part the languages keep their
+    alpha rates (seqio's sub-mixture rule).
+    """
+    share = plan.corpora.joint_english_share
+    if share is None:
+        return
+    english = [t for t in (names.ENGLISH_TEXT_TASK, names.ENGLISH_TFDS_TASK) if t in plan.tasks]
+    xling = [m for m in (names.CC100_MIXTURE, names.MC4_MIXTURE) if m in plan.mixtures]
+    if len(english) != 1 or len(xling) != 1:
+        raise mixtures.CorpusError(
+            f"joint_english_share={share} needs exactly one English corpus and one "
+            f"multilingual corpus configured; got {english or 'no English'} and "
+            f"{xling or 'no multilingual mixture'}"
+        )
+    plan.mixtures[names.JOINT_MIXTURE] = [(english[0], share), (xling[0], 1.0 - share)]
+
+
 def _still_registered(providers_by_name) -> bool:
     for name, provider in providers_by_name.items():
         registry = seqio.TaskRegistry if isinstance(provider, seqio.Task) else seqio.MixtureRegistry
@@ -193,9 +218,10 @@ def register(
     gin); then ``seqio.get_mixture_or_task(name)`` serves the data, as from t5x or
     a notebook. Only configured corpora are registered: English text files
     (``xlmeta_english_text``), English TFDS (``xlmeta_english_tfds``), CC-100
-    (``xlmeta_cc100_{lang}`` and the mixture ``xlmeta_cc100``), mC4 (``xlmeta_mc4_*``).
-    Mixture rates are the alpha-sampling probabilities ``q_l ∝ n_l^alpha``, from the
-    given or counted (cached) n_l.
+    (``xlmeta_cc100_{lang}`` and the mixture ``xlmeta_cc100``), mC4 (``xlmeta_mc4_*``),
+    and with ``joint_english_share`` the English task mixed into the multilingual mixture
+    (``xlmeta_joint``). Language mixture rates are the alpha-sampling probabilities
+    ``q_l ∝ n_l^alpha``, from the given or counted (cached) n_l.
 
     Calling it again with the same settings does nothing; with other settings it
     replaces every registration of the previous call (``TaskRegistry.remove`` /
@@ -223,8 +249,9 @@ def register(
         return tuple(_registered[1])
     # Cheap checks first, then the files; the registry is touched only at the end.
     c.check()
-    plan = _Plan(c, _output_features(vocabulary.load_vocabulary(c.vocab_path)))
-    for add in (_english_text, _english_tfds, _cc100, _mc4):
+    vocab = vocabulary.load_vocabulary(c.vocab_path)
+    plan = _Plan(c, _output_features(vocab), encode=vocab.tokenizer.encode)
+    for add in (_english_text, _english_tfds, _cc100, _mc4, _joint):
         add(plan)
     previous = dict(_registered[1]) if _registered is not None else {}
     for name in set(previous) | set(plan.tasks) | set(plan.mixtures):

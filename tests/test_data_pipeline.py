@@ -34,8 +34,9 @@ def toy(toy_cc100):
 
 
 def _register_toy(toy, **extra):
+    # n_l in lines: the toy languages' line counts are what the expectations use.
     settings = {"vocab_path": toy["vocab"], "cc100_dir": toy["cc_dir"],
-                "languages": list(TOY_LANGUAGES)}
+                "languages": list(TOY_LANGUAGES), "count_unit": "lines"}
     return tasks.register(**{**settings, **extra})
 
 
@@ -390,7 +391,7 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
         gin_cli.apply_gin(
             ["data/cc100.gin"],
             [f"VOCAB_PATH = '{toy['vocab']}'", f"CC100_DIR = '{toy['cc_dir']}'",
-             "CC100_LANGUAGES = ['en', 'ja']", "ALPHA = 1.0",
+             "CC100_LANGUAGES = ['en', 'ja']", "ALPHA = 1.0", "CC100_COUNT_UNIT = 'lines'",
              "xlmeta_jax.mlm.Masking.rate = 0.25",
              "xlmeta_jax.corpus.registered.name = 'xlmeta_cc100'"],
             finalize=False,

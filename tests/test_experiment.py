@@ -53,8 +53,8 @@ def test_meta_is_english_then_the_mixture_from_phase_one():
     (o,) = _phases("xling_only")
     assert (o.task, o.num_steps) == ("xling_mix", 900)
     (j,) = _phases("joint")
-    assert j.task == arms.joint_mixture_name("en_task", "xling_mix", BUDGET)
-    assert j.num_steps == 1200
+    assert (j.task, j.num_steps) == ("xlmeta_joint", 1200)
+    assert BUDGET.english_share == 0.25
 
 
 def test_unknown_arm_and_warmup_longer_than_a_phase_are_refused():
@@ -65,51 +65,57 @@ def test_unknown_arm_and_warmup_longer_than_a_phase_are_refused():
         _phases("meta", budget=short)
 
 
-def _toy_task(name: str, token: int, length: int):
-    """A seqio task whose every example is `length` copies of `token`."""
-    import seqio
-    import tensorflow as tf
+def test_joint_mixture_gives_english_the_meta_share_of_the_tokens(toy_cc100, shared_data,
+                                                                     tmp_path):
+    """tasks.register's xlmeta_joint: English at META / (META + XLING) of the blocks (every
+    block is full, so of the tokens), the languages at their alpha rates in the rest."""
+    seqio = pytest.importorskip("seqio")
+    import tasks
+    from tasks import names
 
-    def dataset_fn(split, shuffle_files, seed=None):
-        del split, shuffle_files, seed
-        return tf.data.Dataset.from_tensors(
-            {"targets": tf.fill([length], tf.constant(token, tf.int32))}).repeat()
-
-    if name not in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.add(
-            name, source=seqio.FunctionDataSource(dataset_fn, splits=["train"]),
-            output_features={"targets": seqio.Feature(seqio.PassThroughVocabulary(100),
-                                                      add_eos=False, dtype=tf.int32)})
-    return name
-
-
-def test_joint_mixture_gives_english_the_meta_share_of_the_tokens():
-    import seqio
-
-    length = 16
-    english = _toy_task("exp_test_english", 1, length)
-    langs = {_toy_task(f"exp_test_xling_{i}", 10 + i, length): rate
-             for i, rate in enumerate((5.0, 3.0, 2.0))}
-    if "exp_test_xling" not in seqio.MixtureRegistry.names():
-        seqio.MixtureRegistry.add("exp_test_xling", list(langs.items()))
-    budget = arms.Budget(meta_steps=1, xling_steps=3, batch_size=8, sequence_length=length)
-    name = arms.register_joint_mixture(english, "exp_test_xling", budget)
-    assert name == arms.register_joint_mixture(english, "exp_test_xling", budget)  # idempotent
-    mix = seqio.get_mixture_or_task(name)
+    english = tmp_path / "english.txt"
+    text = (shared_data / "english_pd" / "tinyshakespeare" / "input.txt").read_text()
+    english.write_text("\n\n".join(p.replace("\n", " ") for p in text.split("\n\n")[:800]))
+    budget = arms.Budget(meta_steps=100, xling_steps=300, batch_size=8, sequence_length=32)
+    # 'en' stays out of the multilingual part so that every 'en' block is the English task's.
+    langs = ["de", "ru", "ja", "sw"]
+    tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
+                   languages=langs, english_files=[str(english)],
+                   joint_english_share=budget.english_share)
+    (joint,) = arms.arm_phases("joint", budget, english_task=names.ENGLISH_TEXT_TASK,
+                               xling_mixture=names.CC100_MIXTURE, optimizer=OPT)
+    mix = seqio.get_mixture_or_task(joint.task)
     total = sum(mix.get_rate(t) for t in mix.tasks)
-    assert mix.get_rate(seqio.get_mixture_or_task(english)) / total == pytest.approx(0.25)
-    # Within the multilingual 75%, the languages keep their own rates.
-    for task, rate in langs.items():
-        share = mix.get_rate(seqio.get_mixture_or_task(task)) / total
-        assert share == pytest.approx(0.75 * rate / 10.0)
+    rate = {t.name: mix.get_rate(t) / total for t in mix.tasks}
+    assert rate[names.ENGLISH_TEXT_TASK] == pytest.approx(0.25)
+    q = tasks.language_probabilities(names.CC100_MIXTURE)
+    for lang in langs:
+        assert rate[names.cc100_task(lang)] == pytest.approx(0.75 * q[lang])
 
-    # Sampling: the English share of the tokens drawn is 1/4 within 4 standard deviations.
-    n = 4000
-    ds = mix.get_dataset(sequence_length={"targets": length}, split="train", shuffle=True,
-                         seed=0, use_cached=False)
-    tokens = np.stack([ex["targets"] for ex in ds.take(n).as_numpy_iterator()])
-    english_share = float((tokens == 1).mean())
+    length, n = 32, 3000
+    ds = mix.get_dataset({"inputs": length, "targets": length}, shuffle=False, seed=3,
+                         num_epochs=None, passthrough_features=["language"])
+    blocks = list(ds.take(n).as_numpy_iterator())
+    assert all(b["targets"].shape == (length,) and 0 not in b["targets"] for b in blocks)
+    tokens = {}
+    for b in blocks:
+        lang = b["language"].decode()
+        tokens[lang] = tokens.get(lang, 0) + len(b["targets"])
+    english_share = tokens["en"] / sum(tokens.values())
     assert abs(english_share - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)
+
+
+def test_joint_mixture_needs_both_corpora(toy_cc100):
+    pytest.importorskip("seqio")
+    import tasks
+    from xlmeta_jax.data import mixtures
+
+    with pytest.raises(mixtures.CorpusError, match="needs exactly one English corpus"):
+        tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
+                       languages=["de"], joint_english_share=0.25)
+    with pytest.raises(mixtures.CorpusError, match="joint_english_share must be in"):
+        tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
+                       languages=["de"], joint_english_share=1.0)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -134,6 +140,7 @@ def _experiment(model_dir, **overrides):
     ({"seeds": (0, 0)}, "experiment.seeds=\\[0, 0\\]"),
     ({"meta_steps": 0}, "experiment.meta_steps=0"),
     ({"tasks": ("xnli", "glue")}, "experiment.tasks="),
+    ({"finetune_seeds": 0}, "experiment.finetune_seeds=0"),
     ({"optimizer": OptimizerConfig(warmup_steps=5)}, "warmup_steps=5 exceeds its 4 steps"),
 ])
 def test_bad_settings_name_the_setting(tmp_path, overrides, message):
@@ -193,7 +200,7 @@ def test_finished_work_is_found_and_a_changed_plan_is_refused(tmp_path):
 
 def test_finetune_command_of_an_evaluation(tmp_path):
     exp = _experiment(tmp_path, finetune_gin_files=("experiments/cpu_finetune.gin",),
-                      data_dir=str(tmp_path / "data"))
+                      data_dir=str(tmp_path / "data"), finetune_seeds=3)
     _fake_finished_run(exp, "joint", 1)
     argv = runner.finetune_argv(exp, "joint", 1, "pawsx")
     ckpt = runner.final_checkpoint(exp, "joint", 1)
@@ -203,7 +210,8 @@ def test_finetune_command_of_an_evaluation(tmp_path):
         f"--gin.DATA_DIR={str(tmp_path / 'data')!r}",
         f"--gin.INITIAL_CHECKPOINT_PATH={ckpt!r}",
         f"--gin.MODEL_DIR={exp.eval_dir('joint', 1, 'pawsx')!r}",
-        "--gin.finetune.seed=1",
+        "--gin.finetune.seed=3",
+        "--seeds=3",
     ]
 
 

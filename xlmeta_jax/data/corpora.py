@@ -11,6 +11,7 @@ task / mixture             setting(s)
 ``xlmeta_english_tfds``    ``english_tfds_name`` (``tfds_data_dir``, ``english_tfds_*``)
 ``xlmeta_cc100`` (+ tasks) ``cc100_dir``, ``languages``, ``alpha``, ``cc100_counts``
 ``xlmeta_mc4`` (+ tasks)   ``mc4_tfds_name``, ``languages``, ``alpha``, ``tfds_data_dir``
+``xlmeta_joint``           ``joint_english_share`` (with an English and a multilingual corpus)
 =========================  ==========================================================
 
 Nothing here imports TensorFlow (except ``tf.io.gfile`` for ``scheme://`` paths).
@@ -59,8 +60,11 @@ class Corpora:
     alpha: float = 0.3
     # n_l per CC-100 language in count_unit; None: counted once from the files (cached).
     cc100_counts: Mapping[str, float] | None = None
-    # What CC-100's n_l counts: 'lines' (paragraphs) or 'bytes' (UTF-8 text bytes).
-    count_unit: str = "lines"
+    # What CC-100's n_l counts: 'tokens' (of the vocabulary: text bytes x tokens per byte
+    # of a sample, as fairseq's XLM-R counts token blocks), 'lines' (paragraphs) or 'bytes'.
+    count_unit: str = "tokens"
+    # 'tokens': paragraphs per language whose tokens per byte are measured.
+    token_sample_lines: int = 2000
     # Phase-2 mC4 from TFDS, e.g. 'c4/multilingual:3.1.0' (None: no mC4 tasks).
     mc4_tfds_name: str | None = None
     # n_l (documents) per mC4 language; None: the TFDS split sizes.
@@ -76,6 +80,9 @@ class Corpora:
     shuffle_buffer_size: int = 1024
     # How blocks are masked; the number of prediction slots follows from it.
     masking: mlm.Masking = mlm.DEFAULT_MASKING
+    # Share of the joint mixture's tokens (xlmeta_joint) from the English task, the rest
+    # from the multilingual mixture; None: no joint mixture (the experiment sets it).
+    joint_english_share: float | None = None
 
     def cc100_languages(self) -> tuple[str, ...]:
         """The CC-100 mixture's languages (checked codes)."""
@@ -96,6 +103,10 @@ class Corpora:
     def check(self) -> None:
         """Raises CorpusError for settings that are wrong whatever the files hold."""
         mixtures.check_alpha(self.alpha)
+        if int(self.token_sample_lines) <= 0:
+            raise mixtures.CorpusError(
+                f"token_sample_lines must be positive, got {self.token_sample_lines}"
+            )
         if self.count_unit not in mixtures.COUNT_UNITS:
             raise mixtures.CorpusError(
                 f"count_unit must be one of {mixtures.COUNT_UNITS}, got {self.count_unit!r}"
@@ -116,6 +127,9 @@ class Corpora:
                 )
         if self.cc100_counts is not None:
             check_languages(list(self.cc100_counts), what="cc100_counts")
+        share = self.joint_english_share
+        if share is not None and not 0.0 < share < 1.0:
+            raise mixtures.CorpusError(f"joint_english_share must be in (0, 1), got {share!r}")
 
 
 def as_patterns(patterns: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -164,13 +178,29 @@ def checked_files(corpora: Corpora, files: Sequence[str]) -> list[mixtures.FileS
     )
 
 
+def language_count(corpora: Corpora, stats: Sequence[mixtures.FileStats], encode=None) -> float:
+    """n_l of one language's files in ``corpora.count_unit``.
+
+    Args:
+      corpora: the settings (count_unit, token_sample_lines).
+      stats: the language's checked files.
+      encode: for 'tokens': a list of strings -> a list of token-id lists.
+    """
+    if corpora.count_unit == "tokens":
+        if encode is None:
+            raise mixtures.CorpusError("count_unit='tokens' needs the vocabulary to encode with")
+        return mixtures.estimate_tokens(stats, encode,
+                                        sample_lines=int(corpora.token_sample_lines))
+    return mixtures.count(stats, corpora.count_unit)
+
+
 def cc100_counts(
-    corpora: Corpora, files_by_lang: Mapping[str, Sequence[str]]
+    corpora: Corpora, files_by_lang: Mapping[str, Sequence[str]], encode=None
 ) -> dict[str, float]:
     """n_l per language: the given ``cc100_counts``, or counted (cached) from the files."""
     if corpora.cc100_counts is not None:
         return mixtures.given_counts(corpora.cc100_counts, list(files_by_lang), what="cc100_counts")
     return {
-        lang: mixtures.count(checked_files(corpora, files), corpora.count_unit)
+        lang: language_count(corpora, checked_files(corpora, files), encode)
         for lang, files in files_by_lang.items()
     }

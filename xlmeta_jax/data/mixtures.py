@@ -5,7 +5,11 @@ where ``p_l = n_l / sum_k n_k`` (alpha = 0.3); the normaliser cancels, so a seqi
 mixture can use rates ``n_l^alpha`` directly. ``n_l`` is either given (``Corpora.cc100_counts``) or
 counted once by :func:`corpus_stats`, which reads every file a single time and
 caches the result next to the data (``xlmeta_corpus_stats.json`` in the files'
-folder; in the user's cache folder where that folder is read-only).
+folder; in the user's cache folder where that folder is read-only). In tokens (the
+default; fairseq's XLM-R counts token blocks), n_l is the language's text bytes times
+the tokens per byte the vocabulary gives a sample of its lines
+(:func:`estimate_tokens`): line lengths differ widely between languages, so counting
+lines would misstate how much text a language has.
 
 The same pass validates the text: it counts the lines the pipeline skips —
 lines that are not valid UTF-8 and lines longer than ``max_line_bytes`` — with
@@ -35,7 +39,7 @@ _READ_BLOCK_BYTES = 8 << 20
 # Compressions TensorFlow's TextLineDataset reads; CC-100 ships .xz, which it cannot.
 _UNSUPPORTED_SUFFIXES = (".xz", ".bz2", ".zst", ".lz4", ".7z", ".zip")
 
-COUNT_UNITS = ("lines", "bytes")
+COUNT_UNITS = ("tokens", "lines", "bytes")
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 # A file with a larger share of lines that are not UTF-8 is refused: it is binary, or
@@ -363,11 +367,84 @@ def corpus_stats(
 
 
 def count(stats: Iterable[FileStats], unit: str) -> int:
-    """n for a set of files in ``unit`` ("lines" = paragraphs, or "bytes")."""
-    if unit not in COUNT_UNITS:
-        raise CorpusError(f"count unit {unit!r} is not one of {COUNT_UNITS}")
+    """n for a set of files in ``unit`` ("lines" = paragraphs, or "bytes").
+
+    Tokens need the vocabulary: :func:`estimate_tokens`.
+    """
+    if unit not in ("lines", "bytes"):
+        raise CorpusError(f"count unit {unit!r} is not one of ('lines', 'bytes')")
     stats = list(stats)
     return sum(s.lines for s in stats) if unit == "lines" else sum(s.text_bytes for s in stats)
+
+
+def sample_paragraphs(path: str, n: int, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+                      ) -> list[str]:
+    """About ``n`` kept paragraphs spread evenly over a file.
+
+    A plain local file is sampled at ``n`` evenly spaced byte offsets (the line that
+    starts after each offset), so that a file whose line lengths drift is sampled
+    throughout; a compressed or remote file gives its first ``n`` paragraphs.
+    """
+    if n <= 0:
+        return []
+    if path.endswith(".gz") or _is_remote(path):
+        out = []
+        for line in iter_paragraphs(path, max_line_bytes):
+            out.append(line)
+            if len(out) == n:
+                break
+        return out
+    size = os.path.getsize(path)
+    out, seen = [], set()
+    with open(path, "rb") as f:
+        for i in range(n):
+            offset = size * i // n
+            f.seek(offset)
+            if offset:
+                f.readline()  # the rest of the line the offset fell into
+            while True:
+                start = f.tell()
+                raw = f.readline()
+                if not raw or start in seen:
+                    break
+                seen.add(start)
+                line = raw.rstrip(b"\n")
+                line = line[:-1] if line.endswith(b"\r") else line
+                if not line.strip() or len(line) > max_line_bytes:
+                    continue
+                try:
+                    out.append(line.decode("utf-8"))
+                    break
+                except UnicodeDecodeError:
+                    continue
+    return out
+
+
+def estimate_tokens(
+    stats: Sequence[FileStats],
+    encode,
+    *,
+    sample_lines: int = 2000,
+) -> float:
+    """n in tokens of a set of files: text bytes x tokens per byte of a sample.
+
+    Args:
+      stats: the files' :func:`corpus_stats` (their ``text_bytes`` are exact).
+      encode: a list of strings -> a list of token-id lists (the run's vocabulary).
+      sample_lines: paragraphs sampled over all files (spread over and within them).
+
+    Raises:
+      CorpusError: if the sample holds no text.
+    """
+    stats = list(stats)
+    per_file = max(1, math.ceil(sample_lines / max(1, len(stats))))
+    sample = [line for s in stats
+              for line in sample_paragraphs(s.path, per_file, s.max_line_bytes)]
+    sample_bytes = sum(len(line.encode("utf-8")) for line in sample)
+    if not sample_bytes:
+        raise CorpusError(f"no text to sample tokens from in {[s.path for s in stats]}")
+    sample_tokens = sum(len(ids) for ids in encode(sample))
+    return sum(s.text_bytes for s in stats) * sample_tokens / sample_bytes
 
 
 def given_counts(

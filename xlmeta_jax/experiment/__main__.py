@@ -5,12 +5,21 @@ The logic lives in :mod:`xlmeta_jax.experiment.runner`; see the package docstrin
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 
 import xlmeta_jax.experiment as experiment_pkg
 from xlmeta_jax import gin_cli, trainer
 from xlmeta_jax.experiment import runner
+
+
+class _GinProbeFilter(logging.Filter):
+    """Drops gin's "Path not found" records: every include is first looked up under the
+    other search paths, and each miss is logged at ERROR although nothing is wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Path not found")
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
@@ -21,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     if any(a in ("-h", "--help") for a in argv):
         print(experiment_pkg.__doc__)
         return None
+    # Each evaluation parses its task's gin files (with includes) in this process.
+    logging.getLogger().addFilter(_GinProbeFilter())
     flags = gin_cli.parse_gin_flags(argv)
     parser = argparse.ArgumentParser(prog="xlmeta_jax.experiment", add_help=False)
     parser.add_argument("--dry_run", action="store_true")
@@ -36,9 +47,9 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     if not flags.gin_files:
         raise runner.ExperimentError(
             "no --gin_file given (e.g. --gin_file=gin/experiments/cpu.gin)")
-    # Registers the gin configurables of the input pipeline and of the evaluations (read
-    # by the plan) before the config is locked.
-    import xlmeta_jax.data.feeding  # noqa: F401
+    # Registers the gin configurables of the corpora and of the evaluations (read by the
+    # plan) before the config is locked.
+    import xlmeta_jax.corpus  # noqa: F401
     import xlmeta_jax.evaluation.finetuning  # noqa: F401
     import xlmeta_jax.evaluation.retrieval  # noqa: F401
 

@@ -8,8 +8,10 @@ share the number of tokens:
 ``meta``       English for META_STEPS, then the mixture for XLING_STEPS from phase 1's
                parameters (fresh optimizer and schedule), as gin/meta.gin.
 ``xlmr``       the mixture for META_STEPS + XLING_STEPS (single-phase XLM-R).
-``joint``      one phase of META_STEPS + XLING_STEPS on the mixture with English mixed
-               in at META / (META + XLING) of the tokens: meta's data, no phases.
+``joint``      one phase of META_STEPS + XLING_STEPS on ``xlmeta_joint``: the mixture
+               with English mixed in at META / (META + XLING) of the tokens (meta's
+               data, no phases; registered by ``tasks.register`` with
+               ``Corpora.joint_english_share``).
 ``xling_only`` the mixture for XLING_STEPS: meta without its phase 1.
 =============  ==========================================================================
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from tasks import names
 from xlmeta_jax import trainer
 from xlmeta_jax.optimizer import OptimizerConfig
 
@@ -50,12 +53,6 @@ class Budget:
     def english_share(self) -> float:
         """English share of the meta arm's tokens: META / (META + XLING)."""
         return self.meta_steps / (self.meta_steps + self.xling_steps)
-
-
-def joint_mixture_name(english_task: str, xling_mixture: str, budget: Budget) -> str:
-    """Name of the seqio mixture of the ``joint`` arm (English at the meta arm's share)."""
-    return (f"xlmeta_joint_{english_task}_{xling_mixture}_"
-            f"{budget.meta_steps}_{budget.xling_steps}")
 
 
 def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: str,
@@ -97,7 +94,9 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
     if arm == "xlmr":
         return [phase("xlmr", xling_mixture, total)]
     if arm == "joint":
-        return [phase("joint", joint_mixture_name(english_task, xling_mixture, budget), total)]
+        # tasks.register adds it when Corpora.joint_english_share is set (the experiment
+        # sets budget.english_share).
+        return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":
         return [phase("xling", xling_mixture, budget.xling_steps)]
     raise ArmError(f"unknown arm {arm!r}; expected some of {ARMS}")
@@ -106,22 +105,3 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
 def phase_tokens(phases: Sequence[trainer.Phase]) -> int:
     """Tokens an arm trains on: sum of steps x batch x sequence length."""
     return sum(p.num_steps * p.batch_size * p.sequence_length for p in phases)
-
-
-def register_joint_mixture(english_task: str, xling_mixture: str, budget: Budget) -> str:
-    """Registers the ``joint`` arm's mixture (idempotent); returns its name.
-
-    English gets rate META / (META + XLING), the multilingual mixture the rest,
-    split over its languages by its own rates (seqio's sub-mixture rule). Every
-    example is a packed block of ``sequence_length`` tokens, so rates of examples
-    are rates of tokens.
-    """
-    import seqio
-
-    name = joint_mixture_name(english_task, xling_mixture, budget)
-    if name not in seqio.MixtureRegistry.names():
-        share = budget.english_share
-        seqio.MixtureRegistry.add(name, [(english_task, share), (xling_mixture, 1.0 - share)])
-    return name
-
-

@@ -199,10 +199,11 @@ def _gin_value(name: str, default):
 def estimate_eval_seconds(exp: Experiment, task: str, step_s: float, compile_s: float) -> float:
     """Seconds of one evaluation of ``task``.
 
-    From the evaluations of that task that finished already, else from its settings:
-    the fine-tuning steps' tokens at the pretraining step's time per token, forward
-    passes (evaluation, retrieval) at a third of it, two compilations and loading.
-    Parses the task's gin files, so the experiment's gin config is gone afterwards.
+    From the evaluations of that task that finished already, else from its settings: the
+    fine-tuning steps' tokens at the pretraining step's time per token, forward passes
+    (model selection on English dev, evaluation, retrieval) at a third of it, two
+    compilations and loading, times the fine-tuning seeds. Parses the task's gin files,
+    so the experiment's gin config is gone afterwards.
     """
     finished = []
     for arm in exp.arms:
@@ -225,23 +226,24 @@ def estimate_eval_seconds(exp: Experiment, task: str, step_s: float, compile_s: 
     languages = readers.check_languages(task, _gin_value("finetune.languages", None))
     data_dir = exp.data_dir or _gin_value("finetune.data_dir", None)
     token_s = step_s / exp.budget.tokens_per_step
+    forward_s = token_s / 3
+    length = min(s["max_seq_length"], exp.model.max_length)
+    limit = s["max_eval_examples"] or sys.maxsize
     if spec.kind == "retrieval":
-        length = _gin_value("evaluate_retrieval.max_seq_length", 128)
-        languages = _gin_value("evaluate_retrieval.languages", None) or languages
-        # Tatoeba has up to 1000 pairs per language.
-        limit = _gin_value("evaluate_retrieval.max_sentences", None) or 1000
+        # Tatoeba has up to 1000 pairs per language; both sides are embedded once.
         pairs = len(languages) * min(limit, 1000)
-        return 2 * pairs * length * token_s / 3 + compile_s + 5.0
-    n_train = len(readers.load_train(task, data_dir, train_fraction=s["train_fraction"]))
+        return 2 * pairs * length * forward_s + compile_s + 5.0
+    split = dict(train_fraction=s["train_fraction"], select_fraction=s["select_fraction"])
+    n_train = len(readers.load_train(task, data_dir, **split))
     if s["max_train_examples"]:
         n_train = min(n_train, s["max_train_examples"])
     steps = s["train_steps"] or math.ceil(s["num_epochs"] * n_train / s["batch_size"])
-    n_eval = sum(
-        min(s["max_eval_examples"] or sys.maxsize,
-            len(readers.load_eval(task, lang, data_dir, train_fraction=s["train_fraction"])))
-        for lang in languages)
-    length = s["max_seq_length"]
-    return (steps * s["batch_size"] * length * token_s + n_eval * length * token_s / 3
-            + 2 * compile_s + 5.0)
-
-
+    n_eval = sum(min(limit, len(readers.load_eval(task, lang, data_dir, **split)))
+                 for lang in languages)
+    n_select = 0
+    if s["eval_every"]:
+        select = readers.load_select(task, data_dir, **split) or []
+        n_select = min(limit, len(select)) * (steps // s["eval_every"] + 1)
+    one_seed = (steps * s["batch_size"] * length * token_s
+                + (n_eval + n_select) * length * forward_s + 2 * compile_s)
+    return exp.finetune_seeds * one_seed + 5.0

@@ -25,14 +25,7 @@ from typing import Any
 import gin
 
 from xlmeta_jax import gin_cli, network, trainer
-from xlmeta_jax.experiment.arms import (
-    ARMS,
-    ArmError,
-    Budget,
-    arm_phases,
-    phase_tokens,
-    register_joint_mixture,
-)
+from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
 from xlmeta_jax.optimizer import OptimizerConfig
 
 log = logging.getLogger("xlmeta_jax.train")
@@ -63,6 +56,7 @@ class Experiment:
     tasks: tuple[str, ...]
     finetune_gin_files: tuple[str, ...]
     finetune_bindings: tuple[str, ...]
+    finetune_seeds: int
     data_dir: str | None
     prepare: Callable[[], Any] | None
 
@@ -105,6 +99,7 @@ def experiment(
     tasks: Sequence[str] = ("pawsx", "xnli", "panx", "udpos", "tatoeba"),
     finetune_gin_files: Sequence[str] = (),
     finetune_bindings: Sequence[str] = (),
+    finetune_seeds: int = 1,
     data_dir: str | None = None,
     prepare: Callable[[], Any] | None = None,
 ) -> Experiment:
@@ -120,13 +115,15 @@ def experiment(
       xling_steps: multilingual steps of the meta arm (XLING_STEPS).
       batch_size: global batch of every phase.
       sequence_length: packed sequence length of every phase.
-      model: the encoder, e.g. ``@xlmeta_jax.network.EncoderConfig()``.
+      model: the encoder, e.g. ``@xlmeta_jax.network.get_config()``.
       optimizer: AdamW settings of every phase (its total_steps is set per phase).
       english_task: seqio task of the English phase.
       xling_mixture: seqio mixture of the multilingual phases.
       tasks: evaluation tasks, each run with ``gin/finetune/<task>.gin``.
       finetune_gin_files: gin files applied after each task's file (e.g. a size override).
       finetune_bindings: gin bindings applied after those files.
+      finetune_seeds: N fine-tuning runs per checkpoint and task (seeds k*N .. k*N + N - 1
+        for pretraining seed k; the evaluation reports their mean).
       data_dir: evaluation data, laid out like ``../shared/data`` (the fine-tune
         command's DATA_DIR; None: its default).
       prepare: called once before anything trains (e.g. writes the corpus and vocabulary).
@@ -143,9 +140,12 @@ def experiment(
                        ("batch_size", batch_size), ("sequence_length", sequence_length)):
         if not isinstance(value, int) or value <= 0:
             raise ExperimentError(f"experiment.{key}={value!r}: expected a positive integer")
+    if not isinstance(finetune_seeds, int) or finetune_seeds < 1:
+        raise ExperimentError(f"experiment.finetune_seeds={finetune_seeds!r}: expected an "
+                              "integer >= 1")
     if not isinstance(model, network.EncoderConfig):
         raise ExperimentError("experiment.model must be an EncoderConfig "
-                              f"(@xlmeta_jax.network.EncoderConfig()), got {type(model).__name__}")
+                              f"(@xlmeta_jax.network.get_config()), got {type(model).__name__}")
     if not isinstance(optimizer, OptimizerConfig):
         raise ExperimentError("experiment.optimizer must be an OptimizerConfig "
                               f"(@xlmeta_jax.optimizer.OptimizerConfig()), got "
@@ -163,7 +163,8 @@ def experiment(
         model=model, optimizer=optimizer, english_task=english_task,
         xling_mixture=xling_mixture, tasks=tasks,
         finetune_gin_files=tuple(finetune_gin_files),
-        finetune_bindings=tuple(finetune_bindings), data_dir=data_dir, prepare=prepare,
+        finetune_bindings=tuple(finetune_bindings), finetune_seeds=finetune_seeds,
+        data_dir=data_dir, prepare=prepare,
     )
     for arm in arms:
         try:
@@ -270,7 +271,8 @@ def finetune_argv(exp: Experiment, arm: str, seed: int, task: str) -> list[str]:
         *(f"--gin_bindings={b}" for b in exp.finetune_bindings),
         f"--gin.INITIAL_CHECKPOINT_PATH={checkpoint!r}",
         f"--gin.MODEL_DIR={exp.eval_dir(arm, seed, task)!r}",
-        f"--gin.finetune.seed={seed}",
+        f"--gin.finetune.seed={seed * exp.finetune_seeds}",
+        *([f"--seeds={exp.finetune_seeds}"] if exp.finetune_seeds > 1 else []),
     ]
 
 
@@ -339,7 +341,8 @@ def _evaluation_summary(results: dict) -> dict:
                                              "transfer_gap", "average")}
     out["languages"] = {lang: v[metric] for lang, v in results["languages"].items()}
     if results.get("layer_sweep"):
-        out["layer_sweep"] = {layer: v["xx2en"] for layer, v in results["layer_sweep"].items()}
+        # The headline direction of Tatoeba (XTREME's): English queries, xx is searched.
+        out["layer_sweep"] = {layer: v["en2xx"] for layer, v in results["layer_sweep"].items()}
     for key in ("total_seconds", "eval_seconds"):
         if key in results:
             out[key] = results[key]
@@ -405,13 +408,13 @@ def run(exp: Experiment, command: str = "") -> dict:
     gin_cli.write_config(exp.model_dir)
     t0 = time.time()
     todo = [(a, s) for a in exp.arms for s in exp.seeds if pretraining_done(exp, a, s) is None]
-    if todo:
-        if exp.prepare is not None:
-            exp.prepare()
-        import tasks  # noqa: F401 - registers the seqio tasks the phases name
-
-        if "joint" in exp.arms:
-            register_joint_mixture(exp.english_task, exp.xling_mixture, exp.budget)
+    if todo and exp.prepare is not None:
+        exp.prepare()
+    # The joint arm's mixture takes the meta arm's English share (tasks.register adds
+    # xlmeta_joint with it when the trainer registers the corpora).
+    with gin.unlock_config():
+        gin.bind_parameter("xlmeta_jax.corpus.Corpora.joint_english_share",
+                           exp.budget.english_share)
     for arm in exp.arms:
         for seed in exp.seeds:
             pretrain(exp, arm, seed)

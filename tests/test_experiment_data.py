@@ -1,0 +1,86 @@
+"""Fair data for the experiment: language sampling weights from tokens, not lines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xlmeta_jax.data import mixtures
+
+seqio = pytest.importorskip("seqio")
+import tasks  # noqa: E402
+from tasks import names  # noqa: E402
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" + ("\n" if i % 4 == 3 else "")
+                            for i, line in enumerate(lines)))
+    return str(path)
+
+
+def _leipzig(shared_data, lang, n=400):
+    with open(shared_data / "leipzig_sentences" / "sentences" / f"{lang}.txt",
+              encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()][:n]
+
+
+def _exact_tokens(vocab, path):
+    lines = list(mixtures.iter_paragraphs(path))
+    return sum(len(ids) for ids in vocab.tokenizer.encode(lines))
+
+
+def test_token_estimate_matches_the_exact_count_even_when_lengths_drift(
+        toy_cc100, shared_data, tmp_path):
+    vocab = seqio.SentencePieceVocabulary(toy_cc100["vocab"])
+    de = _leipzig(shared_data, "de")
+    # Short lines first, long ones after: a sample from the file's start alone would
+    # see only the short ones.
+    drifting = [" ".join(line.split()[:3]) for line in de[:200]] + [
+        " ".join([line] * 4) for line in de[200:]]
+    path = _write(tmp_path / "de.txt", drifting)
+    stats = mixtures.corpus_stats([path], cache_dir=str(tmp_path / "cache"))
+    exact = _exact_tokens(vocab, path)
+    estimate = mixtures.estimate_tokens(stats, vocab.tokenizer.encode, sample_lines=100)
+    assert estimate == pytest.approx(exact, rel=0.05)
+    sample = mixtures.sample_paragraphs(path, 50)
+    assert len(sample) == 50 and len(set(sample)) == 50
+    assert any(len(s.split()) <= 3 for s in sample) and any(len(s.split()) > 20 for s in sample)
+
+
+def test_sampling_weights_follow_tokens_and_lines_stay_an_option(toy_cc100, shared_data,
+                                                                  tmp_path):
+    """Two languages with the same number of lines, one with 4x longer lines: by lines
+    they are sampled alike, by tokens the long one gets (its token ratio)^alpha more."""
+    folder = tmp_path / "cc100"
+    folder.mkdir()
+    short = _leipzig(shared_data, "de")
+    paths = {"de": _write(folder / "de.txt", short),
+             "ru": _write(folder / "ru.txt", [" ".join([line] * 4)
+                                              for line in _leipzig(shared_data, "ru")])}
+    vocab = seqio.SentencePieceVocabulary(toy_cc100["vocab"])
+    exact = {lang: _exact_tokens(vocab, p) for lang, p in paths.items()}
+    assert exact["ru"] > 2 * exact["de"]
+    settings = dict(vocab_path=toy_cc100["vocab"], cc100_dir=str(folder),
+                    languages=["de", "ru"], alpha=0.3, stats_cache_dir=str(tmp_path / "c"))
+
+    tasks.register(**settings, count_unit="lines")
+    by_lines = tasks.language_probabilities(names.CC100_MIXTURE)
+    assert by_lines == pytest.approx({"de": 0.5, "ru": 0.5})
+
+    tasks.register(**settings)  # tokens: the default
+    by_tokens = tasks.language_probabilities(names.CC100_MIXTURE)
+    want = mixtures.alpha_probabilities(exact, 0.3)
+    assert by_tokens["ru"] == pytest.approx(want["ru"], abs=0.005)
+    assert by_tokens["ru"] / by_tokens["de"] == pytest.approx(
+        (exact["ru"] / exact["de"]) ** 0.3, rel=0.02)
+    assert np.isclose(sum(by_tokens.values()), 1.0)
+
+
+def test_token_counting_settings_are_checked(toy_cc100):
+    with pytest.raises(mixtures.CorpusError, match="token_sample_lines must be positive"):
+        tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
+                       languages=["de"], token_sample_lines=0)
+    from xlmeta_jax.data import corpora
+
+    with pytest.raises(mixtures.CorpusError, match="count_unit='tokens' needs the vocabulary"):
+        corpora.language_count(corpora.Corpora(), [], encode=None)
