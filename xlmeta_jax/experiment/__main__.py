@@ -5,68 +5,66 @@ The logic lives in :mod:`xlmeta_jax.experiment.runner`; see the package docstrin
 
 from __future__ import annotations
 
-import logging
-import sys
 from collections.abc import Sequence
 
-import xlmeta_jax.experiment as experiment_pkg
-from xlmeta_jax import gin_cli, trainer
+from xlmeta_jax import errors, gin_cli, logs
+from xlmeta_jax import train as train_cli
 from xlmeta_jax.experiment import runner
 
-
-class _GinProbeFilter(logging.Filter):
-    """Drops gin's "Path not found" records: every include is first looked up under the
-    other search paths, and each miss is logged at ERROR although nothing is wrong."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Path not found")
+FLAGS = (
+    ("--dry_run", "print the plan (every run and evaluation, what is done) and its "
+     "estimated time from measured step rates; run nothing"),
+    *train_cli.HELP_FLAGS,
+)
 
 
-def main(argv: Sequence[str] | None = None) -> dict | None:
+def help_text() -> str:
+    return gin_cli.help_text(
+        "xlmeta_jax.experiment",
+        "Meta-pretraining against single-phase baselines at equal compute: pretrains every "
+        "arm (meta, xlmr, joint, xling_only) x seed, fine-tunes and evaluates each final "
+        "checkpoint on the configured tasks, writes results.json, report.md and plots "
+        "into MODEL_DIR. Rerunning the same command resumes; nothing finished is redone.",
+        gin_files=("experiments/*.gin",),
+        example="python -m xlmeta_jax.experiment --gin_file=gin/experiments/cpu.gin "
+                "--gin.MODEL_DIR=\"'runs/cpu_experiment'\" --dry_run",
+        flags=FLAGS,
+    )
+
+
+def main(argv: Sequence[str]) -> dict | None:
     """Parses the command line, then runs the experiment or prints its plan."""
-    import argparse
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(experiment_pkg.__doc__)
+    argv = list(argv)
+    if gin_cli.wants_help(argv):
+        print(help_text())
         return None
-    # Each evaluation parses its task's gin files (with includes) in this process.
-    logging.getLogger().addFilter(_GinProbeFilter())
-    flags = gin_cli.parse_gin_flags(argv)
-    parser = argparse.ArgumentParser(prog="xlmeta_jax.experiment", add_help=False)
-    parser.add_argument("--dry_run", action="store_true")
-    args, rest = parser.parse_known_args(flags.remaining)
-    from xlmeta_jax import train as train_cli
-
     train_cli.setup_logging()
-    rest = train_cli.initialize_distributed(rest)
+    try:
+        flags = gin_cli.parse_gin_flags(argv)
+    except ValueError as e:
+        raise runner.ExperimentError(str(e)) from None
+    dry_run = "--dry_run" in flags.remaining
+    rest = train_cli.initialize_distributed([a for a in flags.remaining if a != "--dry_run"])
     if rest:
-        raise runner.ExperimentError(
-            f"unknown arguments {rest}; use --gin_file, --gin.NAME=VALUE, --gin_bindings, "
-            "--gin_search_paths, --dry_run")
+        raise runner.ExperimentError(f"unknown arguments {rest} (see --help)")
     if not flags.gin_files:
         raise runner.ExperimentError(
             "no --gin_file given (e.g. --gin_file=gin/experiments/cpu.gin)")
-    # Registers the gin configurables of the corpora and of the evaluations (read by the
-    # plan) before the config is locked.
-    import xlmeta_jax.corpus  # noqa: F401
+    logs.quiet_start(import_tensorflow=True)
+    # The evaluations' gin configurables (read by the plan) exist before the config locks.
     import xlmeta_jax.evaluation.finetuning  # noqa: F401
     import xlmeta_jax.evaluation.retrieval  # noqa: F401
 
-    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True,
+                      positive=train_cli.POSITIVE_PARAMETERS)
     exp = runner.experiment()
-    if args.dry_run:
+    if dry_run:
         from xlmeta_jax.experiment.plan import plan
 
         print(plan(exp))
         return None
-    command = "python -m xlmeta_jax.experiment " + " ".join(argv)
-    return runner.run(exp, command)
+    return runner.run(exp, "python -m xlmeta_jax.experiment " + " ".join(argv))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (runner.ExperimentError, trainer.ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    errors.exit_with(main, prog="xlmeta_jax.experiment")

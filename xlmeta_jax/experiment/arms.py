@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from tasks import names
 from xlmeta_jax import trainer
 from xlmeta_jax.optimizer import OptimizerConfig
 
@@ -95,7 +94,9 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
         return [phase("xlmr", xling_mixture, total)]
     if arm == "joint":
         # tasks.register adds it when Corpora.joint_english_share is set (the experiment
-        # sets budget.english_share).
+        # sets budget.english_share). Imported here: ``tasks`` pulls in seqio.
+        from tasks import names
+
         return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":
         return [phase("xling", xling_mixture, budget.xling_steps)]

@@ -35,11 +35,13 @@ def _train_setting(name: str, default):
         return default
 
 
-def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float]:
-    """(compile seconds, seconds per step) of the experiment's train step.
+def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float, float]:
+    """(compile seconds, seconds per step, share of the CPUs used) of the train step.
 
     Measured on synthetic batches of the experiment's shape (no input pipeline), on
-    the mesh and PRNG the trainer is configured with.
+    the mesh and PRNG the trainer is configured with. The share is the process's CPU
+    time over wall time x cores while stepping (on the CPU backend; 1.0 elsewhere): on
+    a machine other jobs share it is below what the step would use alone.
     """
     import jax
 
@@ -58,11 +60,15 @@ def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float]
     state, metrics = fns.train_step(state, next(batches))
     jax.block_until_ready(metrics)
     compile_s = time.time() - t0
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     for _ in range(steps):
         state, metrics = fns.train_step(state, next(batches))
     jax.block_until_ready(metrics)
-    return compile_s, (time.time() - t0) / steps
+    wall, cpu = time.time() - t0, time.process_time() - cpu0
+    share = 1.0
+    if jax.default_backend() == "cpu":
+        share = min(1.0, cpu / (wall * (os.cpu_count() or 1)))
+    return compile_s, wall / steps, share
 
 
 def _rates_from_runs(exp: Experiment) -> tuple[float, float] | None:
@@ -159,11 +165,12 @@ def plan(exp: Experiment, *, estimate: bool = True,
         return "\n".join(lines)
 
     rates = _rates_from_runs(exp)
+    share = 1.0
     if rates is not None:
         compile_s, step_s = rates
         source = "measured on this experiment's finished runs (incl. input pipeline)"
     else:
-        compile_s, step_s = measure_step_seconds(exp)
+        compile_s, step_s, share = measure_step_seconds(exp)
         source = ("measured now on synthetic batches (without input pipeline); compile "
                   f"{compile_s:.1f}s per phase")
     pre_s = steps_left * step_s + phases_left * compile_s
@@ -181,6 +188,11 @@ def plan(exp: Experiment, *, estimate: bool = True,
             or "none") + f" ~ {format_duration(eval_s)}",
         f"  estimated time left: {format_duration(pre_s + eval_s)}",
     ]
+    if share < 0.8:
+        lines.append(
+            f"  (the measurement got {100 * share:.0f}% of the {os.cpu_count()} CPUs: other "
+            f"jobs share the machine; alone it would take about "
+            f"{format_duration(share * (pre_s + eval_s))})")
     return "\n".join(lines)
 
 

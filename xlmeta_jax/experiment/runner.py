@@ -24,14 +24,14 @@ from typing import Any
 
 import gin
 
-from xlmeta_jax import gin_cli, network, trainer
+from xlmeta_jax import errors, gin_cli, network, trainer
 from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
 from xlmeta_jax.optimizer import OptimizerConfig
 
 log = logging.getLogger("xlmeta_jax.train")
 
 
-class ExperimentError(ValueError):
+class ExperimentError(errors.UserError, ValueError):
     """The experiment's configuration or its MODEL_DIR is invalid (one line)."""
 
 
