@@ -231,3 +231,15 @@ def test_plan_counts_what_is_left_and_estimates_from_finished_runs(tmp_path):
     assert "pretraining left: 10 steps in 1 phases ~ 5s" in text
     assert "pawsx 1 x 1m40s, tatoeba 8 x 1m40s ~ 15m00s" in text
     assert "estimated time left: 15m05s" in text
+
+
+def test_plan_measures_the_step_when_nothing_ran_yet(tmp_path, fast_compiles):
+    exp = _experiment(tmp_path, arms=("xlmr",), seeds=(0,))
+    text = plan.plan(exp, eval_seconds=lambda task: 60.0)
+    assert "measured now on synthetic batches (without input pipeline)" in text
+    step_s = float(text.split("step time ")[1].split("s ")[0])
+    compile_s = float(text.split("compile ")[1].split("s per phase")[0])
+    assert step_s > 0 and compile_s > 0
+    # 10 steps in 1 phase, then 2 evaluations of 60 s.
+    assert "pretraining left: 10 steps in 1 phases" in text
+    assert "evaluation left: pawsx 1 x 1m00s, tatoeba 1 x 1m00s ~ 2m00s" in text
