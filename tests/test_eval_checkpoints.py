@@ -60,8 +60,13 @@ def test_meta_run_whose_last_phase_has_not_started_is_refused(tmp_path):
     run = _run_dir(tmp_path, "meta.gin", {"phase1": (100, 100)})
     with pytest.raises(checkpoints.CheckpointError, match="'phase2' of .* has not started"):
         checkpoints.find_step_dir(run)
-    with pytest.raises(checkpoints.CheckpointError, match="neither a step, a phase nor a run"):
-        checkpoints.find_step_dir(tmp_path / "phase1" / "100" / "meta")
+    # Without config.gin the phase order is unknown: one phase resolves, two are refused.
+    (run / "config.gin").unlink()
+    assert checkpoints.find_step_dir(run) == run / "phase1" / "100"
+    (run / "phase2" / "5" / checkpoints.STATE).mkdir(parents=True)
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"no config.gin .* holds phases \['phase1', 'phase2'\]"):
+        checkpoints.find_step_dir(run)
 
 
 @pytest.mark.parametrize(

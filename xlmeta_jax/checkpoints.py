@@ -491,6 +491,7 @@ def find_step_dir(path) -> epath.Path:
     * a run's MODEL_DIR: the final checkpoint of the *last configured* phase (per the
       run's config.gin: ``phase2`` of meta-pretraining, ``xlmr`` of the baseline);
       refused while that phase is unfinished, even when an earlier one is complete.
+      Without a config.gin, a directory holding exactly one phase resolves to it.
     """
     path = epath.Path(path)
     if not path.exists():
@@ -501,10 +502,16 @@ def find_step_dir(path) -> epath.Path:
         return _final_step_dir(path)
     phases = configured_phases(path)
     if phases is None:
-        raise CheckpointError(
-            f"{path} is neither a step, a phase nor a run directory (no config.gin naming "
-            "train.phases): pass MODEL_DIR, MODEL_DIR/<phase> or MODEL_DIR/<phase>/<step>"
-        )
+        # No config.gin (e.g. a copied run): only an unambiguous single phase resolves.
+        present = sorted(p.name for p in path.iterdir() if p.is_dir() and any(
+            q.name.isdigit() and (q / STATE).exists() for q in p.iterdir()))
+        if len(present) != 1:
+            found = f"phases {present}" if present else "no phase checkpoints"
+            raise CheckpointError(
+                f"{path} has no config.gin naming its phases and holds {found}: pass "
+                "MODEL_DIR/<phase> or MODEL_DIR/<phase>/<step>"
+            )
+        phases = present
     last = path / phases[-1]
     if not last.exists():
         raise CheckpointError(
