@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from xlmeta_jax import checkpoints, network, train, trainer
+from xlmeta_jax import checkpoints, network, train, trainer, validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -226,7 +226,7 @@ def test_model_dir_check_is_safe_for_concurrent_hosts(tmp_path):
 
     def check(_):
         for _ in range(200):
-            trainer._check_model_dir(os.fspath(tmp_path))
+            validation.check_model_dir(os.fspath(tmp_path))
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(check, range(8)))

@@ -1,0 +1,152 @@
+"""Checks of a pretraining run's configuration, made before any data is read or code
+compiled; each raises :class:`ConfigError` naming the setting (gin binding, file,
+mesh shape) that is wrong."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import jax
+
+from xlmeta_jax import checkpoints, errors, gin_cli, network, partitioning, run_dir
+
+if TYPE_CHECKING:
+    from xlmeta_jax import trainer
+
+
+class ConfigError(errors.UserError, ValueError):
+    """The run's configuration is invalid (raised before anything compiles)."""
+
+
+def check_model_dir(model_dir: str) -> None:
+    """MODEL_DIR exists (created if needed) and this process can write into it."""
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        # A probe name of its own: on a pod every host checks the same shared directory.
+        fd, probe = tempfile.mkstemp(prefix=".write_test.", dir=model_dir)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"MODEL_DIR {model_dir!r} is not a writable directory: {e}") from e
+
+
+def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.Phase], mesh_shape,
+             num_devices: int) -> tuple[int, int, int]:
+    """Raises ConfigError naming the first bad setting; returns the mesh shape."""
+    if not model_dir:
+        raise ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
+    if not isinstance(model, network.EncoderConfig):
+        raise ConfigError(f"train.model must be an EncoderConfig, got {type(model).__name__}")
+    if not phases:
+        raise ConfigError("train.phases is empty")
+    try:
+        shape = partitioning.mesh_shape_for(*mesh_shape, num_devices=num_devices)
+    except partitioning.MeshShapeError as e:
+        raise ConfigError(f"train.mesh_shape: {e}") from e
+    data_parallel = shape[0] * shape[1]
+    seen = set()
+    schedule_offset = {}
+    for p in phases:
+        where = f"phase {p.name!r}"
+        for field in ("num_steps", "batch_size", "sequence_length"):
+            value = getattr(p, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                source = gin_cli.binding_source(f"{p.name}/xlmeta_jax.trainer.Phase.{field}")
+                raise ConfigError(f"{where}: {field} ({source}) must be an integer > 0, "
+                                  f"got {value!r}")
+        if p.name in seen:
+            raise ConfigError(f"{where}: duplicate phase name")
+        if p.init_from is not None and p.init_from not in seen:
+            raise ConfigError(
+                f"{where}: init_from={p.init_from!r} is not an earlier phase ({sorted(seen)})"
+            )
+        seen.add(p.name)
+        if p.num_steps <= 0:
+            raise ConfigError(f"{where}: num_steps must be > 0, got {p.num_steps}")
+        if p.batch_size % data_parallel or p.batch_size % jax.process_count():
+            raise ConfigError(
+                f"{where}: batch_size={p.batch_size} is not divisible by the data-parallel "
+                f"mesh size {data_parallel} (mesh {shape}) and {jax.process_count()} processes"
+            )
+        if p.sequence_length > model.max_length:
+            raise ConfigError(
+                f"{where}: sequence_length={p.sequence_length} exceeds the model's "
+                f"{model.max_length} positions (max_position_embeddings="
+                f"{model.max_position_embeddings}, pad_token_id={model.pad_token_id})"
+            )
+        # With reset_schedule=False a phase continues its init_from phase's step count,
+        # so its schedule must reach that offset plus its own steps.
+        offset = 0
+        if p.init_from is not None and not p.reset_schedule:
+            prev = next(q for q in phases if q.name == p.init_from)
+            offset = schedule_offset[prev.name] + prev.num_steps
+        schedule_offset[p.name] = offset
+        total = p.optimizer_config().total_steps
+        if total < offset + p.num_steps:
+            source = gin_cli.binding_source(
+                f"{p.name}/xlmeta_jax.optimizer.OptimizerConfig.total_steps")
+            raise ConfigError(
+                f"{where}: optimizer total_steps={total} ({source}) < step_offset {offset} + "
+                f"num_steps {p.num_steps}; the schedule would end early and the last "
+                f"{offset + p.num_steps - total} steps would train at its end learning rate"
+            )
+    return shape
+
+
+def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> None:
+    """VOCAB_PATH is a SentencePiece model the encoder's embedding covers, same pad id.
+
+    Raises:
+      ConfigError: naming VOCAB_PATH or the EncoderConfig field.
+    """
+    if not vocab_path or "://" in vocab_path:
+        return
+    if not os.path.isfile(vocab_path):
+        raise ConfigError(f"VOCAB_PATH {vocab_path} does not exist")
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(vocab_path)
+    except (OSError, RuntimeError) as e:
+        raise ConfigError(
+            f"VOCAB_PATH {vocab_path} is not a SentencePiece model ({errors.first_line(e)})"
+        ) from None
+    if sp.get_piece_size() > model.vocab_size:
+        raise ConfigError(
+            f"EncoderConfig.vocab_size={model.vocab_size} does not cover the "
+            f"{sp.get_piece_size()} pieces of VOCAB_PATH {vocab_path}"
+        )
+    # seqio pads with id 0; a vocabulary that defines its own pad piece must agree.
+    vocab_pad = sp.pad_id() if sp.pad_id() >= 0 else 0
+    if model.pad_token_id != vocab_pad:
+        raise ConfigError(
+            f"EncoderConfig.pad_token_id={model.pad_token_id} differs from the pad id "
+            f"{vocab_pad} of VOCAB_PATH {vocab_path}"
+        )
+
+
+def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig
+                      ) -> bool:
+    """Whether the phase's final checkpoint exists (finalised by Orbax).
+
+    Raises:
+      run_dir.RunConfigMismatch: the phase's stored checkpoints were written for
+        another model or phase setting than the requested one.
+    """
+    path = os.path.join(model_dir, phase.name)
+    if not os.path.isdir(path):
+        return False
+    ckpt = checkpoints.PhaseCheckpoints(path, save_interval_steps=1, max_to_keep=None,
+                                        read_only=True)
+    try:
+        latest = ckpt.latest_step()
+        if latest is not None:
+            run_dir.check_stored_config(os.fspath(ckpt.step_dir(latest)),
+                                        ckpt.read_meta(latest), model, phase)
+        return latest == phase.num_steps
+    finally:
+        ckpt.close()
