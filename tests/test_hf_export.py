@@ -300,3 +300,29 @@ def test_fine_tuning_command_runs_on_the_export(export, shared_data, tmp_path):
     assert results["model"]["vocab_path"] == str(export / hf_tokenizer.SPM_NAME)
     assert results["train"]["steps"] == 4
     assert set(results["languages"]) == {"de", "en", "es", "fr", "ja", "ko", "zh"}
+
+
+def test_vocabulary_without_byte_fallback_gets_the_xlmr_tokenizer_class(tmp_path, texts):
+    """Without byte pieces transformers' XLMRobertaTokenizer is exact, so AutoTokenizer
+    builds that class."""
+    import json
+
+    from xlmeta_jax.data import vocabulary
+
+    path = tmp_path / "en.txt"
+    path.write_text("\n".join(_sample_texts("en_Latn") + _sample_texts("fr_Latn")) + "\n")
+    model = vocabulary.train_vocabulary({"en": [str(path)]}, str(tmp_path / "spm"), 300,
+                                        num_lines=500, num_threads=1, byte_fallback=False,
+                                        print_report=False)
+    files, pieces = hf_tokenizer.tokenizer_files(model, 300, 128)
+    out = tmp_path / "hf"
+    out.mkdir()
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    (out / "config.json").write_text(json.dumps({"model_type": "xlm-roberta"}))
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(auto).__name__ == "XLMRobertaTokenizer"
+    ours = spm.SentencePieceProcessor(model_file=model)
+    to_hf = np.argsort(hf_tokenizer.hf_rows(pieces, 300))
+    for text in texts:
+        assert auto(text)["input_ids"] == [0, *(int(to_hf[i]) for i in ours.encode(text)), 2]

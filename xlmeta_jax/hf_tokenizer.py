@@ -11,11 +11,12 @@ Our vocabulary (``xlmeta_jax.data.vocabulary``) uses seqio's ids: ``<pad>`` 0,
 derives its ids that way from that file.
 
 So the export *converts the model to XLM-R's ids* rather than shipping a tokenizer with
-ours: it writes our SentencePiece model rewritten into XLM-R's layout (same pieces, same
-scores, same normaliser, so the same segmentation; ``<pad>`` and ``<mask>`` leave the
-file as in XLM-R) and permutes the rows of the word embeddings and of the output bias
-to match (:func:`hf_rows`). With ``N`` SentencePiece pieces the permutation is a
-bijection of the first ``N`` ids::
+ours (which only a generic tokenizer class would load correctly; every XLM-R-aware
+tokenizer would shift it): it writes our SentencePiece model rewritten into XLM-R's
+layout (same pieces, same scores, same normaliser, so the same segmentation; ``<pad>``
+and ``<mask>`` leave the file as in XLM-R) and permutes the rows of the word embeddings
+and of the output bias to match (:func:`hf_rows`). With ``N`` SentencePiece pieces the
+permutation is a bijection of the first ``N`` ids::
 
     ours  0 <pad>  1 </s>  2 <unk>  3 <s>  4 <mask>  5 .. N-1 pieces
     HF    1        2       3        0      N-1       4 .. N-2
