@@ -37,6 +37,18 @@ _TEST = [
     "ipykernel>=6",
 ]
 
+# `python -m t5x.train` (gin/meta.gin, gin/xlmr.gin): t5x's dependencies that the package index
+# has. t5x, airio and jestimator themselves are not on the index: install them from their git
+# repositories or from built wheels with --no-deps (README, "The t5x entry point").
+_T5X = [
+    "grain>=0.2",
+    "fiddle>=0.3",
+    "jaxtyping>=0.2",
+    "chex>=0.1.90",
+    "cached_property>=1.5",
+    "tensorboard>=2.15",
+]
+
 setuptools.setup(
     name="xlmeta_jax",
     version="0.1.0",
@@ -48,6 +60,7 @@ setuptools.setup(
     install_requires=_RUNTIME,
     extras_require={
         "test": _TEST,
+        "t5x": _T5X,
         "tpu": ["jax[tpu]"],
         "cuda": ["jax[cuda12]"],
     },

@@ -37,13 +37,13 @@ def _run_dir(tmp_path, gin_file, steps):
 
 def test_xlmr_baseline_run_resolves_to_its_only_phase(tmp_path):
     # The old rule looked for directories named phase*: the baseline's "xlmr" was missed.
-    run = _run_dir(tmp_path, "xlmr.gin", {"xlmr": (500, 500)})
+    run = _run_dir(tmp_path, "native/xlmr.gin", {"xlmr": (500, 500)})
     assert checkpoints.configured_phases(run) == ["xlmr"]
     assert checkpoints.find_step_dir(run) == run / "xlmr" / "500"
 
 
 def test_meta_run_resolves_to_the_last_configured_phase_and_refuses_it_unfinished(tmp_path):
-    run = _run_dir(tmp_path, "meta.gin", {"phase1": (100, 100), "phase2": (40, 80)})
+    run = _run_dir(tmp_path, "native/meta.gin", {"phase1": (100, 100), "phase2": (40, 80)})
     assert checkpoints.configured_phases(run) == ["phase1", "phase2"]
     # The old rule returned phase2's latest (unfinished) step without a word.
     with pytest.raises(checkpoints.CheckpointError, match=r"'phase2' is not finished .*step 40 "
@@ -57,7 +57,7 @@ def test_meta_run_resolves_to_the_last_configured_phase_and_refuses_it_unfinishe
 
 
 def test_meta_run_whose_last_phase_has_not_started_is_refused(tmp_path):
-    run = _run_dir(tmp_path, "meta.gin", {"phase1": (100, 100)})
+    run = _run_dir(tmp_path, "native/meta.gin", {"phase1": (100, 100)})
     with pytest.raises(checkpoints.CheckpointError, match="'phase2' of .* has not started"):
         checkpoints.find_step_dir(run)
     # Without config.gin the phase order is unknown: one phase resolves, two are refused.
@@ -67,6 +67,31 @@ def test_meta_run_whose_last_phase_has_not_started_is_refused(tmp_path):
     with pytest.raises(checkpoints.CheckpointError,
                        match=r"no config.gin .* holds phases \['phase1', 'phase2'\]"):
         checkpoints.find_step_dir(run)
+
+
+def _t5x_run(tmp_path, phases):
+    """gin/meta.gin's MODEL_DIR as python -m t5x.train leaves it (t5x_phases.summarize_config)."""
+    for phase, (steps, total) in phases.items():
+        for step in steps:
+            (tmp_path / phase / f"checkpoint_{step}" / checkpoints.STATE).mkdir(parents=True)
+        (tmp_path / phase / checkpoints.T5X_MODEL_INFO).write_text(json.dumps(
+            {"phases": ["phase1", "phase2"], "train_steps": total}))
+    return tmp_path
+
+
+def test_t5x_run_resolves_like_ours(tmp_path):
+    run = _t5x_run(tmp_path / "a", {"phase1": ((0, 50, 100), 100), "phase2": ((0, 40), 80)})
+    with pytest.raises(checkpoints.CheckpointError, match=r"'phase2' is not finished .*step 40 "
+                       r"of 80.*checkpoint_40"):
+        checkpoints.find_step_dir(run)
+    assert checkpoints.find_step_dir(run / "phase1") == run / "phase1" / "checkpoint_100"
+    named = run / "phase2" / "checkpoint_40"
+    assert checkpoints.find_step_dir(named) == named
+    (run / "phase2" / "checkpoint_80" / checkpoints.STATE).mkdir(parents=True)
+    assert checkpoints.find_step_dir(run) == run / "phase2" / "checkpoint_80"
+    only_phase1 = _t5x_run(tmp_path / "b", {"phase1": ((100,), 100)})
+    with pytest.raises(checkpoints.CheckpointError, match="'phase2' of .* has not started"):
+        checkpoints.find_step_dir(only_phase1)
 
 
 @pytest.mark.parametrize(

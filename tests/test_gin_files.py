@@ -12,6 +12,9 @@ from xlmeta_jax import gin_cli
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
 ALL_GIN = sorted(p.relative_to(GIN_DIR).as_posix() for p in GIN_DIR.rglob("*.gin"))
+# Files of `python -m t5x.train` bind t5x's own `train` (its __main__); tests/test_t5x_gin.py
+# parses and evaluates them.
+T5X_GIN = [n for n in ALL_GIN if "import __main__ as train_script" in (GIN_DIR / n).read_text()]
 
 # Macros a user supplies on the command line, per file family.
 _REQUIRED = [
@@ -29,14 +32,17 @@ def _clean_gin():
 
 
 def test_gin_files_exist():
-    for name in ("meta.gin", "xlmr.gin", "demo.gin", "pretrain.gin", "schedule.gin"):
-        assert name in ALL_GIN
+    for name in ("native/meta.gin", "native/xlmr.gin", "native/run.gin", "demo.gin",
+                 "pretrain.gin", "schedule.gin"):
+        assert name in ALL_GIN and name not in T5X_GIN
+    for name in ("meta.gin", "xlmr.gin", "t5x/run.gin"):
+        assert name in T5X_GIN
     for size in ("tiny", "small", "base", "large"):
         assert f"models/{size}.gin" in ALL_GIN
     assert "models/encoder.gin" in ALL_GIN
 
 
-@pytest.mark.parametrize("name", ALL_GIN)
+@pytest.mark.parametrize("name", [n for n in ALL_GIN if n not in T5X_GIN])
 def test_gin_file_parses_with_header(name):
     text = (GIN_DIR / name).read_text()
     assert text.startswith("#"), f"{name} must start with a header comment saying what it is"
@@ -75,7 +81,7 @@ def _evaluated_train_args(monkeypatch, gin_file, bindings=()):
 
 def test_meta_gin_two_phases_with_handoff(monkeypatch, tmp_path):
     seen = _evaluated_train_args(
-        monkeypatch, "meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"]
+        monkeypatch, "native/meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"]
     )
     p1, p2 = seen["phases"]
     assert (p1.name, p1.task, p2.name, p2.task) == (
@@ -89,10 +95,10 @@ def test_meta_gin_two_phases_with_handoff(monkeypatch, tmp_path):
 
 def test_xlmr_baseline_has_equal_compute(monkeypatch, tmp_path):
     meta = _evaluated_train_args(
-        monkeypatch, "meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
+        monkeypatch, "native/meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
     gin.clear_config(clear_constants=True)
     xlmr = _evaluated_train_args(
-        monkeypatch, "xlmr.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
+        monkeypatch, "native/xlmr.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
     (only,) = xlmr["phases"]
     assert only.task == "xlmeta_cc100" and only.init_from is None
     assert only.num_steps == sum(p.num_steps for p in meta["phases"])
@@ -105,7 +111,7 @@ def test_meta_gin_base_is_xlmr_exact_and_sizes_come_from_network(monkeypatch, tm
     from xlmeta_jax import network
 
     seen = _evaluated_train_args(
-        monkeypatch, "meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
+        monkeypatch, "native/meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
     model = seen["model"]
     # XLM-R's dropout exactly (flax's 32-bit masks), the shape from network's one table.
     assert model.dropout_mask_bits == 32 and model.dropout_rate == 0.1
@@ -117,7 +123,7 @@ def test_large_after_meta_and_phase2_learning_rate(monkeypatch, tmp_path):
     from xlmeta_jax import network
 
     seen = _evaluated_train_args(
-        monkeypatch, "meta.gin",
+        monkeypatch, "native/meta.gin",
         [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64", "include 'models/large.gin'",
          "PHASE2_LEARNING_RATE = 3e-4", "PHASE2_WARMUP_STEPS = 500"])
     model = seen["model"]
@@ -134,7 +140,7 @@ def test_large_after_meta_and_phase2_learning_rate(monkeypatch, tmp_path):
 
 def test_phase2_learning_rate_follows_phase1_by_default(monkeypatch, tmp_path):
     seen = _evaluated_train_args(
-        monkeypatch, "meta.gin",
+        monkeypatch, "native/meta.gin",
         [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64", "LEARNING_RATE = 1e-4"])
     p1, p2 = seen["phases"]
     assert p1.optimizer.learning_rate == p2.optimizer.learning_rate == 1e-4

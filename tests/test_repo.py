@@ -34,3 +34,12 @@ def test_ruff_clean():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=REPO,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_ci_installs_t5x_before_the_tests():
+    """The t5x tests run in CI: the wheels go into the venv README's command then uses."""
+    _, tests = _readme_commands()
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    install = next(i for i, line in enumerate(lines) if "--no-deps" in line and ".whl" in line)
+    assert "'.[t5x]'" in lines[install]
+    assert install < lines.index(tests.strip())

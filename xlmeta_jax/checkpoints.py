@@ -38,6 +38,10 @@ from xlmeta_jax.errors import NoSpaceError, UserError, first_line, is_no_space
 from xlmeta_jax.network import EncoderConfig
 
 STATE, DATA, META = "state", "data", "meta"
+# `python -m t5x.train` (gin/meta.gin, gin/xlmr.gin) writes <run>/checkpoint_<step>/state with the
+# parameters under "target", and our encoder configuration as <run>/xlmeta_model.json.
+T5X_PARAMS, T5X_MODEL_INFO = "target", "xlmeta_model.json"
+_T5X_STEP = re.compile(r"checkpoint_(\d+)")
 
 
 def absolute(path) -> str:
@@ -411,22 +415,23 @@ def _stored_tree(step_dir, state_dir) -> dict:
 
 
 def restore_params(step_dir, abstract_params=None):
-    """Reads only the parameters of a checkpoint step directory.
+    """Reads only the parameters of a checkpoint step directory (ours or t5x's).
 
     Args:
-      step_dir: ``.../phaseN/<step>``.
+      step_dir: ``.../phaseN/<step>``, or t5x's ``.../checkpoint_<step>``.
       abstract_params: optional pytree of ShapeDtypeStructs with shardings to
         restore onto (any mesh); default: arrays on the first device.
     """
+    tree = _stored_tree(step_dir, _state_dir(step_dir))
+    key = T5X_PARAMS if "params" not in tree and T5X_PARAMS in tree else "params"
     if abstract_params is None:
-        tree = _stored_tree(step_dir, _state_dir(step_dir)).get("params", {})
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract_params = jax.tree.map(
             lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-            tree,
+            tree.get(key, {}),
             is_leaf=lambda x: hasattr(x, "shape"),
         )
-    return restore_items(step_dir, {"params": abstract_params})["params"]
+    return restore_items(step_dir, {key: abstract_params})[key]
 
 
 def configured_phases(model_dir) -> list[str] | None:
@@ -483,6 +488,33 @@ def _check_shapes(step_dir, stored, expected) -> None:
             )
 
 
+def _t5x_phases(model_dir: epath.Path) -> list[str] | None:
+    """Phases of a t5x run (gin/meta.gin), as its phase directories' model info names them."""
+    for info in sorted(model_dir.glob(f"*/{T5X_MODEL_INFO}")):
+        phases = json.loads(info.read_text()).get("phases")
+        if phases:
+            return list(phases)
+    return None
+
+
+def _t5x_final_step_dir(run_dir: epath.Path) -> epath.Path:
+    """The last ``checkpoint_<step>`` of a t5x run directory; refused if the run is unfinished."""
+    steps = sorted(
+        int(m.group(1)) for p in run_dir.iterdir()
+        if (m := _T5X_STEP.fullmatch(p.name)) and (p / STATE).exists()
+    )
+    if not steps:
+        raise CheckpointError(f"t5x run directory {run_dir} holds no checkpoint yet")
+    step_dir = run_dir / f"checkpoint_{steps[-1]}"
+    total = json.loads((run_dir / T5X_MODEL_INFO).read_text()).get("train_steps")
+    if total is not None and steps[-1] != total:
+        raise CheckpointError(
+            f"{run_dir.name!r} is not finished (latest checkpoint: step {steps[-1]} of "
+            f"{total}); to use it anyway, name the step directory: {step_dir}"
+        )
+    return step_dir
+
+
 def find_step_dir(path) -> epath.Path:
     """Resolves a checkpoint path to a step directory.
 
@@ -491,7 +523,9 @@ def find_step_dir(path) -> epath.Path:
     * a run's MODEL_DIR: the final checkpoint of the *last configured* phase (per the
       run's config.gin: ``phase2`` of meta-pretraining, ``xlmr`` of the baseline);
       refused while that phase is unfinished, even when an earlier one is complete.
-      Without a config.gin, a directory holding exactly one phase resolves to it.
+      Without a config.gin, a directory holding exactly one phase resolves to it;
+    * the same for ``python -m t5x.train``'s layout: ``<run>/checkpoint_<step>``, a run
+      (or phase) directory, and gin/meta.gin's MODEL_DIR (``phase2`` is the last phase).
     """
     path = epath.Path(path)
     if not path.exists():
@@ -500,7 +534,9 @@ def find_step_dir(path) -> epath.Path:
         return path
     if any(p.name.isdigit() for p in path.iterdir()):
         return _final_step_dir(path)
-    phases = configured_phases(path)
+    if (path / T5X_MODEL_INFO).exists():
+        return _t5x_final_step_dir(path)
+    phases = configured_phases(path) or _t5x_phases(path)
     if phases is None:
         # No config.gin (e.g. a copied run): only an unambiguous single phase resolves.
         present = sorted(p.name for p in path.iterdir() if p.is_dir() and any(
@@ -518,6 +554,8 @@ def find_step_dir(path) -> epath.Path:
             f"the last configured phase {phases[-1]!r} of {path} has not started; name an "
             "earlier phase's directory or step to use it"
         )
+    if (last / T5X_MODEL_INFO).exists():
+        return _t5x_final_step_dir(last)
     return _final_step_dir(last)
 
 
@@ -525,13 +563,18 @@ def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
     """Loads a pretraining checkpoint for fine-tuning or evaluation.
 
     Args:
-      path: MODEL_DIR, a phase directory or a step directory.
+      path: MODEL_DIR, a phase directory or a step directory, of our trainer or of
+        ``python -m t5x.train`` (``checkpoint_<step>`` directories).
 
     Returns:
       (encoder config, params as host arrays, vocabulary path or None).
     """
     step_dir = find_step_dir(path)
-    meta = read_meta(step_dir)
+    t5x_info = step_dir.parent / T5X_MODEL_INFO
+    if not (step_dir / META).exists() and t5x_info.exists():
+        meta = json.loads(t5x_info.read_text())
+    else:
+        meta = read_meta(step_dir)
     try:
         cfg = EncoderConfig(**meta["model_config"])
     except (KeyError, TypeError, ValueError) as e:

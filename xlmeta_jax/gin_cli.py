@@ -2,7 +2,7 @@
 
 Accepted flags (repeatable)::
 
-    --gin_file=gin/meta.gin            a gin file (searched in --gin_search_paths)
+    --gin_file=gin/native/meta.gin     a gin file (searched in --gin_search_paths)
     --gin_bindings="NAME = VALUE"      a raw gin binding
     --gin.NAME=VALUE                   shorthand for --gin_bindings="NAME = VALUE"
     --gin_search_paths=DIR[,DIR]       where --gin_file and gin `include`s are looked up

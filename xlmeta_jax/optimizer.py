@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax
 import jax
 import optax
 
@@ -78,15 +77,16 @@ def linear_warmup_linear_decay(cfg: OptimizerConfig) -> optax.Schedule:
 def decay_mask(params):
     """True for parameters that get weight decay: every kernel and embedding table.
 
-    Biases and LayerNorm scale/bias are excluded (HF's ``no_decay`` list).
+    Biases and LayerNorm scale/bias are excluded (HF's ``no_decay`` list). The mask
+    has the container types of ``params`` (dict, or t5x's FrozenDict), as optax
+    requires.
     """
-    flat = flax.traverse_util.flatten_dict(params)
-    mask = {}
-    for path, _ in flat.items():
-        name = path[-1]
-        in_layer_norm = any("layer_norm" in str(p) for p in path)
-        mask[path] = not (name == "bias" or in_layer_norm)
-    return flax.traverse_util.unflatten_dict(mask)
+
+    def decays(path, _):
+        names = [str(getattr(k, "key", k)) for k in path]
+        return not (names[-1] == "bias" or any("layer_norm" in n for n in names))
+
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

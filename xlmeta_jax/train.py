@@ -4,12 +4,13 @@ Meta-pretraining (phase 1 on English, phase 2 on the 100-language mixture from
 phase 1's final parameters) or the single-phase XLM-R baseline, as gin config:
 
   python -m xlmeta_jax.train \
-    --gin_file=gin/meta.gin \
+    --gin_file=gin/native/meta.gin \
     --gin.MODEL_DIR="'/path/run'" \
     --gin.VOCAB_PATH="'/path/spm.model'"
 
 Rerunning the same command after an interruption resumes where it stopped.
-See gin/meta.gin, gin/xlmr.gin and gin/demo.gin. Several hosts:
+See gin/native/meta.gin, gin/native/xlmr.gin and gin/demo.gin (t5x's own trainer runs
+the same experiment from gin/meta.gin: xlmeta_jax/t5x_model.py). Several hosts:
 ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``.
 """
 

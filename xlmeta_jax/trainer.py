@@ -3,7 +3,7 @@
 Meta-pretraining is two phases of the same loop — phase 1 on English, phase 2 on
 the 100-language mixture starting from phase 1's final parameters — and the
 single-phase XLM-R baseline is one phase. Which phases run is gin config
-(gin/meta.gin, gin/xlmr.gin, gin/demo.gin); the command line is
+(gin/native/meta.gin, gin/native/xlmr.gin, gin/demo.gin); the command line is
 :mod:`xlmeta_jax.train`. A run resumes where it stopped.
 """
 
@@ -24,6 +24,7 @@ import jax
 
 from xlmeta_jax import (
     checkpoints,
+    configurables,  # noqa: F401  (gin: get_config, OptimizerConfig; shared with t5x's entry)
     corpus,
     errors,
     gin_cli,
@@ -44,12 +45,6 @@ from xlmeta_jax.validation import (
 )
 
 log = logging.getLogger("xlmeta_jax.train")
-
-# gin-visible configuration (gin lives only on entry points like this one). The model is
-# always network.get_config(size, field=...): gin/models/*.gin bind it, and a binding of
-# EncoderConfig itself would be a second, silently ignored way to configure the model.
-gin.external_configurable(network.get_config, name="get_config", module="xlmeta_jax.network")
-gin.external_configurable(OptimizerConfig, module="xlmeta_jax.optimizer")
 
 SYNTHETIC = "synthetic"
 

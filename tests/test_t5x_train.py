@@ -1,0 +1,185 @@
+"""`python -m t5x.train` with gin/meta.gin end to end, on real text and the tiny model:
+phase 1 sharded on a (data=4, model=2) mesh, interrupted and resumed, against an
+uninterrupted single-device run; phase 2 from phase 1's final parameters; the t5x
+checkpoint through our fine-tuning command and the Hugging Face export."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from t5x_toy import corpus_flags, require_t5x, write_corpus
+
+require_t5x()
+
+from xlmeta_jax import checkpoints, t5x_phases  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+META_GIN = "gin/meta.gin"
+META_STEPS, XLING_STEPS = 4, 2
+
+
+def _command(model_dir, corpus, *extra):
+    return [
+        sys.executable, "-m", "t5x.train",
+        f"--gin_file={META_GIN}", "--gin_file=gin/models/tiny.gin",
+        "--gin_file=gin/t5x/mesh.gin",
+        f"--gin.MODEL_DIR='{model_dir}'", *corpus_flags(corpus),
+        f"--gin.META_STEPS={META_STEPS}", f"--gin.XLING_STEPS={XLING_STEPS}",
+        "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.WARMUP_STEPS=2",
+        "--gin.CHECKPOINT_EVERY=2", "--gin.LOG_EVERY=1", *extra,
+    ]
+
+
+def _start(cmd, devices, log):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # The tiny model compiles far longer than it runs.
+    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "true"
+    out = open(log, "w")
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), log
+
+
+def _wait(started):
+    proc, log = started
+    proc.wait(timeout=900)
+    text = pathlib.Path(log).read_text()
+    assert proc.returncode == 0, text[-6000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def runs(shared_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("t5x_runs")
+    corpus = write_corpus(shared_data, str(root / "corpus"))
+    single, sharded = root / "single", root / "sharded"
+    logs = {}
+    # Phase 1 on one device, uninterrupted; alongside, on a 4 x 2 mesh, stopped after step 2.
+    a = _start(_command(single, corpus, "--gin.MESH_SHAPE=(1, 1)"), 1, root / "single.log")
+    b = _start(_command(sharded, corpus, "--gin.MESH_SHAPE=(4, 2)",
+                        "--gin.train.total_steps=2"), 8, root / "stopped.log")
+    logs["single"], logs["stopped"] = _wait(a), _wait(b)
+    # The same command again resumes from checkpoint_2 and finishes phase 1 ...
+    logs["resumed"] = _wait(_start(_command(sharded, corpus, "--gin.MESH_SHAPE=(4, 2)"), 8,
+                                   root / "resumed.log"))
+    # ... and with --gin.PHASE=2 trains phase 2 from phase 1's final parameters.
+    logs["phase2"] = _wait(_start(_command(sharded, corpus, "--gin.MESH_SHAPE=(4, 2)",
+                                           "--gin.PHASE=2"), 8, root / "phase2.log"))
+    return {"single": single, "sharded": sharded, "corpus": corpus, "logs": logs}
+
+
+def _t5x_state(step_dir):
+    """The whole t5x state dict of a checkpoint (target, optimizer state, step) on host."""
+    import orbax.checkpoint as ocp
+
+    return ocp.PyTreeCheckpointer().restore(os.fspath(step_dir / "state"))
+
+
+def _train_metrics(log, name):
+    """{step: value} of one train metric from t5x's log lines."""
+    pattern = re.compile(rf"\[(\d+)\] collection=train .*?\b{re.escape(name)}=([-0-9.e]+)")
+    return {int(s): float(v) for s, v in pattern.findall(log)}
+
+
+def test_phase1_writes_t5x_layout(runs):
+    phase1 = runs["sharded"] / "phase1"
+    assert t5x_phases.checkpoint_steps(phase1) == [0, 2, 4]
+    for step in (2, 4):
+        assert {p.name for p in (phase1 / f"checkpoint_{step}").iterdir()} >= {"state", "dataset"}
+    assert (phase1 / "config.gin").is_file() and (phase1 / "model-info.txt").is_file()
+    assert list((phase1 / "train").glob("events.out.tfevents.*"))
+    info = json.loads((phase1 / t5x_phases.MODEL_INFO).read_text())
+    assert info["task"] == "xlmeta_english_text" and info["phase"] == 1
+    assert info["model_config"]["hidden_size"] == 64
+    assert info["vocab_path"] == runs["corpus"]["vocab"]
+    losses = _train_metrics(runs["logs"]["single"], "loss")
+    assert sorted(losses) == [1, 2, 3, 4] and all(np.isfinite(list(losses.values())))
+
+
+def test_interrupted_sharded_run_resumes_to_the_single_device_result(runs):
+    assert "Starting main loop over steps 0-2" in runs["logs"]["stopped"]
+    assert "Starting main loop over steps 2-4" in runs["logs"]["resumed"]
+    single = _t5x_state(runs["single"] / "phase1" / "checkpoint_4")
+    sharded = _t5x_state(runs["sharded"] / "phase1" / "checkpoint_4")
+    flat_single = jax.tree_util.tree_leaves_with_path(single)
+    flat_sharded = jax.tree.leaves(sharded)
+    assert len(flat_single) == len(flat_sharded)
+    for (path, x), y in zip(flat_single, flat_sharded):
+        # Reduction order differs between 1 and 8 devices; nothing else does.
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6,
+                                   err_msg=jax.tree_util.keystr(path))
+    # Steps 3 and 4 of the resumed run saw the batches the uninterrupted run saw.
+    resumed = _train_metrics(runs["logs"]["resumed"], "loss")
+    single_losses = _train_metrics(runs["logs"]["single"], "loss")
+    assert resumed[3] == pytest.approx(single_losses[3], rel=1e-4)
+    assert resumed[4] == pytest.approx(single_losses[4], rel=1e-4)
+
+
+def test_phase2_starts_from_phase1_final_params_with_fresh_optimizer(runs):
+    phase1_end = _t5x_state(runs["sharded"] / "phase1" / f"checkpoint_{META_STEPS}")
+    phase2_start = _t5x_state(runs["sharded"] / "phase2" / "checkpoint_0")
+    a = jax.tree_util.tree_leaves_with_path(phase1_end["target"])
+    b = jax.tree.leaves(phase2_start["target"])
+    assert len(a) == len(b)
+    for (path, x), y in zip(a, b):
+        np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+    assert int(phase1_end["state"]["step"]) == META_STEPS
+    assert int(phase2_start["state"]["step"]) == 0
+    moments = jax.tree.leaves(phase2_start["state"]["param_states"])
+    assert moments and all(not np.any(m) for m in moments)
+    assert t5x_phases.checkpoint_steps(runs["sharded"] / "phase2") == [0, 2]
+    # A fresh schedule: warm-up from 0 again.
+    lr = _train_metrics(runs["logs"]["phase2"], "learning_rate")
+    assert lr[1] == 0.0 and lr[2] > 0.0
+    info = json.loads((runs["sharded"] / "phase2" / t5x_phases.MODEL_INFO).read_text())
+    assert info["task"] == "xlmeta_cc100" and info["phase"] == 2
+
+
+def test_phase2_before_phase1_names_the_missing_checkpoint(tmp_path):
+    with pytest.raises(t5x_phases.PhaseError, match=r"phase1/checkpoint_4, which does not exist"):
+        t5x_phases.init_params_from(str(tmp_path), phase=2, init_steps=4)
+    with pytest.raises(t5x_phases.PhaseError, match="PHASE=3"):
+        t5x_phases.phase_dir(str(tmp_path), 3)
+    assert t5x_phases.init_params_from(str(tmp_path), phase=1, init_steps=4) is None
+
+
+def test_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):
+    import gin
+
+    from xlmeta_jax import finetune as finetune_cli
+    from xlmeta_jax import hf
+
+    model_dir = runs["sharded"]
+    cfg, params, vocab_path = checkpoints.load_pretrained(model_dir)
+    assert cfg.hidden_size == 64 and vocab_path == runs["corpus"]["vocab"]
+    final = _t5x_state(model_dir / "phase2" / f"checkpoint_{XLING_STEPS}")["target"]
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final)):
+        np.testing.assert_array_equal(x, y)
+
+    gin.clear_config()
+    results = finetune_cli.main([
+        "--gin_file=finetune/xnli.gin",
+        "--gin_file=finetune/demo.gin",
+        f"--gin.INITIAL_CHECKPOINT_PATH='{model_dir}'",
+        f"--gin.MODEL_DIR='{tmp_path / 'xnli'}'",
+        f"--gin.DATA_DIR='{shared_data}'",
+        "--gin.finetune.train_steps=4",
+        "--gin.finetune.max_train_examples=64",
+        "--gin.finetune.max_eval_examples=8",
+        "--gin.finetune.eval_every=4",
+        "--gin.finetune.languages=['en', 'de', 'sw']",
+    ])
+    gin.clear_config()
+    assert set(results["languages"]) == {"en", "de", "sw"}
+    assert results["train"]["steps"] == 4
+
+    out = hf.to_hf(os.fspath(model_dir), os.fspath(tmp_path / "hf"))
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 64

@@ -1,0 +1,352 @@
+r"""Our encoder and masked-LM loss as a t5x model, for ``python -m t5x.train``.
+
+t5x's trainer, partitioner and checkpointer drive the same network
+(:class:`xlmeta_jax.network.XLMRForMaskedLM`), loss (:mod:`xlmeta_jax.losses`),
+optimizer (:mod:`xlmeta_jax.optimizer`) and seqio tasks (``tasks``) as our own
+trainer; gin/meta.gin and gin/xlmr.gin wire them up:
+
+  python -m t5x.train --gin_file=gin/meta.gin --gin.MODEL_DIR="'/runs/meta'" ...
+
+* :class:`MaskedLMModel` — a ``t5x.models.BaseModel``. Its initial variables carry a
+  ``params_axes`` collection (the only place t5x reads partitioning from) built from
+  the logical names the network boxes every parameter with, so t5x's
+  ``PjitPartitioner`` maps them to its ``('data', 'model')`` mesh by its own
+  ``logical_axis_rules``.
+* :class:`MLMFeatureConverter` — feeds the tasks' masked blocks through unchanged:
+  the positions chosen by 80/10/10 masking and their weights come from the task
+  (seqio's ``EncoderFeatureConverter`` would weight only ``inputs == <mask>``,
+  dropping the 10% random and 10% kept positions from the loss).
+* :class:`MeshPartitioner` — t5x's ``PjitPartitioner`` with an explicit
+  ``(data, model)`` mesh shape on any backend (t5x's CPU mesh puts one process's
+  devices all on ``model``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import clu.metrics as clu_metrics
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+import tensorflow as tf
+from flax.linen import partitioning as flax_partitioning
+from jax.sharding import Mesh
+from t5x import metrics as t5x_metrics
+from t5x import models as t5x_models
+from t5x import optimizers as t5x_optimizers
+from t5x import partitioning as t5x_partitioning
+
+from xlmeta_jax import losses, mlm, network, optimizer
+from xlmeta_jax.data.vocabulary import MASK_ID
+
+# Logical names of our network that t5x's standard rules do not name (position tables).
+ADDITIONAL_LOGICAL_AXIS_RULES = (("abspos", None),)
+
+
+# ============================================================================
+# Feature converter.
+# ============================================================================
+
+
+class MLMFeatureConverter(seqio.FeatureConverter):
+    """Passes the tasks' masked blocks to the model as they are.
+
+    Task features: ``inputs`` and ``targets`` of length L (``task_feature_lengths =
+    {'inputs': L, 'targets': L}``, the ``sequence_length`` our tasks take), plus the
+    ``mlm_*`` slots the task's masking wrote. Model features (``mlm.STEP_FEATURES``):
+    ``inputs`` [L] and ``mlm_positions``, ``mlm_targets``, ``mlm_weights`` [P], the
+    task's slot count (``mlm.max_predictions(L, MASK_RATE)``). Every selected position — masked,
+    randomly replaced or kept — carries weight 1, as our trainer's loss has it.
+    Blocks are packed by the tasks (RoBERTa's FULL-SENTENCES), so ``pack`` must
+    be False.
+    """
+
+    TASK_FEATURES = {
+        "inputs": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+        "targets": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+    }
+    # What the train step reads (mlm.STEP_FEATURES).
+    MODEL_FEATURES = {
+        name: seqio.FeatureConverter.FeatureSpec(
+            dtype=tf.float32 if name == "mlm_weights" else tf.int32)
+        for name in mlm.STEP_FEATURES
+    }
+    PACKING_FEATURE_DTYPES = {}
+
+    def __init__(self, pack: bool = False, **kwargs):
+        if pack:
+            raise ValueError(
+                "MLMFeatureConverter: the MLM tasks pack blocks themselves; set "
+                "DatasetConfig.pack = False"
+            )
+        super().__init__(pack=False, **kwargs)
+        # Slots of the converted dataset (they follow the task's masking rate).
+        self._slots = None
+
+    def _convert_features(
+        self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
+    ) -> tf.data.Dataset:
+        missing = [k for k in self.MODEL_FEATURES if k not in ds.element_spec]
+        if missing:
+            raise ValueError(
+                f"MLMFeatureConverter: the dataset has no {missing}; it must come from an "
+                "MLM task (tasks/names.py) whose last preprocessor masks the blocks"
+            )
+        self._slots = int(ds.element_spec["mlm_positions"].shape[-1])
+        return ds.map(
+            lambda ex: {k: ex[k] for k in self.MODEL_FEATURES},
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+
+    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict:
+        length = int(task_feature_lengths["inputs"])
+        # Without a dataset (shapes only): the slots of XLM-R's 15% masking.
+        slots = self._slots or mlm.max_predictions(length, mlm.DEFAULT_MASKING.rate)
+        return {
+            "inputs": length,
+            "mlm_positions": slots,
+            "mlm_targets": slots,
+            "mlm_weights": slots,
+        }
+
+
+# ============================================================================
+# Model.
+# ============================================================================
+
+
+def params_axes(boxed_params) -> dict:
+    """t5x's ``params_axes`` collection from the network's logical boxes.
+
+    Args:
+      boxed_params: the ``params`` collection as ``init`` returns it (every leaf
+        an ``nn.LogicallyPartitioned``).
+
+    Returns:
+      For every parameter ``.../name``, ``.../name_axes`` holding
+      ``flax.linen.partitioning.AxisMetadata(names=...)``.
+
+    Raises:
+      ValueError: naming parameters without logical axis names (t5x could not
+        place them).
+    """
+    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(boxed_params))
+    axes, unnamed = {}, []
+    for path, leaf in flat.items():
+        names = getattr(leaf, "names", None)
+        if names is None or len(names) != np.ndim(nn.unbox(leaf)):
+            unnamed.append("/".join(path))
+            continue
+        axes[(*path[:-1], f"{path[-1]}_axes")] = flax_partitioning.AxisMetadata(
+            names=tuple(names)
+        )
+    if unnamed:
+        raise ValueError(f"parameters without logical axis names: {unnamed}")
+    return flax.traverse_util.unflatten_dict(axes)
+
+
+class MaskedLMModel(t5x_models.BaseModel):
+    """``network.XLMRForMaskedLM`` trained with ``losses.mlm_loss_and_metrics``.
+
+    ``loss_fn`` is our trainer's loss: the mean cross-entropy over the batch's
+    selected positions (LM head applied only there). Because that mean is per
+    batch, t5x's gradient accumulation (``Trainer.num_microbatches`` > 1, which
+    sums the microbatches' gradients) is not supported.
+    """
+
+    FEATURE_CONVERTER_CLS = MLMFeatureConverter
+
+    def __init__(
+        self,
+        config: network.EncoderConfig,
+        optimizer_def: t5x_optimizers.OptimizerDefType,
+        mask_id: int = MASK_ID,
+    ):
+        """Args:
+        config: encoder sizes and numerics (gin/models/*.gin).
+        optimizer_def: e.g. :func:`adamw` (our AdamW and schedule).
+        mask_id: id of ``<mask>``; ``predict_batch`` fills these positions.
+        """
+        if not isinstance(config, network.EncoderConfig):
+            raise TypeError(f"MaskedLMModel.config must be an EncoderConfig, got {config!r}")
+        super().__init__(optimizer_def=optimizer_def)
+        self.config = config
+        self.module = network.XLMRForMaskedLM(config)
+        self.mask_id = int(mask_id)
+
+    # ------------------------------------------------------------------ init
+    def get_initial_variables(
+        self,
+        rng: jax.Array,
+        input_shapes: Mapping[str, Any],
+        input_types: Mapping[str, Any] | None = None,
+    ) -> dict:
+        """``params`` (unboxed) and ``params_axes`` (logical names) of the network.
+
+        Parameter shapes do not depend on the batch, so a one-row block initialises
+        them (the same values ``step.make_step_functions`` draws for a key).
+        """
+        del input_types
+        length = min(8, int(input_shapes["inputs"][-1]))
+        ids = jnp.full((1, length), self.config.pad_token_id + 1, jnp.int32)
+        variables = self.module.init(rng, ids, deterministic=True)
+        return {
+            "params": nn.unbox(variables["params"]),
+            "params_axes": params_axes(variables["params"]),
+        }
+
+    # ------------------------------------------------------------------ loss
+    def loss_fn(self, params, batch: Mapping[str, jax.Array], dropout_rng):
+        """Our trainer's MLM loss (dropout when ``dropout_rng`` is given) and metrics."""
+        training = dropout_rng is not None
+        loss, metrics = losses.mlm_loss_and_metrics(
+            self.module,
+            params,
+            batch,
+            rngs={"dropout": dropout_rng} if training else None,
+            deterministic=not training,
+        )
+        return loss, _summary_metrics(loss, metrics, batch)
+
+    # ------------------------------------------------------------ inference
+    def predict_batch_with_aux(self, params, batch: Mapping[str, jax.Array], rng=None):
+        """Fill-mask: ``inputs`` with every ``<mask>`` replaced by the model's top token.
+
+        The LM head runs at the first ``P`` ``<mask>`` positions of each row (P: the
+        slots of 15% masking, as in training); masks beyond those stay unfilled.
+
+        Returns:
+          ``(filled [batch, length], aux)``; ``aux['log_probs']`` [batch, length] is the
+          log-probability of each filled-in token (0 where nothing was filled).
+        """
+        del rng
+        inputs = jnp.asarray(batch["inputs"])
+        masked = inputs == self.mask_id
+        slots = min(inputs.shape[1], mlm.max_predictions(inputs.shape[1], mlm.DEFAULT_MASKING.rate))
+        # The masked positions first (stable: in order); the head runs only there.
+        positions = jnp.argsort(~masked, axis=1, stable=True)[:, :slots].astype(jnp.int32)
+        logits = self.module.apply(
+            {"params": params}, inputs, mlm_positions=positions, deterministic=True
+        )
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        best = jnp.argmax(log_probs, axis=-1).astype(inputs.dtype)
+        best_lp = jnp.max(log_probs, axis=-1)
+        is_mask = jnp.take_along_axis(masked, positions, axis=1)
+        rows = jnp.arange(inputs.shape[0])[:, None]
+        filled = inputs.at[rows, positions].set(jnp.where(is_mask, best, inputs[rows, positions]))
+        scores = jnp.zeros(inputs.shape, jnp.float32).at[rows, positions].add(
+            jnp.where(is_mask, best_lp, 0.0)
+        )
+        return filled, {"log_probs": scores}
+
+    def score_batch(self, params, batch: Mapping[str, jax.Array],
+                    return_intermediates: bool = False):
+        """Sum over each row's selected positions of ``log p(original token | inputs)``.
+
+        Returns:
+          [batch] scores; with ``return_intermediates`` also
+          ``{'mlm_log_probs': [batch, slots]}`` (0 in unused slots).
+        """
+        logits = self.module.apply(
+            {"params": params}, batch["inputs"], mlm_positions=batch["mlm_positions"],
+            deterministic=True,
+        )
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        target_lp = jnp.take_along_axis(
+            log_probs, batch["mlm_targets"][..., None].astype(jnp.int32), axis=-1
+        )[..., 0]
+        per_slot = target_lp * batch["mlm_weights"].astype(jnp.float32)
+        scores = per_slot.sum(axis=-1)
+        if return_intermediates:
+            return scores, {"mlm_log_probs": per_slot}
+        return scores
+
+
+def _summary_metrics(loss, metrics: Mapping[str, jax.Array], batch) -> dict:
+    """t5x metrics (clu) from our loss' metrics: averaged as t5x's base models do."""
+    inputs = batch["inputs"]
+    num_examples = jnp.array(inputs.shape[0])
+    num_tokens = jnp.array(inputs.size)
+    n = metrics["num_predictions"]
+    return {
+        "loss": t5x_metrics.AveragePerStep(total=loss),
+        "accuracy": clu_metrics.Average(total=metrics["accuracy"] * n, count=n),
+        "mlm/predictions_per_step": t5x_metrics.AveragePerStep(total=n),
+        "timing/seqs_per_second": t5x_metrics.TimeRate.from_model_output(
+            numerator=num_examples
+        ),
+        "timing/steps_per_second": t5x_metrics.StepsPerTime.from_model_output(),
+        "timing/seconds": t5x_metrics.Time(),
+        "timing/seqs": t5x_metrics.Sum(num_examples),
+        "timing/tokens_per_second": t5x_metrics.TimeRate.from_model_output(
+            numerator=num_tokens
+        ),
+    }
+
+
+# ============================================================================
+# Optimizer and partitioner for gin.
+# ============================================================================
+
+
+def adamw(config: optimizer.OptimizerConfig) -> t5x_optimizers.OptaxWrapper:
+    """Our AdamW, clipping and warm-up/decay schedule (``optimizer.make_optimizer``)."""
+    return t5x_optimizers.OptaxWrapper(optimizer.make_optimizer(config))
+
+
+def learning_rate(config: optimizer.OptimizerConfig):
+    """The schedule :func:`adamw` follows, for t5x's ``Trainer.learning_rate_fn`` (logged)."""
+    return optimizer.linear_warmup_linear_decay(config)
+
+
+def logical_axis_rules(
+    activation_partitioning_dims: int = 1, parameter_partitioning_dims: int = 1
+) -> list:
+    """t5x's standard rules plus the names only our network uses."""
+    return t5x_partitioning.standard_logical_axis_rules(
+        activation_partitioning_dims,
+        parameter_partitioning_dims,
+        additional_rules=ADDITIONAL_LOGICAL_AXIS_RULES,
+    )
+
+
+class MeshPartitioner(t5x_partitioning.PjitPartitioner):
+    """``PjitPartitioner`` on an explicit ``(data, model)`` mesh of all devices.
+
+    t5x derives its mesh from the accelerator topology (``num_partitions`` or
+    ``model_parallel_submesh`` on TPU, NVLink on GPU) and on CPU puts each process's
+    devices on ``model``. This partitioner lays the devices out as
+    ``mesh_shape = (data, model)`` instead (one entry may be -1), on any backend;
+    everything else (rules, data layout, pjit) is t5x's.
+    """
+
+    def __init__(self, mesh_shape: Sequence[int] = (-1, 1), **kwargs):
+        shape = [int(s) for s in mesh_shape]
+        n = jax.device_count()
+        if len(shape) != 2 or shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+            raise ValueError(f"MeshPartitioner.mesh_shape={tuple(mesh_shape)}: expected "
+                             "(data, model) with positive sizes, at most one -1")
+        if -1 in shape:
+            known = -int(np.prod(shape))
+            if n % known:
+                raise ValueError(f"MeshPartitioner.mesh_shape={tuple(mesh_shape)}: {n} "
+                                 f"devices are not divisible by {known}")
+            shape[shape.index(-1)] = n // known
+        if shape[0] * shape[1] != n:
+            raise ValueError(f"MeshPartitioner.mesh_shape={tuple(mesh_shape)} needs "
+                             f"{shape[0] * shape[1]} devices; {n} are available")
+        self._mesh_shape = tuple(shape)
+        kwargs.setdefault("logical_axis_rules", logical_axis_rules())
+        super().__init__(num_partitions=shape[1], **kwargs)
+
+    @functools.cached_property
+    def mesh(self) -> Mesh:
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        return Mesh(np.asarray(devices, dtype=object).reshape(self._mesh_shape),
+                    ("data", "model"))

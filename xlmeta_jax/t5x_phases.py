@@ -1,0 +1,184 @@
+r"""The two phases of meta-pretraining as two runs of ``python -m t5x.train``.
+
+t5x's ``train`` runs one dataset, one optimizer and one schedule, so gin/meta.gin is
+run twice with the same flags, the second time with ``--gin.PHASE=2``:
+
+* phase 1 trains on English into ``MODEL_DIR/phase1/``;
+* phase 2 trains on the alpha-sampled mixture into ``MODEL_DIR/phase2/``, starting
+  from the parameters of phase 1's final checkpoint (``checkpoint_<META_STEPS>``):
+  only the parameters are read (:class:`PhaseInitializer`), while the optimizer
+  state and the step (hence the learning-rate schedule) start fresh.
+
+Each phase directory holds t5x's own layout (``checkpoint_<step>/``, ``config.gin``,
+``train/`` summaries) plus ``xlmeta_model.json`` (the encoder configuration and
+vocabulary, what ``checkpoints.load_pretrained`` and the fine-tuning command read).
+Rerunning a phase resumes it from its latest checkpoint. The functions here are what
+the gin files reference; t5x calls nothing else of ours but the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import flax
+import jax
+import tensorflow as tf
+from absl import logging
+from t5x import gin_utils as t5x_gin_utils
+from t5x import utils as t5x_utils
+
+from xlmeta_jax import checkpoints, network
+
+# Written next to t5x's checkpoints: the encoder configuration and vocabulary.
+MODEL_INFO = "xlmeta_model.json"
+_CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)$")
+# The phase directories of gin/meta.gin under MODEL_DIR, in training order.
+PHASES = ("phase1", "phase2")
+
+
+class PhaseError(ValueError):
+    """A phase cannot start (bad PHASE, or phase 1 has not finished)."""
+
+
+def _check_phase(phase: int, num_phases: int = len(PHASES)) -> int:
+    if isinstance(phase, bool) or phase not in range(1, num_phases + 1):
+        raise PhaseError(
+            f"gin macro PHASE={phase!r}: meta-pretraining has phases 1 to {num_phases} "
+            "(--gin.PHASE=2 for the second)"
+        )
+    return int(phase)
+
+
+def select(phase: int, choices: Sequence[Any]) -> Any:
+    """``choices[phase - 1]``: the phase's task, step count, ... (gin)."""
+    return choices[_check_phase(phase, len(choices)) - 1]
+
+
+def phase_dir(model_dir: str, phase: int | None = None) -> str:
+    """``MODEL_DIR/phase<N>``, the directory t5x writes phase N to (``MODEL_DIR`` for None)."""
+    if not model_dir:
+        raise PhaseError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
+    model_dir = _absolute(model_dir)
+    if phase is None:
+        return model_dir
+    return os.path.join(model_dir, PHASES[_check_phase(phase) - 1])
+
+
+def total_steps(steps: Sequence[int]) -> int:
+    """Sum of step counts (the baseline's budget: META_STEPS + XLING_STEPS)."""
+    return int(sum(steps))
+
+
+def checkpoint_steps(directory: str) -> list[int]:
+    """Steps of t5x's complete checkpoints (``checkpoint_<step>``) in ``directory``."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    return sorted(
+        int(m.group(1))
+        for name in tf.io.gfile.listdir(directory)
+        if (m := _CHECKPOINT_DIR.match(name.rstrip("/")))
+    )
+
+
+def init_params_from(model_dir: str, phase: int, init_steps: int | None = None) -> str | None:
+    """The checkpoint whose parameters a phase starts from: None for phase 1.
+
+    Phase 2 starts from phase 1's final checkpoint, ``checkpoint_<init_steps>``
+    (META_STEPS). Only consulted while the phase has no checkpoint of its own (t5x
+    resumes a phase from its own latest checkpoint first).
+
+    Raises:
+      PhaseError: for phase 2 when that checkpoint does not exist and phase 2 has
+        not saved yet.
+    """
+    phase = _check_phase(phase)
+    if phase == 1:
+        return None
+    source_dir = phase_dir(model_dir, phase - 1)
+    source = os.path.join(source_dir, f"checkpoint_{init_steps}")
+    if not checkpoint_steps(phase_dir(model_dir, phase)):
+        steps = checkpoint_steps(source_dir)
+        if init_steps not in steps:
+            raise PhaseError(
+                f"phase {phase} starts from phase {phase - 1}'s final checkpoint {source}, "
+                f"which does not exist (checkpoints there: {steps or 'none'}); run phase "
+                f"{phase - 1} to step {init_steps} first (same command with "
+                f"--gin.PHASE={phase - 1})"
+            )
+    return source
+
+
+class PhaseInitializer(t5x_utils.TrainStateInitializer):
+    """t5x's train-state initializer; the fresh state may take a checkpoint's parameters.
+
+    t5x builds a fresh state only when the run directory has no checkpoint; with
+    ``init_params_from`` that state gets the parameters of the given t5x checkpoint
+    while the optimizer state and step stay freshly initialised (phase 2 of
+    meta-pretraining). t5x's ``RestoreCheckpointConfig`` with a params-only
+    ``assignment_map`` would do the same, but its Orbax checkpoint manager then
+    also restores the other run's input-pipeline state, which fails for a
+    different dataset (phase 1's English into phase 2's mixture).
+    """
+
+    def __init__(self, *args, init_params_from: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.init_params_from = init_params_from
+
+    def from_scratch(self, init_rng):
+        state = super().from_scratch(init_rng)
+        if not self.init_params_from:
+            return state
+        logging.info("parameters from %s; fresh optimizer state and step",
+                     self.init_params_from)
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params
+        )
+        params = checkpoints.restore_params(self.init_params_from, abstract)
+        if isinstance(state.params, flax.core.FrozenDict):
+            params = flax.core.freeze(params)
+        return state.replace_params(params)
+
+
+def summarize_config(
+    model_dir: str,
+    summary_writer,
+    step: int,
+    *,
+    model: Any = None,
+    vocab_path: str | None = None,
+    task: str | None = None,
+    phase: int | None = None,
+    train_steps: int | None = None,
+) -> None:
+    """t5x's ``summarize_gin_config``, plus ``MODEL_DIR/xlmeta_model.json``.
+
+    The JSON records what a checkpoint alone does not: the encoder configuration
+    (sizes, pad id, numerics), the vocabulary, the run's last step and, for
+    meta-pretraining, its phases — so that fine-tuning and the Hugging Face export
+    load a t5x-written checkpoint (``checkpoints.load_pretrained``) and refuse an
+    unfinished one.
+    """
+    t5x_gin_utils.summarize_gin_config(model_dir, summary_writer, step)
+    config = getattr(model, "config", None)
+    if jax.process_index() != 0 or not isinstance(config, network.EncoderConfig):
+        return
+    info = {
+        "model_config": dataclasses.asdict(config),
+        "vocab_path": _absolute(vocab_path) if vocab_path else None,
+        "task": task,
+        "phase": phase,
+        "phases": list(PHASES) if phase is not None else None,
+        "train_steps": train_steps,
+    }
+    with tf.io.gfile.GFile(os.path.join(model_dir, MODEL_INFO), "w") as f:
+        f.write(json.dumps(info, indent=2))
+
+
+def _absolute(path: str) -> str:
+    path = os.fspath(path)
+    return path if "://" in path else os.path.abspath(path)
