@@ -19,6 +19,12 @@ def test_no_line_touches_a_private_seqio_attribute():
     assert not hits, "\n".join(hits)
 
 
+# seqio's abstract methods that a subclass must implement: its documented extension points
+# (seqio/feature_converters.py: a FeatureConverter "overrides _convert_features and
+# get_model_feature_lengths"), not internals.
+SEQIO_ABSTRACT_METHODS = {"_convert_features"}
+
+
 def _private_members(source: str) -> list[tuple[int, str]]:
     """(line, "Class.member") of every private method or ``self._x`` in a seqio subclass."""
     found = []
@@ -32,6 +38,7 @@ def _private_members(source: str) -> list[tuple[int, str]]:
                 isinstance(node, ast.FunctionDef)
                 and node.name.startswith("_")
                 and not (node.name.startswith("__") and node.name.endswith("__"))
+                and node.name not in SEQIO_ABSTRACT_METHODS
             ):
                 found.append((node.lineno, f"{cls.name}.{node.name}"))
             elif (

@@ -56,9 +56,8 @@ def _wait(started):
     return text
 
 
-@pytest.fixture(scope="module")
-def runs(shared_data, tmp_path_factory):
-    root = tmp_path_factory.mktemp("t5x_runs")
+def _run_both_phases(shared_data, root):
+    """The four t5x.train runs every check below reads."""
     corpus = write_corpus(shared_data, str(root / "corpus"))
     single, sharded = root / "single", root / "sharded"
     logs = {}
@@ -89,7 +88,7 @@ def _train_metrics(log, name):
     return {int(s): float(v) for s, v in pattern.findall(log)}
 
 
-def test_phase1_writes_t5x_layout(runs):
+def _check_phase1_writes_t5x_layout(runs):
     phase1 = runs["sharded"] / "phase1"
     assert t5x_phases.checkpoint_steps(phase1) == [0, 2, 4]
     for step in (2, 4):
@@ -104,7 +103,7 @@ def test_phase1_writes_t5x_layout(runs):
     assert sorted(losses) == [1, 2, 3, 4] and all(np.isfinite(list(losses.values())))
 
 
-def test_interrupted_sharded_run_resumes_to_the_single_device_result(runs):
+def _check_interrupted_sharded_run_resumes_to_the_single_device_result(runs):
     assert "Starting main loop over steps 0-2" in runs["logs"]["stopped"]
     assert "Starting main loop over steps 2-4" in runs["logs"]["resumed"]
     single = _t5x_state(runs["single"] / "phase1" / "checkpoint_4")
@@ -123,7 +122,7 @@ def test_interrupted_sharded_run_resumes_to_the_single_device_result(runs):
     assert resumed[4] == pytest.approx(single_losses[4], rel=1e-4)
 
 
-def test_phase2_starts_from_phase1_final_params_with_fresh_optimizer(runs):
+def _check_phase2_starts_from_phase1_final_params_with_fresh_optimizer(runs):
     phase1_end = _t5x_state(runs["sharded"] / "phase1" / f"checkpoint_{META_STEPS}")
     phase2_start = _t5x_state(runs["sharded"] / "phase2" / "checkpoint_0")
     a = jax.tree_util.tree_leaves_with_path(phase1_end["target"])
@@ -151,7 +150,7 @@ def test_phase2_before_phase1_names_the_missing_checkpoint(tmp_path):
     assert t5x_phases.init_params_from(str(tmp_path), phase=1, init_steps=4) is None
 
 
-def test_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):
+def _check_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):
     import gin
 
     from xlmeta_jax import finetune as finetune_cli
@@ -183,3 +182,12 @@ def test_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):
 
     out = hf.to_hf(os.fspath(model_dir), os.fspath(tmp_path / "hf"))
     assert json.loads((out / "config.json").read_text())["hidden_size"] == 64
+
+
+def test_meta_pretraining_under_t5x_end_to_end(shared_data, tmp_path):
+    """One test (pytest-xdist would run a shared module fixture once per worker)."""
+    runs = _run_both_phases(shared_data, tmp_path / "runs")
+    _check_phase1_writes_t5x_layout(runs)
+    _check_interrupted_sharded_run_resumes_to_the_single_device_result(runs)
+    _check_phase2_starts_from_phase1_final_params_with_fresh_optimizer(runs)
+    _check_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path / "finetune")

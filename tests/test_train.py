@@ -26,7 +26,6 @@ RUN_GIN = """
 import xlmeta_jax.trainer
 MODEL_DIR = %gin.REQUIRED
 xlmeta_jax.trainer.train.model_dir = %MODEL_DIR
-xlmeta_jax.trainer.train.model = @xlmeta_jax.network.get_config()
 xlmeta_jax.trainer.train.mesh_shape = (2, 2, 2)
 xlmeta_jax.trainer.train.checkpoint_every = 5
 xlmeta_jax.trainer.train.keep_checkpoints = 2

@@ -86,8 +86,8 @@ class MLMFeatureConverter(seqio.FeatureConverter):
                 "DatasetConfig.pack = False"
             )
         super().__init__(pack=False, **kwargs)
-        # Slots of the converted dataset (they follow the task's masking rate).
-        self._slots = None
+        # Prediction slots of the last converted dataset (they follow the task's masking rate).
+        self.slots = None
 
     def _convert_features(
         self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
@@ -98,7 +98,7 @@ class MLMFeatureConverter(seqio.FeatureConverter):
                 f"MLMFeatureConverter: the dataset has no {missing}; it must come from an "
                 "MLM task (tasks/names.py) whose last preprocessor masks the blocks"
             )
-        self._slots = int(ds.element_spec["mlm_positions"].shape[-1])
+        self.slots = int(ds.element_spec["mlm_positions"].shape[-1])
         return ds.map(
             lambda ex: {k: ex[k] for k in self.MODEL_FEATURES},
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -107,7 +107,7 @@ class MLMFeatureConverter(seqio.FeatureConverter):
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict:
         length = int(task_feature_lengths["inputs"])
         # Without a dataset (shapes only): the slots of XLM-R's 15% masking.
-        slots = self._slots or mlm.max_predictions(length, mlm.DEFAULT_MASKING.rate)
+        slots = self.slots or mlm.max_predictions(length, mlm.DEFAULT_MASKING.rate)
         return {
             "inputs": length,
             "mlm_positions": slots,

@@ -35,7 +35,7 @@ from t5x import utils as t5x_utils
 from xlmeta_jax import checkpoints, network
 
 # Written next to t5x's checkpoints: the encoder configuration and vocabulary.
-MODEL_INFO = "xlmeta_model.json"
+MODEL_INFO = checkpoints.T5X_MODEL_INFO
 _CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)$")
 # The phase directories of gin/meta.gin under MODEL_DIR, in training order.
 PHASES = ("phase1", "phase2")

@@ -24,7 +24,7 @@ import jax
 
 from xlmeta_jax import (
     checkpoints,
-    configurables,  # noqa: F401  (gin: get_config, OptimizerConfig; shared with t5x's entry)
+    configurables,
     corpus,
     errors,
     gin_cli,
@@ -468,11 +468,22 @@ def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> 
 # ============================================================================
 
 
+def _configured_model() -> network.EncoderConfig:
+    """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
+    try:
+        return configurables.get_config()
+    except TypeError as e:
+        raise ConfigError(
+            "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
+            f"xlmeta_jax.network.get_config.size ({e})"
+        ) from None
+
+
 @gin.configurable(module="xlmeta_jax.trainer")
 def train(
     *,
     model_dir: str = gin.REQUIRED,
-    model: network.EncoderConfig = gin.REQUIRED,
+    model: network.EncoderConfig | None = None,
     phases: Sequence[Phase] = gin.REQUIRED,
     mesh_shape: Sequence[int] = (-1, 1, 1),
     seed: int = 0,
@@ -488,7 +499,8 @@ def train(
 
     Args:
       model_dir: run directory (checkpoints per phase, TensorBoard, config.gin).
-      model: encoder configuration, e.g. ``@get_config()``.
+      model: encoder configuration; default: ``network.get_config()`` as gin/models/*.gin
+        bind it.
       phases: phases in order (``@phase1/Phase()``, ...).
       mesh_shape: (data, fsdp, tensor); one entry may be -1.
       seed: parameter-init, dropout and data seed.
@@ -509,6 +521,8 @@ def train(
         raise ConfigError(
             f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}"
         )
+    if model is None:
+        model = _configured_model()
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
     check_vocabulary(vocab_path, model)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
