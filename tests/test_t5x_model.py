@@ -19,7 +19,7 @@ from t5x import trainer as t5x_trainer  # noqa: E402
 from t5x import utils as t5x_utils  # noqa: E402
 
 from tasks import names  # noqa: E402
-from xlmeta_jax import losses, network, partitioning, step, t5x_model  # noqa: E402
+from xlmeta_jax import losses, mlm, network, partitioning, step, t5x_model  # noqa: E402
 from xlmeta_jax.data.vocabulary import MASK_ID  # noqa: E402
 from xlmeta_jax.optimizer import OptimizerConfig  # noqa: E402
 
@@ -84,7 +84,7 @@ def test_params_axes_are_the_networks_logical_names_mapped_by_t5x_rules(scan):
 
 def test_feature_converter_keeps_every_selected_position_in_the_loss(corpus):
     batches = _first_batches(corpus, names.ENGLISH_TEXT_TASK, n=4)
-    slots = losses.max_predictions_for_length(LENGTH)
+    slots = mlm.max_predictions(LENGTH, 0.15)
     assert {k: v.shape for k, v in batches[0].items()} == {
         "inputs": (BATCH, LENGTH), "mlm_positions": (BATCH, slots),
         "mlm_targets": (BATCH, slots), "mlm_weights": (BATCH, slots)}

@@ -184,6 +184,7 @@ def _check_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):
     assert json.loads((out / "config.json").read_text())["hidden_size"] == 64
 
 
+@pytest.mark.slow
 def test_meta_pretraining_under_t5x_end_to_end(shared_data, tmp_path):
     """One test (pytest-xdist would run a shared module fixture once per worker)."""
     runs = _run_both_phases(shared_data, tmp_path / "runs")
