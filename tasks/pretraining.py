@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 
 import seqio
 import tensorflow as tf
@@ -79,6 +80,13 @@ class _Plan:
         log.info("%s: alpha=%s sampling probabilities %s", name, alpha,
                  {k: round(v, 5) for k, v in probs.items()})
         self.mixtures[name] = [(task_by_lang[lang], q) for lang, q in probs.items()]
+        # Each language holds blocks in proportion to how often it is drawn: the blocks a
+        # batch takes from any language then come from a window shuffle_buffer_size / batch
+        # times larger than what it takes (with an equal split, a frequent language's
+        # share of a batch would be a run of neighbouring blocks).
+        for lang, q in probs.items():
+            self.tasks[task_by_lang[lang]]["shuffle_buffer_size"] = _language_buffer(
+                self.corpora, q)
 
 
 def _english_text(plan: _Plan) -> None:
@@ -120,8 +128,9 @@ def _english_tfds(plan: _Plan) -> None:
     )
 
 
-def _per_language_buffer(c: corpora_lib.Corpora, languages) -> int:
-    return max(16, int(c.shuffle_buffer_size) // max(1, len(languages)))
+def _language_buffer(c: corpora_lib.Corpora, probability: float) -> int:
+    """Blocks a language of a mixture holds for shuffling: its share of the buffer."""
+    return max(16, math.ceil(int(c.shuffle_buffer_size) * probability))
 
 
 def _cc100(plan: _Plan) -> None:
@@ -129,7 +138,6 @@ def _cc100(plan: _Plan) -> None:
     if not c.cc100_dir:
         return
     langs = c.cc100_languages()
-    buffer = _per_language_buffer(c, langs)
     counts = {}
     for lang in langs:
         files_by_split = {}
@@ -143,7 +151,7 @@ def _cc100(plan: _Plan) -> None:
         plan.add_task(
             names.cc100_task(lang),
             providers.TextLineDocumentsSource(files_by_split),
-            shuffle_buffer_size=buffer,
+            shuffle_buffer_size=16,  # set from the rates by add_mixture
             language=lang,
         )
     if c.cc100_counts is not None:
@@ -156,7 +164,6 @@ def _mc4(plan: _Plan) -> None:
     if not c.mc4_tfds_name:
         return
     langs = c.mc4_languages()
-    buffer = _per_language_buffer(c, langs)
     counts = {}
     for lang in langs:
         split = mc4_split_name(lang)
@@ -172,7 +179,7 @@ def _mc4(plan: _Plan) -> None:
         plan.add_task(
             names.mc4_task(lang),
             providers.TfdsDocumentsSource(source, "text"),
-            shuffle_buffer_size=buffer,
+            shuffle_buffer_size=16,  # set from the rates by add_mixture
             language=lang,
         )
     if c.mc4_counts is not None:

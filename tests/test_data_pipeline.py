@@ -211,7 +211,7 @@ def test_packing_is_lossless_full_length_and_starts_with_bos(toy):
         assert targets.shape == (length,) and targets.dtype == np.int32
         assert targets[0] == vocabulary.BOS_ID
         assert vocabulary.PAD_ID not in targets
-        # RoBERTa FULL-SENTENCES: the bodies are the document stream, in order, eos-separated.
+        # The bodies are the document stream, in order, eos-separated, cut every L - 1 tokens.
         np.testing.assert_array_equal(targets[1:], stream[i * body : (i + 1) * body])
     assert sum(int((b["targets"] == vocabulary.EOS_ID).sum()) for b in blocks) >= (
         len(toy["docs"]["de"]) - 2

@@ -84,3 +84,41 @@ def test_token_counting_settings_are_checked(toy_cc100):
 
     with pytest.raises(mixtures.CorpusError, match="count_unit='tokens' needs the vocabulary"):
         corpora.language_count(corpora.Corpora(), [], encode=None)
+
+
+def test_files_are_read_side_by_side_when_shuffling(tmp_path):
+    """With shuffle, neighbouring elements come from different files, each element ends a
+    document, and every paragraph is read exactly once."""
+    from xlmeta_jax.data import providers
+
+    paths = []
+    for f in range(3):
+        path = tmp_path / f"f{f}.txt"
+        path.write_text("".join("\n".join(f"file{f} doc{d} para{i}" for i in range(300)) + "\n\n"
+                                for d in range(3)))
+        paths.append(str(path))
+    source = providers.TextLineDocumentsSource({"train": providers.TextFiles(tuple(paths))})
+    elements = list(source.get_dataset("train", shuffle=True, seed=1).as_numpy_iterator())
+    first_files = [e["text"][0].decode().split()[0] for e in elements[:3]]
+    assert sorted(first_files) == ["file0", "file1", "file2"]
+    assert all(e["ends_document"][-1] for e in elements)
+    paragraphs = [t.decode() for e in elements
+                  for t, end in zip(e["text"], e["ends_document"]) if not end]
+    assert len(paragraphs) == len(set(paragraphs)) == 3 * 3 * 300
+    # Within a file, paragraphs keep their order.
+    file0 = [p for p in paragraphs if p.startswith("file0")]
+    assert file0 == [f"file0 doc{d} para{i}" for d in range(3) for i in range(300)]
+    # Without shuffling, files are read one after the other.
+    plain = list(source.get_dataset("train", shuffle=False).as_numpy_iterator())
+    assert [e["text"][0].decode()[:5] for e in plain][:4] == ["file0"] * 4
+
+
+def test_mixture_languages_hold_blocks_in_proportion_to_their_rate(toy_cc100):
+    tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
+                   languages=["en", "de", "ja", "af"], count_unit="lines",
+                   shuffle_buffer_size=1000)
+    q = tasks.language_probabilities(names.CC100_MIXTURE)
+    for lang, share in q.items():
+        task = seqio.get_mixture_or_task(names.cc100_task(lang))
+        assert task.shuffle_buffer_size == max(16, int(np.ceil(1000 * share)))
+    assert seqio.get_mixture_or_task(names.cc100_task("en")).shuffle_buffer_size > 300

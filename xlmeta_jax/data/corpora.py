@@ -75,8 +75,8 @@ class Corpora:
     max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES
     # Where the file counts are cached (None: next to the data, else ~/.cache/xlmeta_jax).
     stats_cache_dir: str | None = None
-    # Blocks held for shuffling over a whole task or mixture (a mixture of k languages
-    # holds max(16, size // k) per language).
+    # Blocks held for shuffling over a whole task or mixture (each language of a mixture
+    # holds max(16, size x its sampling rate)); several times the per-host batch.
     shuffle_buffer_size: int = 1024
     # How blocks are masked; the number of prediction slots follows from it.
     masking: mlm.Masking = mlm.DEFAULT_MASKING

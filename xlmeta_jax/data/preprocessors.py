@@ -4,7 +4,7 @@ The pretraining tasks run, in order::
 
   tokenize_documents        {"text", "ends_document"} -> {"tokens"}  (eos after each document)
   seqio.CacheDatasetPlaceholder()                      (offline cache of tokens, optional)
-  pack_blocks               {"tokens"} -> {"targets": [L]}  RoBERTa FULL-SENTENCES packing
+  pack_blocks               {"tokens"} -> {"targets": [L]}  contiguous full blocks
   mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.mlm)
   add_language              + {"language": string}  (tasks of a language mixture)
 
@@ -14,7 +14,11 @@ masking, as RoBERTa).
 
 Packing: documents (each ending in ``eos``) are concatenated and cut into blocks
 of ``L - 1`` tokens, each prefixed with ``<s>``; every block is full, none is
-padded, a block may start or end inside a document (RoBERTa's FULL-SENTENCES).
+padded, and the cut falls wherever ``L - 1`` tokens end: mid-sentence and
+mid-document (fairseq's ``--sample-break-mode none``). RoBERTa's FULL-SENTENCES
+and XLM-R instead fill a block with whole sentences, across documents, and leave
+the rest of the block empty (``complete``): their blocks never begin or end
+mid-sentence, ours do, and ours have no padding.
 
 Masking (:class:`xlmeta_jax.mlm.Masking`, default 15% and 80/10/10), per block
 of length L with ``n`` candidate positions (every id >= NUM_SPECIAL_TOKENS:
@@ -91,7 +95,11 @@ def tokenize_documents(
 def pack_blocks(
     dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
 ) -> tf.data.Dataset:
-    """Concatenates token runs into full blocks ``[<s>, L-1 tokens]`` (``targets``)."""
+    """Concatenates token runs into full blocks ``[<s>, L-1 tokens]`` (``targets``).
+
+    Blocks are cut every ``L - 1`` tokens, mid-sentence where that falls (see the
+    module docstring for how this differs from XLM-R's whole-sentence packing).
+    """
     length = block_length(sequence_length)
     body = length - 1
 

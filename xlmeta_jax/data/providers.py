@@ -89,13 +89,31 @@ def _read_paragraphs(
     return out.filter(lambda ex: tf.size(ex["text"]) > 0)
 
 
+# Files of a task read side by side when shuffling (tf.data interleave cycle length).
+INTERLEAVED_FILES = 16
+
+
+def _end_with_document_boundary(ex):
+    """Appends a document end to an element that stops inside a document."""
+    open_doc = tf.logical_not(ex["ends_document"][-1])
+    extra = tf.cast(open_doc, tf.int32)
+    return {
+        "text": tf.concat([ex["text"], tf.fill([extra], "")], axis=0),
+        "ends_document": tf.concat([ex["ends_document"], tf.fill([extra], True)], axis=0),
+    }
+
+
 class TextLineDocumentsSource(seqio.DataSource):
     """Paragraphs of text files (CC-100 layout), one :class:`TextFiles` per split.
 
     Sharding (``shard_info``): by file when there are at least as many files as
     shards, otherwise by document, so that no document is split across
-    processes. Shuffling permutes the files (each epoch anew, from the seed);
-    files are read one after the other so documents stay contiguous.
+    processes. Shuffling permutes the files (each epoch anew, from the seed) and
+    reads up to INTERLEAVED_FILES of them side by side, one element (up to
+    LINES_PER_ELEMENT paragraphs) of each in turn, so that neighbouring blocks come
+    from different files; each element then ends a document (a document longer than
+    an element is cut into eos-separated pieces), so no block joins the text of two
+    files without an eos. Without shuffling, files are read one after the other.
     """
 
     def __init__(self, files_by_split: Mapping[str, TextFiles]):
@@ -138,6 +156,14 @@ class TextLineDocumentsSource(seqio.DataSource):
         if shuffle:
             files_ds = files_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         max_line_bytes = int(text_files.max_line_bytes)
+        if shuffle and len(files) > 1:
+            return files_ds.interleave(
+                lambda path: _read_paragraphs(path, max_line_bytes, document_shard).map(
+                    _end_with_document_boundary
+                ),
+                cycle_length=min(len(files), INTERLEAVED_FILES),
+                block_length=1,
+            )
         return files_ds.flat_map(
             lambda path: _read_paragraphs(path, max_line_bytes, document_shard)
         )
