@@ -27,7 +27,9 @@ def _run(arm, seed, en, de, fr, tatoeba_by_layer, losses):
         "evaluations": {
             "xnli": {"metric": "accuracy", "english": en, "average_target": target,
                      "transfer_gap": en - target, "average": (en + de + fr) / 3,
-                     "languages": {"en": en, "de": de, "fr": fr}},
+                     "languages": {"en": en, "de": de, "fr": fr},
+                     "comparable_to_xtreme": False,
+                     "differences_from_xtreme": ["evaluated on half of dev instead of test"]},
             "tatoeba": {"metric": "accuracy", "english": None,
                         "average_target": tatoeba_by_layer[1], "transfer_gap": None,
                         "languages": {"de": tatoeba_by_layer[1], "fr": tatoeba_by_layer[1]},
@@ -95,6 +97,7 @@ def test_report_markdown_and_plots(tmp_path, fake_results):
     # meta: English 72.0 ± 2.8, target 60.5 ± 2.1 (59, 62), gap 11.5 ± 0.7
     assert lines[xnli + 4] == "| meta | 72.0 ± 2.8 | 60.5 ± 2.1 | 11.5 ± 0.7 |"
     assert lines[xnli + 5] == "| xlmr | 67.0 ± 1.4 | 62.0 ± 0.0 | 5.0 ± 1.4 |"
+    assert lines[xnli + 7] == "Not XTREME's protocol: evaluated on half of dev instead of test."
     tatoeba = lines.index("## tatoeba (accuracy)")
     assert lines[tatoeba + 4] == "| meta | – | 32.0 ± 2.8 | – |"
     assert "| meta | 0 | mix: 3 | 12,288 | 4.000 |" in lines

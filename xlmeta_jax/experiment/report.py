@@ -148,11 +148,24 @@ def markdown(results: Mapping[str, Any], images: Sequence[str] = ()) -> str:
             lines.append(f"| {arm} | {_cell(stats['english'])} | "
                          f"{_cell(stats['average_target'])} | {_cell(stats['transfer_gap'])} |")
         lines.append("")
+        differences = _differences(results, task)
+        if differences:
+            lines += ["Not XTREME's protocol: " + "; ".join(differences) + ".", ""]
     if images:
         lines += ["## Plots", ""]
         lines += [f"![{os.path.splitext(name)[0]}]({name})" for name in images]
         lines.append("")
     return "\n".join(lines)
+
+
+def _differences(results: Mapping[str, Any], task: str) -> list[str]:
+    """How the task's evaluations differ from XTREME's protocol (union over runs)."""
+    out: list[str] = []
+    for run in results["runs"].values():
+        for item in run.get("evaluations", {}).get(task, {}).get("differences_from_xtreme", []):
+            if item not in out:
+                out.append(item)
+    return out
 
 
 def _pretraining_table(results: Mapping[str, Any]) -> list[str]:

@@ -346,6 +346,11 @@ def _evaluation_summary(results: dict) -> dict:
     for key in ("total_seconds", "eval_seconds"):
         if key in results:
             out[key] = results[key]
+    # How the protocol differs from XTREME's (stated next to the numbers in the report).
+    provenance = results.get("provenance") or {}
+    if "comparable_to_xtreme" in provenance:
+        out["comparable_to_xtreme"] = provenance["comparable_to_xtreme"]
+        out["differences_from_xtreme"] = list(provenance.get("differences", []))
     return out
 
 
