@@ -203,3 +203,13 @@ def test_mesh_partitioner_names_a_bad_mesh(shape, match):
 def test_unnamed_parameter_is_named():
     with pytest.raises(ValueError, match=r"without logical axis names: \['dense/kernel'\]"):
         t5x_model.params_axes({"dense": {"kernel": np.zeros((2, 2))}})
+
+
+def test_step_time_command_times_both_trainers(capsys):
+    from xlmeta_jax.tools import t5x_step_time
+
+    report = t5x_step_time.main(["--size=tiny", "--batch=8", "--length=16", "--steps=1",
+                                 "--rounds=1"])
+    assert set(report["ms_per_step"]) == {"ours", "t5x"}
+    assert all(v > 0 for v in report["ms_per_step"].values())
+    assert "t5x / ours = " in capsys.readouterr().out

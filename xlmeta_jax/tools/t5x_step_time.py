@@ -29,13 +29,13 @@ def measure(size: str, batch: int, length: int, steps: int, rounds: int,
     from t5x import trainer as t5x_trainer
     from t5x import utils as t5x_utils
 
-    from xlmeta_jax import losses, mlm, network, partitioning, step, t5x_model
+    from xlmeta_jax import mlm, network, partitioning, step, synthetic, t5x_model
     from xlmeta_jax.optimizer import OptimizerConfig
 
     overrides = {"dtype": dtype} if dtype else {}
     cfg = network.get_config(size, pad_token_id=0, **overrides)
     opt = OptimizerConfig(total_steps=1_000_000, warmup_steps=10)
-    host = losses.synthetic_mlm_batch(np.random.default_rng(0), batch, length, cfg.vocab_size)
+    host = synthetic.mlm_batch(np.random.default_rng(0), batch, length, cfg.vocab_size)
     host = {k: host[k] for k in mlm.STEP_FEATURES}
 
     # Ours.
