@@ -101,6 +101,17 @@ def test_second_writer_is_refused_naming_the_holder(finished, run_gin):
     _assert_one_line(out, f"is in use by pid {os.getpid()}")
 
 
+def test_hf_export_of_a_deleted_array_file(finished, tmp_path):
+    model_dir = copy_run(finished, tmp_path / "run")
+    array_files(model_dir / "phase2" / str(STEPS))[0].unlink()
+    out = _run([sys.executable, "-m", "xlmeta_jax.hf", "to_hf",
+                f"--checkpoint={model_dir / 'phase2'}", f"--output={tmp_path / 'hf'}"])
+    # One line: not the TensorStore spec of every array that failed to read.
+    _assert_one_line(out, "xlmeta_jax.hf: error: checkpoint", "phase2/4 is damaged",
+                     "cannot be read")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_hf_export_of_corrupted_metadata(finished, tmp_path):
     model_dir = copy_run(finished, tmp_path / "run")
     (model_dir / "phase2" / str(STEPS) / "meta" / "metadata").write_bytes(b"\xff\xfe\x00garbage")
@@ -162,6 +173,7 @@ def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
     out = _run(train_cmd(run_gin, model_dir, *steps), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resuming from {stopped_at}" in out.stdout
+    assert out.stderr == ""  # no absl/Orbax notices on resume
     for phase in ("phase1", "phase2"):
         a = checkpoints.restore_params(checkpoints.find_step_dir(ref / phase))
         b = checkpoints.restore_params(checkpoints.find_step_dir(model_dir / phase))

@@ -84,11 +84,14 @@ def _filter_orbax_logs() -> None:
     logging.getLogger("absl").addFilter(_ORBAX_LOG_FILTER)
 
 
-def _damaged(step_dir, e: BaseException) -> CheckpointError:
-    return CheckpointError(
-        f"checkpoint {step_dir} is damaged or incomplete ({type(e).__name__}: "
-        f"{first_line(e)[:300]})"
-    )
+def _damaged(step_dir, e: BaseException, what: str | None = None) -> CheckpointError:
+    text = first_line(e)
+    if what is not None:
+        text = f"{what}: {type(e).__name__}: {text}"
+    elif "TensorStore" in text or "reading array" in text or "OCDBT" in text:
+        # TensorStore's own text is a multi-kilobyte spec dump; say what it means.
+        text = "its array data cannot be read: an array file is missing or truncated"
+    return CheckpointError(f"checkpoint {step_dir} is damaged or incomplete ({text[:300]})")
 
 
 def discard_partial(directory) -> list[str]:
@@ -411,7 +414,7 @@ def _stored_tree(step_dir, state_dir) -> dict:
         tree = getattr(meta, "item_metadata", meta)
         return dict(getattr(tree, "tree", tree))
     except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
-        raise _damaged(step_dir, e) from e
+        raise _damaged(step_dir, e, "its array metadata cannot be read") from e
 
 
 def restore_params(step_dir, abstract_params=None):

@@ -72,6 +72,10 @@ def _user_message(e: BaseException) -> str | None:
     return None
 
 
+def _drop_unraisable(unraisable) -> None:
+    del unraisable
+
+
 def debug_requested(argv: Sequence[str]) -> bool:
     return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
@@ -102,6 +106,10 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
         message = _user_message(e)
         if message is None or debug:
             raise
+        # Concurrent reads that failed alongside the reported one (TensorStore's, in
+        # Orbax's asyncio gather) are collected at exit as "Exception ignored" dumps:
+        # they repeat what the line says.
+        sys.unraisablehook = _drop_unraisable
         if isinstance(e, Interrupted):
             print(f"{prog}: {message}", file=sys.stderr)
             return EXIT_INTERRUPTED

@@ -28,6 +28,7 @@ import pathlib
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -78,36 +79,63 @@ def _command(train_args: Sequence[str], model_dir: pathlib.Path) -> list[str]:
             f"--gin.MODEL_DIR='{model_dir}'"]
 
 
+def _new_checkpoint_write(model_dir: pathlib.Path, since: float) -> bool:
+    """A temporary (unfinished) checkpoint directory created after ``since``."""
+    for p in model_dir.glob("*/*"):
+        if ".orbax-checkpoint-tmp" in p.name:
+            try:
+                if p.stat().st_ctime >= since:
+                    return True
+            except FileNotFoundError:  # finalised (renamed) meanwhile
+                continue
+    return False
+
+
 def _writing_checkpoint(model_dir: pathlib.Path) -> bool:
     return any(".orbax-checkpoint-tmp" in p.name for p in model_dir.glob("*/*"))
 
 
-def _started_training(model_dir: pathlib.Path) -> bool:
-    return any(p.name.isdigit() for p in model_dir.glob("*/*")) or _writing_checkpoint(model_dir)
+# A progress line of the trainer ("[phase1] step 5/60 | loss ..."): this attempt trains.
+_STEP_LINE = "] step "
 
 
 def _kill_once(cmd, model_dir: pathlib.Path, rng: random.Random, attempt: int,
                log_path: pathlib.Path, max_wait: float) -> Kill | None:
-    """Starts the run and SIGKILLs it; None when it finished before the kill."""
+    """Starts the run, waits until it trains, SIGKILLs it; None if it finished first.
+
+    ``training``: after a random 0-4 s of training; ``checkpoint_write``: as soon as
+    this attempt starts writing a checkpoint (a new Orbax temporary directory).
+    """
     mode = rng.choice(["checkpoint_write", "training"])
-    delay = rng.uniform(0.0, 6.0)
+    delay = rng.uniform(0.0, 4.0)
+    training = threading.Event()
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        log.write(f"=== attempt {attempt} ({mode})\n")
+        proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+        def pump():
+            for line in proc.stdout:
+                log.write(line)
+                if _STEP_LINE in line:
+                    training.set()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
         t0 = time.time()
         trained_since = None
         try:
-            while proc.poll() is None:
+            while proc.poll() is None and time.time() - t0 < max_wait:
                 now = time.time()
-                if now - t0 > max_wait:
-                    break
-                if trained_since is None and _started_training(model_dir):
+                if trained_since is None and training.is_set():
                     trained_since = now
-                if mode == "checkpoint_write" and _writing_checkpoint(model_dir):
-                    time.sleep(rng.uniform(0.0, 0.05))
-                    break
-                if mode == "training" and trained_since is not None and (
-                        now - trained_since >= delay):
-                    break
+                if trained_since is not None:
+                    if mode == "checkpoint_write" and _new_checkpoint_write(model_dir,
+                                                                            trained_since):
+                        time.sleep(rng.uniform(0.0, 0.05))
+                        break
+                    if mode == "training" and now - trained_since >= delay:
+                        break
                 time.sleep(0.005)
             if proc.poll() is not None:
                 return None
@@ -119,6 +147,7 @@ def _kill_once(cmd, model_dir: pathlib.Path, rng: random.Random, attempt: int,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            reader.join(timeout=10)
 
 
 def _final_state(model_dir: pathlib.Path):
@@ -191,8 +220,10 @@ def soak(work_dir, kills: int, *, train_args: Sequence[str] = (), seed: int = 0,
         raise RuntimeError(f"final resume failed:\n{final.stdout[-3000:]}{final.stderr[-3000:]}")
     diffs = compare(reference, soaked)
     leftovers = [os.fspath(p) for p in soaked.glob("*/*") if ".orbax-checkpoint-tmp" in p.name]
+    resumes = log_path.read_text().count("] resuming from ") + final.stdout.count(
+        "] resuming from ")
     return {"kills": [dataclasses.asdict(k) for k in done], "restarts": attempts + 1,
-            "differences": diffs, "leftover_tmp_dirs": leftovers}
+            "resumes": resumes, "differences": diffs, "leftover_tmp_dirs": leftovers}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   steps=args.steps, max_wait=args.max_wait)
     writes = sum(k["during_checkpoint_write"] for k in result["kills"])
     print(f"{len(result['kills'])} kills ({writes} during a checkpoint write), "
-          f"{result['restarts']} starts")
+          f"{result['restarts']} starts, {result['resumes']} resumes from a checkpoint")
     if result["leftover_tmp_dirs"]:
         print(f"leftover temporary checkpoint dirs: {result['leftover_tmp_dirs']}")
     if result["differences"]:
