@@ -65,10 +65,16 @@ class Kill:
     during_checkpoint_write: bool
 
 
-def _env() -> dict:
+def _env(cache_dir: pathlib.Path | None = None) -> dict:
     env = dict(os.environ)
     env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     env.setdefault("JAX_PLATFORMS", "cpu")
+    if cache_dir is not None:
+        # Every restart compiles the same step: reuse the executable (same code, same
+        # results) so that the attempts spend their time training, not compiling.
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", os.fspath(cache_dir))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     repo = str(pathlib.Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
     return env
@@ -99,7 +105,7 @@ def _writing_checkpoint(model_dir: pathlib.Path) -> bool:
 _STEP_LINE = "] step "
 
 
-def _kill_once(cmd, model_dir: pathlib.Path, rng: random.Random, attempt: int,
+def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, attempt: int,
                log_path: pathlib.Path, max_wait: float) -> Kill | None:
     """Starts the run, waits until it trains, SIGKILLs it; None if it finished first.
 
@@ -111,7 +117,7 @@ def _kill_once(cmd, model_dir: pathlib.Path, rng: random.Random, attempt: int,
     training = threading.Event()
     with open(log_path, "a") as log:
         log.write(f"=== attempt {attempt} ({mode})\n")
-        proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 
         def pump():
@@ -196,8 +202,9 @@ def soak(work_dir, kills: int, *, train_args: Sequence[str] = (), seed: int = 0,
         train_args = [f"--gin_file={gin_path}"]
     reference, soaked = work / "reference", work / "soaked"
     log_path = work / "train.log"
+    env = _env(work / "jax_cache")
     print(f"reference run -> {reference}", flush=True)
-    out = subprocess.run(_command(train_args, reference), env=_env(), capture_output=True,
+    out = subprocess.run(_command(train_args, reference), env=env, capture_output=True,
                          text=True)
     if out.returncode != 0:
         raise RuntimeError(f"reference run failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
@@ -205,7 +212,7 @@ def soak(work_dir, kills: int, *, train_args: Sequence[str] = (), seed: int = 0,
     done, attempts = [], 0
     while len(done) < kills:
         attempts += 1
-        kill = _kill_once(_command(train_args, soaked), soaked, rng, attempts, log_path,
+        kill = _kill_once(_command(train_args, soaked), env, soaked, rng, attempts, log_path,
                           max_wait)
         if kill is None:
             print(f"run {attempts}: finished before its kill ({len(done)} kills so far)",
@@ -214,7 +221,7 @@ def soak(work_dir, kills: int, *, train_args: Sequence[str] = (), seed: int = 0,
         done.append(kill)
         print(f"kill {len(done)}/{kills}: after {kill.seconds:.1f}s ({kill.mode}; "
               f"checkpoint being written: {kill.during_checkpoint_write})", flush=True)
-    final = subprocess.run(_command(train_args, soaked), env=_env(), capture_output=True,
+    final = subprocess.run(_command(train_args, soaked), env=env, capture_output=True,
                            text=True)
     if final.returncode != 0:
         raise RuntimeError(f"final resume failed:\n{final.stdout[-3000:]}{final.stderr[-3000:]}")
