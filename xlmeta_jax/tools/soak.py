@@ -1,9 +1,11 @@
 r"""Kill soak: random ``kill -9`` during training and checkpoint writes, then resume.
 
 Trains a reference run without interruption, then the same run again while
-killing it (SIGKILL) at random moments — half of the kills while a checkpoint
-is being written (an Orbax temporary directory exists), the rest after a random
-number of seconds of training — restarting it after each kill. After the last
+killing it (SIGKILL) at random moments, restarting it after each kill: every
+attempt first finalises one or two checkpoints of its own (so the run moves on
+through both phases), then half of the kills hit the moment it starts writing
+its next checkpoint (an Orbax temporary directory exists), the rest a random
+0-3 s later in training. After the last
 kill the run finishes; its final parameters and metrics of every phase must be
 bit-identical to the reference's.
 
@@ -28,7 +30,6 @@ import pathlib
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 
@@ -85,6 +86,20 @@ def _command(train_args: Sequence[str], model_dir: pathlib.Path) -> list[str]:
             f"--gin.MODEL_DIR='{model_dir}'"]
 
 
+def _new_checkpoints(model_dir: pathlib.Path, since: float) -> int:
+    """Checkpoints finalised after ``since`` (this attempt's progress)."""
+    count = 0
+    for p in model_dir.glob("*/*/commit_success.txt"):
+        if not p.parent.name.isdigit():  # inside a temporary directory: not final yet
+            continue
+        try:
+            if p.stat().st_mtime >= since:
+                count += 1
+        except FileNotFoundError:  # removed by keep-N meanwhile
+            continue
+    return count
+
+
 def _new_checkpoint_write(model_dir: pathlib.Path, since: float) -> bool:
     """A temporary (unfinished) checkpoint directory created after ``since``."""
     for p in model_dir.glob("*/*"):
@@ -101,46 +116,34 @@ def _writing_checkpoint(model_dir: pathlib.Path) -> bool:
     return any(".orbax-checkpoint-tmp" in p.name for p in model_dir.glob("*/*"))
 
 
-# A progress line of the trainer ("[phase1] step 5/60 | loss ..."): this attempt trains.
-_STEP_LINE = "] step "
-
-
 def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, attempt: int,
                log_path: pathlib.Path, max_wait: float) -> Kill | None:
-    """Starts the run, waits until it trains, SIGKILLs it; None if it finished first.
+    """Starts the run, lets it make progress, SIGKILLs it; None if it finished first.
 
-    ``training``: after a random 0-4 s of training; ``checkpoint_write``: as soon as
-    this attempt starts writing a checkpoint (a new Orbax temporary directory).
+    Each attempt first finalises 1-2 checkpoints of its own (so the soak moves through
+    both phases), then ``training``: is killed after a random 0-3 s more;
+    ``checkpoint_write``: is killed as soon as it starts writing its next checkpoint.
     """
     mode = rng.choice(["checkpoint_write", "training"])
-    delay = rng.uniform(0.0, 4.0)
-    training = threading.Event()
+    progress = rng.randint(1, 2)
+    delay = rng.uniform(0.0, 3.0)
     with open(log_path, "a") as log:
         log.write(f"=== attempt {attempt} ({mode})\n")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-
-        def pump():
-            for line in proc.stdout:
-                log.write(line)
-                if _STEP_LINE in line:
-                    training.set()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+        log.flush()
         t0 = time.time()
-        trained_since = None
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        progressed_at = None
         try:
             while proc.poll() is None and time.time() - t0 < max_wait:
                 now = time.time()
-                if trained_since is None and training.is_set():
-                    trained_since = now
-                if trained_since is not None:
+                if progressed_at is None and _new_checkpoints(model_dir, t0) >= progress:
+                    progressed_at = now
+                if progressed_at is not None:
                     if mode == "checkpoint_write" and _new_checkpoint_write(model_dir,
-                                                                            trained_since):
+                                                                            progressed_at):
                         time.sleep(rng.uniform(0.0, 0.05))
                         break
-                    if mode == "training" and now - trained_since >= delay:
+                    if mode == "training" and now - progressed_at >= delay:
                         break
                 time.sleep(0.005)
             if proc.poll() is not None:
@@ -153,7 +156,6 @@ def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, atte
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            reader.join(timeout=10)
 
 
 def _final_state(model_dir: pathlib.Path):
