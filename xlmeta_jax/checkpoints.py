@@ -203,9 +203,14 @@ class PhaseCheckpoints:
             create=not read_only,
             # Not Orbax's read_only option: it warns on every open. This object
             # never saves when read_only (see save()).
-            cleanup_tmp_directories=not read_only,
+            # Unfinished saves of a killed run are removed below, synchronously:
+            # Orbax's own cleanup runs in a thread that close() does not wait for,
+            # so a short-lived manager (a phase found complete) could exit under it.
+            cleanup_tmp_directories=False,
         )
         self.read_only = read_only
+        if not read_only and jax.process_index() == 0:
+            discard_partial(self.directory)
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=options,
