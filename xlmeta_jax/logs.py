@@ -3,7 +3,8 @@
 TensorFlow (the input pipeline's tf.data) logs at import, before its log level
 applies, and on hosts without NVIDIA GPUs an ERROR line about ``cuInit``: our
 TensorFlow never runs on an accelerator (JAX owns them), so both are noise.
-Setting ``TF_CPP_MIN_LOG_LEVEL`` yourself keeps TensorFlow's own behaviour.
+Setting ``TF_CPP_MIN_LOG_LEVEL`` yourself (to anything but JAX's default "1") keeps
+TensorFlow's own behaviour.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def quiet_start(*, import_tensorflow: bool = False) -> None:
       import_tensorflow: import TensorFlow now, with its import-time C++ lines
         dropped (for commands whose input pipeline needs it anyway).
     """
-    user_level = "TF_CPP_MIN_LOG_LEVEL" in os.environ
+    # JAX's import sets "1" by default (os.environ.setdefault), so only another value
+    # is the user's own choice.
+    user_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") != "1"
     if not user_level and not _has_nvidia_device():
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if import_tensorflow and not user_level and "tensorflow" not in sys.modules:
