@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 
-from xlmeta_jax.evaluation import readers, scorers
+from xlmeta_jax.evaluation import readers, scorers, splits
 
 
 def test_tydiqa_counts_match_readme(shared_data):
@@ -61,14 +61,14 @@ def test_pawsx_split_shares_no_sentence(shared_data):
     # Groups span languages: two English sentences can share one German translation.
     files = [readers.read_pair_tsv(shared_data / "pawsx" / f"dev-{lang}.tsv",
                                    readers.PAWSX_LABELS) for lang in ("en", "de")]
-    english_only = readers.dev_split(files[:1], 0.5, 0.1)
+    english_only = splits.dev_split(files[:1], 0.5, 0.1)
     de_leak = _sentences([files[1][i] for i in english_only["train"]]) & _sentences(
         [files[1][i] for i in english_only["eval"]])
     assert de_leak
     langs = readers.get_task("pawsx").languages
     every = [readers.read_pair_tsv(shared_data / "pawsx" / f"dev-{lang}.tsv",
                                    readers.PAWSX_LABELS) for lang in langs]
-    parts = readers.dev_split(every, 0.5, 0.1)
+    parts = splits.dev_split(every, 0.5, 0.1)
     for lang, rows in zip(langs, every):
         seen = _sentences([rows[i] for i in parts["train"] + parts["select"]])
         assert not seen & _sentences(readers.load_eval("pawsx", lang, shared_data)), lang
@@ -77,15 +77,15 @@ def test_pawsx_split_shares_no_sentence(shared_data):
 def test_pair_groups_join_chains_of_shared_sentences():
     ex = lambda a, b: readers.ClassificationExample("", a, b, 0)  # noqa: E731
     rows = [ex("a", "b"), ex("c", "d"), ex("b", "e"), ex("f", "a"), ex("d", "g"), ex("h", "i")]
-    assert readers.pair_groups(rows) == [[0, 2, 3], [1, 4], [5]]
+    assert splits.pair_groups(rows) == [[0, 2, 3], [1, 4], [5]]
     # A line split after row 3 would put "d" on both sides; the group split does not.
-    parts = readers.dev_split([rows], 0.5, 0.0)
+    parts = splits.dev_split([rows], 0.5, 0.0)
     assert parts == {"train": [0, 2, 3], "select": [], "eval": [1, 4, 5]}
     # A translation that merges rows 0 and 5 ("a" and "h" both become "x") joins them.
     other = [ex("x", "b"), ex("c", "d"), ex("b", "e"), ex("f", "x"), ex("d", "g"), ex("x", "i")]
-    assert readers.pair_groups(rows, other) == [[0, 2, 3, 5], [1, 4]]
+    assert splits.pair_groups(rows, other) == [[0, 2, 3, 5], [1, 4]]
     with pytest.raises(ValueError, match="select_fraction must be in"):
-        readers.dev_split([rows], 0.5, 0.5)
+        splits.dev_split([rows], 0.5, 0.5)
 
 
 def test_majority_label_xnli_is_chance(shared_data):

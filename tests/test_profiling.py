@@ -91,9 +91,11 @@ def test_bench_profile_explains_the_tiny_step(tmp_path, capsys):
             assert fwd > 0 and bwd > 0, (part, rows[part])
         assert rows["optimizer: AdamW, clipping, norms"][2] > 0
         assert prof["total_ms"] == pytest.approx(sum(r[3] for r in rows.values()))
-        # Op time is real time of this step: within a factor of the wall clock (CPU
-        # threads may overlap ops, so it can exceed it somewhat).
-        assert 0.2 * prof["wall_ms"] < prof["total_ms"] < 3 * prof["wall_ms"]
+        # Op time is time of one step, not of all profiled steps: it cannot exceed the
+        # step's wall clock beyond what overlapping CPU threads add. No lower bound: on a
+        # shared machine the wall clock also holds the time the process waited for a core
+        # (the per-step division itself is pinned by test_breakdown_per_step_and_kernel_names).
+        assert 0 < prof["total_ms"] < 3 * prof["wall_ms"]
         # Most time is attributed to a named part of the model.
         assert rows.get(profiling.OTHER, (0, 0, 0, 0))[3] < 0.5 * prof["total_ms"]
         assert any(f.endswith(".xplane.pb") for f in os.listdir(prof["trace_dir"]))

@@ -24,7 +24,6 @@ import jax
 
 from xlmeta_jax import (
     checkpoints,
-    configurables,
     corpus,
     errors,
     gin_cli,
@@ -40,6 +39,7 @@ from xlmeta_jax.validation import (
     ConfigError,
     check_model_dir,
     check_vocabulary,
+    configured_model,
     phase_is_complete,
     validate,
 )
@@ -468,17 +468,6 @@ def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> 
 # ============================================================================
 
 
-def _configured_model() -> network.EncoderConfig:
-    """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
-    try:
-        return configurables.get_config()
-    except TypeError as e:
-        raise ConfigError(
-            "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
-            f"xlmeta_jax.network.get_config.size ({e})"
-        ) from None
-
-
 @gin.configurable(module="xlmeta_jax.trainer")
 def train(
     *,
@@ -522,7 +511,7 @@ def train(
             f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}"
         )
     if model is None:
-        model = _configured_model()
+        model = configured_model()
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
     check_vocabulary(vocab_path, model)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and

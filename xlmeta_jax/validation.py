@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from xlmeta_jax import checkpoints, errors, gin_cli, network, partitioning, run_dir
+from xlmeta_jax import checkpoints, configurables, errors, gin_cli, network, partitioning, run_dir
 
 if TYPE_CHECKING:
     from xlmeta_jax import trainer
@@ -150,3 +150,14 @@ def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.Encod
         return latest == phase.num_steps
     finally:
         ckpt.close()
+
+
+def configured_model() -> network.EncoderConfig:
+    """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
+    try:
+        return configurables.get_config()
+    except TypeError as e:
+        raise ConfigError(
+            "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
+            f"xlmeta_jax.network.get_config.size ({e})"
+        ) from None

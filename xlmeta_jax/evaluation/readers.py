@@ -14,7 +14,7 @@ runs between groups: the first ``train_fraction`` of the lines
 (whole groups) trains, the last ``select_fraction`` of that part is held out as the
 English development set for model selection, and every language is evaluated on the
 remaining groups only — no evaluation sentence, nor its translation, is in the training
-data. :func:`pair_groups` computes the groups.
+data. :func:`xlmeta_jax.evaluation.splits.pair_groups` computes the groups.
 
 QA has no English training data for XQuAD / MLQA here: all three QA tasks fine-tune on
 TyDi QA GoldP's English training set (3696 questions).
@@ -36,6 +36,8 @@ import json
 import os
 import pathlib
 from collections.abc import Sequence
+
+from xlmeta_jax.evaluation import splits
 
 # Default location of the shared data: $XLMETA_SHARED_DATA, else ../shared/data next to
 # the repository root.
@@ -381,73 +383,6 @@ def resolve_data_dir(data_dir) -> pathlib.Path:
     return path
 
 
-def pair_groups(*files: Sequence[ClassificationExample]) -> list[list[int]]:
-    """Row indices joined into groups of pairs that share a sentence (word for word).
-
-    Connected components over the sentences: rows i and j are in one group when, in any
-    of the line-aligned ``files`` (one per language), they share ``text_a`` or
-    ``text_b`` (either side), directly or through other rows. Groups are listed by their
-    first row, rows in file order.
-    """
-    n = len(files[0])
-    parent = list(range(n))
-
-    def find(i):
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    first_row: dict[tuple[int, str], int] = {}
-    for f, rows in enumerate(files):
-        for i, row in enumerate(rows):
-            for sentence in (row.text_a, row.text_b):
-                j = first_row.setdefault((f, sentence), i)
-                a, b = find(i), find(j)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    groups: dict[int, list[int]] = {}
-    for i in range(n):
-        groups.setdefault(find(i), []).append(i)
-    return sorted(groups.values(), key=lambda g: g[0])
-
-
-def _check_fractions(train_fraction: float, select_fraction: float) -> None:
-    if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
-    if not 0.0 <= select_fraction < train_fraction:
-        raise ValueError(
-            f"select_fraction must be in [0, train_fraction={train_fraction}), "
-            f"got {select_fraction}"
-        )
-
-
-def dev_split(
-    files: Sequence[Sequence[ClassificationExample]], train_fraction: float,
-    select_fraction: float,
-) -> dict[str, list[int]]:
-    """Row indices of the "train", "select" and "eval" parts of parallel dev files.
-
-    Whole groups of :func:`pair_groups` (over all languages' files) go, in file order,
-    to training until ``train_fraction`` of the rows are reached; the last groups of
-    that part (about ``select_fraction`` of all rows) become the model-selection set;
-    the rest is evaluated. In no language does a sentence occur in two parts.
-    """
-    _check_fractions(train_fraction, select_fraction)
-    n = len(files[0])
-    parts: dict[str, list[int]] = {"train": [], "select": [], "eval": []}
-    train_end = round(n * train_fraction)
-    select_start = round(n * (train_fraction - select_fraction))
-    taken = 0
-    for group in pair_groups(*files):
-        if taken >= train_end:
-            parts["eval"].extend(group)
-            continue
-        parts["select" if taken >= select_start and select_fraction > 0 else "train"].extend(group)
-        taken += len(group)
-    return parts
-
-
 @functools.lru_cache(maxsize=8)
 def _parallel_files(task: str, data_dir: pathlib.Path) -> dict[str, list]:
     spec = get_task(task)
@@ -467,7 +402,7 @@ def _parallel_files(task: str, data_dir: pathlib.Path) -> dict[str, list]:
 def _parallel_dev(task, lang, data_dir, train_fraction, select_fraction, part):
     # The split is computed once over every language, so all use the same lines.
     files = _parallel_files(task, pathlib.Path(data_dir))
-    parts = dev_split(list(files.values()), train_fraction, select_fraction)
+    parts = splits.dev_split(list(files.values()), train_fraction, select_fraction)
     return [files[lang][i] for i in parts[part]]
 
 
@@ -492,7 +427,7 @@ def load_train(
     Args:
       task: a registered task name (not a retrieval task).
       data_dir: folder laid out like ``../shared/data`` (default: that folder).
-      train_fraction, select_fraction: XNLI / PAWS-X only — see :func:`dev_split`.
+      train_fraction, select_fraction: XNLI / PAWS-X only — see :func:`splits.dev_split`.
     """
     spec = get_task(task)
     data_dir = resolve_data_dir(data_dir)
@@ -514,7 +449,7 @@ def load_select(
 ) -> list | None:
     """English development examples on which XTREME selects the best checkpoint.
 
-    XNLI / PAWS-X: the held-out "select" part of English dev (:func:`dev_split`); PAN-X:
+    XNLI / PAWS-X: the held-out "select" part of English dev (:func:`splits.dev_split`); PAN-X:
     English dev (also its English evaluation set here); UD POS: English-EWT test. None for
     QA (XTREME keeps the final parameters).
     """
