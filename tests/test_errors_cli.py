@@ -25,6 +25,10 @@ from errors_fixtures import (
 
 from xlmeta_jax import errors, run_dir
 
+# Every test here starts the real commands in subprocesses (TensorFlow and JAX start-up
+# each time): end-to-end runs, left out of the `-m "not slow"` loop; test_errors.py holds
+# the same cases in-process.
+pytestmark = pytest.mark.slow
 
 def _user_env() -> dict:
     e = env()
@@ -138,7 +142,6 @@ def test_every_command_has_a_help(module, parts):
         assert part in out.stdout, (part, out.stdout)
 
 
-@pytest.mark.slow
 def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
     import jax
     import numpy as np
