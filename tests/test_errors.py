@@ -396,3 +396,15 @@ def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
     text.write_bytes("\n".join(f"ligne {i} de texte" for i in range(50)).encode() + b"\n\xff\xfe\n")
     (stats,) = mixtures.corpus_stats([os.fspath(text)], cache_dir=os.fspath(tmp_path / "cache"))
     assert stats.lines == 50 and stats.skipped_invalid_utf8 == 1
+
+
+def test_closed_loop_callbacks_of_a_failed_read_are_dropped_and_nothing_else(monkeypatch):
+    # A damaged checkpoint's other reads may complete on Orbax's closed event loop; their
+    # unraisable RuntimeError would print a bare traceback next to the one line.
+    seen = []
+    monkeypatch.setattr(errors, "_previous_unraisablehook", lambda u: seen.append(u.exc_value))
+    unraisable = lambda exc: type("Unraisable", (), {"exc_value": exc})()
+    errors._drop_closed_loop_callbacks(unraisable(RuntimeError("Event loop is closed")))
+    other = RuntimeError("a real bug")
+    errors._drop_closed_loop_callbacks(unraisable(other))
+    assert seen == [other]

@@ -76,6 +76,25 @@ def _drop_unraisable(unraisable) -> None:
     del unraisable
 
 
+def _drop_closed_loop_callbacks(unraisable) -> None:
+    """Drops TensorStore callbacks that land on Orbax's already-closed event loop.
+
+    When one read of a damaged checkpoint fails, Orbax closes its asyncio loop while
+    TensorStore may still complete the other reads; their callbacks then fail in
+    ``call_soon_threadsafe`` with "Event loop is closed", reported as unraisable
+    (a bare traceback, possibly before the read's own error reaches the command).
+    They carry nothing the command's one line does not say; anything else goes to the
+    previous hook.
+    """
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
+
+
 def debug_requested(argv: Sequence[str]) -> bool:
     return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
@@ -95,6 +114,8 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     argv = [a for a in argv if a != DEBUG_FLAG]
+    if not debug:
+        sys.unraisablehook = _drop_closed_loop_callbacks
     try:
         result = main(argv)
     except KeyboardInterrupt:
