@@ -83,31 +83,29 @@ def summarize(results: Mapping[str, Any]) -> dict[str, dict[str, dict[str, dict]
     return out
 
 
-def per_language(results: Mapping[str, Any], task: str) -> dict[str, dict[str, dict]]:
-    """{arm: {lang: mean_std over seeds}} of one task's per-language scores."""
+def _scores_over_seeds(results, task: str, field: str, key=lambda k: k) -> dict:
+    """{arm: {key(k): mean_std over seeds}} of a task's ``field`` mapping (k -> score)."""
     out = {}
     for arm, runs in _runs_by_arm(results).items():
-        langs: dict[str, list[float]] = {}
+        values: dict[Any, list[float]] = {}
         for run in runs:
-            for lang, v in run.get("evaluations", {}).get(task, {}).get("languages", {}).items():
-                langs.setdefault(lang, []).append(v)
-        if langs:
-            out[arm] = {lang: mean_std(vs) for lang, vs in langs.items()}
+            scores = run.get("evaluations", {}).get(task, {}).get(field) or {}
+            for k, v in scores.items():
+                values.setdefault(key(k), []).append(v)
+        if values:
+            out[arm] = {k: mean_std(vs) for k, vs in values.items()}
     return out
+
+
+def per_language(results: Mapping[str, Any], task: str) -> dict[str, dict[str, dict]]:
+    """{arm: {lang: mean_std over seeds}} of one task's per-language scores."""
+    return _scores_over_seeds(results, task, "languages")
 
 
 def layer_sweep(results: Mapping[str, Any], task: str) -> dict[str, dict[int, dict]]:
     """{arm: {layer: mean_std over seeds}} of a retrieval task's accuracy per layer."""
-    out = {}
-    for arm, runs in _runs_by_arm(results).items():
-        layers: dict[int, list[float]] = {}
-        for run in runs:
-            sweep = run.get("evaluations", {}).get(task, {}).get("layer_sweep") or {}
-            for layer, acc in sweep.items():
-                layers.setdefault(int(layer), []).append(acc)
-        if layers:
-            out[arm] = {layer: mean_std(vs) for layer, vs in sorted(layers.items())}
-    return out
+    sweeps = _scores_over_seeds(results, task, "layer_sweep", key=int)
+    return {arm: dict(sorted(by_layer.items())) for arm, by_layer in sweeps.items()}
 
 
 # ----------------------------------------------------------------------------------------
