@@ -217,6 +217,28 @@ def test_hf_export_of_damaged_checkpoint_is_one_line(finished, tmp_path, capsys,
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("task", ["xnli", "tatoeba"])
+def test_finetune_of_damaged_checkpoint_leaves_no_run(finished, shared_data, tmp_path, capsys,
+                                                     task):
+    from xlmeta_jax import finetune as finetune_cli
+
+    model_dir = copy_run(finished, tmp_path / "run")
+    _damage(model_dir, "truncate_array_files")
+    out = tmp_path / "eval"
+    try:
+        code = errors.run_command(finetune_cli.main, [
+            f"--gin_file=finetune/{task}.gin", "--gin_file=finetune/demo.gin",
+            f"--gin.INITIAL_CHECKPOINT_PATH='{model_dir}'", f"--gin.MODEL_DIR='{out}'",
+            f"--gin.DATA_DIR='{shared_data}'"], prog="xlmeta_jax.finetune")
+    finally:
+        gin.clear_config()
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR
+    assert len(err.splitlines()) == 1 and "phase2/4 is damaged" in err, err
+    # Neither a config.gin nor an empty folder that would look like a started evaluation.
+    assert not out.exists()
+
+
 def test_load_pretrained_names_damage(finished, tmp_path):
     model_dir = copy_run(finished, tmp_path / "run")
     _damage(model_dir, "truncate_array_files")

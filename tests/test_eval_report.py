@@ -93,3 +93,18 @@ def test_report_shows_mean_and_std_over_seeds(tmp_path):
     finetuning.write_results(tmp_path / "a", res)
     table = report.task_table("tydiqa", report.gather([str(tmp_path / "a")])["tydiqa"])
     assert "| a | 80.0 | 60.0 ± 1.2 | 70.0 ± 0.5 |" in table
+
+
+def test_retrieval_provenance_names_only_settings_that_apply():
+    # Tatoeba and BUCC fine-tune nothing: training steps and examples do not make them a
+    # demo run, the evaluated subsample does.
+    settings = {"max_train_examples": 2000, "max_eval_examples": 150, "train_steps": 100}
+    for task in ("tatoeba", "bucc"):
+        prov = protocol.provenance(task, "local", "/data", settings, None)
+        assert [d.split("=")[0] for d in prov["differences"] if "demo run" in d] == [
+            "max_eval_examples"]
+    full = protocol.provenance("tatoeba", "local", "/data", {"max_eval_examples": None}, None)
+    assert full["comparable_to_xtreme"] and not full["differences"]
+    xnli = protocol.provenance("xnli", "local", "/data", settings, 2000)
+    assert [d.split("=")[0] for d in xnli["differences"] if "demo run" in d] == [
+        "max_train_examples", "max_eval_examples", "train_steps"]

@@ -386,9 +386,7 @@ def finetune(
         if data_source != "local":
             raise ValueError(f"{task} has no TFDS builder: use data_source='local'")
         model_dir = pathlib.Path(model_dir)
-        model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "config.gin").write_text(gin.operative_config_str())
-        return retrieval.evaluate_retrieval(
+        results = retrieval.evaluate_retrieval(
             task, initial_checkpoint_path, model_dir, data_dir=data_dir, vocab_path=vocab_path,
             languages=languages, max_seq_length=s.max_seq_length,
             batch_size=s.eval_batch_size, max_sentences=s.max_eval_examples, dtype=s.dtype,
@@ -397,10 +395,12 @@ def finetune(
                 task, "local", str(readers.resolve_data_dir(data_dir)), dataclasses.asdict(s),
                 None)},
         )
+        # Written once the checkpoint and data have been read: a run that fails on them
+        # leaves no config.gin behind.
+        (model_dir / "config.gin").write_text(gin.operative_config_str())
+        return results
     langs = readers.check_languages(task, languages)
     model_dir = pathlib.Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.gin").write_text(gin.operative_config_str())
     split = dict(train_fraction=s.train_fraction, select_fraction=s.select_fraction)
     if data_source == "local":
         resolved_dir = str(readers.resolve_data_dir(data_dir))
@@ -430,6 +430,7 @@ def finetune(
     if initial_checkpoint_path.startswith("init:") and vocab_path is None:
         from xlmeta_jax.evaluation import demo_vocab
 
+        model_dir.mkdir(parents=True, exist_ok=True)
         vocab_path = demo_vocab.build_demo_vocab(model_dir / "demo_spm", data_dir)
     loaded = encoders.load_encoder(initial_checkpoint_path, vocab_path, allow_pickle=allow_pickle)
     cfg = loaded.config.replace(dtype=s.dtype)
@@ -448,6 +449,10 @@ def finetune(
     if select_examples is not None:
         select_examples = select_examples[: s.max_eval_examples]
     eval_examples = {lang: load_eval(lang)[: s.max_eval_examples] for lang in langs}
+    # Written once the checkpoint and data have been read: a run that fails on them leaves
+    # no config.gin behind.
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.gin").write_text(gin.operative_config_str())
     runs = [
         _run_seed(spec, s.seed + i, s, cfg, loaded, train_examples, select_examples,
                   eval_examples, tokenizer, eval_batch_size, model_dir)

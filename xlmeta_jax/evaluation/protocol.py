@@ -59,6 +59,9 @@ TFDS_DIFFERENCES = {"tydiqa": LOCAL_DIFFERENCES["tydiqa"]}
 
 # Settings whose non-default values make a run a demo or subsample, not XTREME's recipe.
 _SUBSAMPLING = ("max_train_examples", "max_eval_examples", "train_steps")
+# Retrieval fine-tunes nothing: of those settings only the evaluated sentences apply to it.
+_RETRIEVAL_SUBSAMPLING = ("max_eval_examples",)
+RETRIEVAL_TASKS = ("tatoeba", "bucc")
 
 
 def provenance(task: str, data_source: str, data_dir: str | None, settings: dict,
@@ -75,7 +78,7 @@ def provenance(task: str, data_source: str, data_dir: str | None, settings: dict
         differences += TFDS_DIFFERENCES.get(task, [])
         if task in ("xquad", "mlqa", "tydiqa"):
             evaluate = "each language's evaluation split (TFDS)"
-    for key in _SUBSAMPLING:
+    for key in _RETRIEVAL_SUBSAMPLING if task in RETRIEVAL_TASKS else _SUBSAMPLING:
         if settings.get(key) is not None:
             differences.append(f"{key}={settings[key]} (a subsample / demo run)")
     return {

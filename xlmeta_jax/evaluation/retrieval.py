@@ -241,7 +241,6 @@ def evaluate_retrieval(
                 raise ValueError(f"tatoeba: unknown language {lang!r}")
     langs = list(languages) if languages is not None else list(readers.get_task(task).languages)
     model_dir = pathlib.Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     if task == "tatoeba":
         pairs = {lang: readers.read_tatoeba(lang, data_dir) for lang in langs}
@@ -250,8 +249,11 @@ def evaluate_retrieval(
     if initial_checkpoint_path.startswith("init:") and vocab_path is None:
         from xlmeta_jax.evaluation import demo_vocab
 
+        model_dir.mkdir(parents=True, exist_ok=True)
         vocab_path = demo_vocab.build_demo_vocab(model_dir / "demo_spm", data_dir)
     loaded = encoders.load_encoder(initial_checkpoint_path, vocab_path, allow_pickle=allow_pickle)
+    # Created only once the data and checkpoint are read: a bad input leaves no empty run.
+    model_dir.mkdir(parents=True, exist_ok=True)
     cfg = loaded.config.replace(dtype=dtype, dropout_rate=0.0, attention_dropout_rate=0.0)
     layer = xtreme_layer(cfg.num_layers) if layer is None else layer
     if not 0 <= layer < cfg.num_layers:
