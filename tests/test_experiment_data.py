@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,38 @@ def test_mixture_languages_hold_blocks_in_proportion_to_their_rate(toy_cc100):
         task = seqio.get_mixture_or_task(names.cc100_task(lang))
         assert task.shuffle_buffer_size == max(16, int(np.ceil(1000 * share)))
     assert seqio.get_mixture_or_task(names.cc100_task("en")).shuffle_buffer_size > 300
+
+
+def test_corpus_preparation_appears_whole_or_not_at_all(shared_data, tmp_path, monkeypatch):
+    # A failure after the text is written (here: in vocabulary training) must leave neither
+    # MODEL_DIR/corpus nor a temporary folder, so the next run does not take half-written
+    # files for a prepared corpus.
+    from xlmeta_jax.data import vocabulary
+    from xlmeta_jax.experiment import corpus
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vocabulary, "train_vocabulary", fail)
+    with pytest.raises(KeyboardInterrupt):
+        corpus.prepare_shared_corpus(model_dir=str(tmp_path), shared_data_dir=str(shared_data),
+                                     languages=["de"], vocab_size=300)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_built_whole_replaces_a_folder_only_on_success(tmp_path):
+    from xlmeta_jax import run_dir
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with run_dir.built_whole(str(folder)) as tmp:
+            (pathlib.Path(tmp) / "new.txt").write_text("new")
+            raise RuntimeError("interrupted")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    assert [p.name for p in folder.iterdir()] == ["old.txt"]
+    with run_dir.built_whole(str(folder) + "/") as tmp:
+        (pathlib.Path(tmp) / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    assert [p.name for p in folder.iterdir()] == ["new.txt"]

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 
 import gin
+
+from xlmeta_jax import run_dir
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -119,10 +119,7 @@ def prepare_demo(
     if shared_data_dir and not os.path.isdir(shared_data_dir):
         raise FileNotFoundError(f"prepare_demo.shared_data_dir {shared_data_dir!r} does not exist")
 
-    os.makedirs(model_dir, exist_ok=True)
-    # Build in a temporary sibling and rename, so an interrupted run leaves nothing half-written.
-    tmp = tempfile.mkdtemp(prefix=".demo_data.", dir=model_dir)
-    try:
+    with run_dir.built_whole(root) as tmp:
         english_pd_dir = os.path.join(shared_data_dir, "english_pd") if shared_data_dir else None
         english_files = english_pd.english_text_files(
             os.path.join(tmp, ENGLISH_DIR), english_pd_dir
@@ -146,12 +143,6 @@ def prepare_demo(
             num_lines=200_000,
             stats_cache_dir=tmp,
         )
-        if os.path.exists(root):
-            shutil.rmtree(root)
-        os.rename(tmp, root.rstrip("/"))
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
     _announced.add(root)
     log.info(
         "demo corpus in %s: English from %s; %s",

@@ -24,12 +24,12 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
 
 import gin
+
+from xlmeta_jax import run_dir
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -133,9 +133,7 @@ def prepare_shared_corpus(
         raise FileNotFoundError(f"no Leipzig sentences for {missing} in {shared_data_dir}")
     to_leipzig = {v: k for k, v in LEIPZIG_TO_CC100.items()}
 
-    os.makedirs(model_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".corpus.", dir=model_dir)
-    try:
+    with run_dir.built_whole(root) as tmp:
         log.info("writing the corpus from %s (English: english_pd; %d languages: Leipzig)",
                  shared_data_dir, len(languages))
         exclude = evaluation_keys(shared_data_dir)
@@ -173,12 +171,6 @@ def prepare_shared_corpus(
         }
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
-        if os.path.exists(root):
-            shutil.rmtree(root)
-        os.rename(tmp, root.rstrip("/"))
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
     log.info("corpus in %s: %d lines dropped as evaluation text", root,
              sum(manifest["lines_dropped_as_evaluation_text"].values()))
     return root
