@@ -330,6 +330,15 @@ def _aggregate(runs: list[dict], metric: str) -> dict[str, Any]:
     }
 
 
+def _record_config(model_dir: pathlib.Path) -> None:
+    """Writes MODEL_DIR/config.gin, called once the checkpoint and data have been read.
+
+    So a run that fails on its inputs leaves neither the file nor MODEL_DIR behind.
+    """
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.gin").write_text(gin.operative_config_str())
+
+
 @gin.configurable(denylist=["settings"])
 def finetune(
     task: str = gin.REQUIRED,
@@ -395,9 +404,7 @@ def finetune(
                 task, "local", str(readers.resolve_data_dir(data_dir)), dataclasses.asdict(s),
                 None)},
         )
-        # Written once the checkpoint and data have been read: a run that fails on them
-        # leaves no config.gin behind.
-        (model_dir / "config.gin").write_text(gin.operative_config_str())
+        _record_config(model_dir)
         return results
     langs = readers.check_languages(task, languages)
     model_dir = pathlib.Path(model_dir)
@@ -449,10 +456,7 @@ def finetune(
     if select_examples is not None:
         select_examples = select_examples[: s.max_eval_examples]
     eval_examples = {lang: load_eval(lang)[: s.max_eval_examples] for lang in langs}
-    # Written once the checkpoint and data have been read: a run that fails on them leaves
-    # no config.gin behind.
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.gin").write_text(gin.operative_config_str())
+    _record_config(model_dir)
     runs = [
         _run_seed(spec, s.seed + i, s, cfg, loaded, train_examples, select_examples,
                   eval_examples, tokenizer, eval_batch_size, model_dir)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from xlmeta_jax.evaluation import readers
+
 # What each task trains, selects and evaluates on, from the local shared data.
 LOCAL_DATA = {
     "xnli": ("English dev, first half by premise groups, minus the selection part",
@@ -61,7 +63,6 @@ TFDS_DIFFERENCES = {"tydiqa": LOCAL_DIFFERENCES["tydiqa"]}
 _SUBSAMPLING = ("max_train_examples", "max_eval_examples", "train_steps")
 # Retrieval fine-tunes nothing: of those settings only the evaluated sentences apply to it.
 _RETRIEVAL_SUBSAMPLING = ("max_eval_examples",)
-RETRIEVAL_TASKS = ("tatoeba", "bucc")
 
 
 def provenance(task: str, data_source: str, data_dir: str | None, settings: dict,
@@ -78,7 +79,8 @@ def provenance(task: str, data_source: str, data_dir: str | None, settings: dict
         differences += TFDS_DIFFERENCES.get(task, [])
         if task in ("xquad", "mlqa", "tydiqa"):
             evaluate = "each language's evaluation split (TFDS)"
-    for key in _RETRIEVAL_SUBSAMPLING if task in RETRIEVAL_TASKS else _SUBSAMPLING:
+    retrieval = readers.get_task(task).kind == "retrieval"
+    for key in _RETRIEVAL_SUBSAMPLING if retrieval else _SUBSAMPLING:
         if settings.get(key) is not None:
             differences.append(f"{key}={settings[key]} (a subsample / demo run)")
     return {

@@ -100,8 +100,8 @@ def _new_checkpoints(model_dir: pathlib.Path, since: float) -> int:
     return count
 
 
-def _new_checkpoint_write(model_dir: pathlib.Path, since: float) -> bool:
-    """A temporary (unfinished) checkpoint directory created after ``since``."""
+def _writing_checkpoint(model_dir: pathlib.Path, since: float = 0.0) -> bool:
+    """A temporary (unfinished) checkpoint directory, created after ``since``."""
     for p in model_dir.glob("*/*"):
         if ".orbax-checkpoint-tmp" in p.name:
             try:
@@ -110,10 +110,6 @@ def _new_checkpoint_write(model_dir: pathlib.Path, since: float) -> bool:
             except FileNotFoundError:  # finalised (renamed) meanwhile
                 continue
     return False
-
-
-def _writing_checkpoint(model_dir: pathlib.Path) -> bool:
-    return any(".orbax-checkpoint-tmp" in p.name for p in model_dir.glob("*/*"))
 
 
 def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, attempt: int,
@@ -125,7 +121,6 @@ def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, atte
     ``checkpoint_write``: is killed as soon as it starts writing its next checkpoint.
     """
     mode = rng.choice(["checkpoint_write", "training"])
-    progress = 1
     delay = rng.uniform(0.0, 3.0)
     with open(log_path, "a") as log:
         log.write(f"=== attempt {attempt} ({mode})\n")
@@ -136,11 +131,11 @@ def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, atte
         try:
             while proc.poll() is None and time.time() - t0 < max_wait:
                 now = time.time()
-                if progressed_at is None and _new_checkpoints(model_dir, t0) >= progress:
+                if progressed_at is None and _new_checkpoints(model_dir, t0) >= 1:
                     progressed_at = now
                 if progressed_at is not None:
-                    if mode == "checkpoint_write" and _new_checkpoint_write(model_dir,
-                                                                            progressed_at):
+                    if mode == "checkpoint_write" and _writing_checkpoint(model_dir,
+                                                                          progressed_at):
                         time.sleep(rng.uniform(0.0, 0.05))
                         break
                     if mode == "training" and now - progressed_at >= delay:
