@@ -101,6 +101,9 @@ def test_meta_gin_phase_1(tmp_path):
     assert _evaluate(args["train_eval_dataset_cfg"]) is None
     assert _evaluate(gin.query_parameter(
         "t5x_phases.PhaseInitializer.init_params_from")) is None
+    # t5x's trainer with our whole-batch normalisation of accumulated microbatches.
+    assert issubclass(_evaluate(args["trainer_cls"]), t5x_model.MaskedLMTrainer)
+    assert _evaluate(gin.query_parameter("t5x_model.MaskedLMTrainer.num_microbatches")) == 1
 
 
 def test_large_and_phase2_learning_rate(tmp_path):
