@@ -55,6 +55,8 @@ def test_one_host_check_reads_the_flags_and_the_tpu_slice(monkeypatch):
         hosts.require_one_host([], "finetune")
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2")
     assert hosts.require_one_host([], "finetune") == []
+    with pytest.raises(hosts.MultiHostError, match="needs --process_count and --process_index"):
+        hosts.require_one_host(["--coordinator_address=h:1"], "finetune")
 
 
 def test_finetune_in_a_multiprocess_run_refuses_before_reading(tmp_path, monkeypatch):

@@ -55,9 +55,11 @@ def require_one_host(argv: Sequence[str], command: str) -> list[str]:
     process refuses on its own, without waiting for the others.
 
     Raises:
-      MultiHostError: when this is one of several processes.
+      MultiHostError: when this is one of several processes, or the flags are incomplete.
     """
     args, rest = parse_distributed_flags(argv, prog=command)
+    if args.coordinator_address and (args.process_count is None or args.process_index is None):
+        raise MultiHostError("--coordinator_address needs --process_count and --process_index")
     count, index = args.process_count, args.process_index
     if count is None and tpu_pod_hosts():
         count, index = len(tpu_pod_hosts()), os.environ.get("TPU_WORKER_ID", "?")
