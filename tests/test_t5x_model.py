@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import seqio
 from t5x_toy import register_corpus, require_t5x, write_corpus
 
 require_t5x()
@@ -256,3 +257,26 @@ def test_microbatched_t5x_trainer_equals_one_batch():
     scale = np.sqrt(sum(np.sum(np.square(m)) for m in mu1))
     for a, b in zip(mu4, mu1):
         assert np.linalg.norm(a - b) / scale < 1e-6
+
+
+def test_t5x_hosts_draw_the_streams_our_trainer_draws(corpus):
+    # gin/t5x/run.gin's get_dataset_fn: input shard i of a phase on task T is seeded as
+    # our trainer seeds host i of a phase on T, so the two trainers read the same
+    # batches, and two shards draw different masks (t5x's own function seeds all alike).
+    from xlmeta_jax import seeds, t5x_phases
+    from xlmeta_jax.data import feeding
+
+    register_corpus(corpus)
+    cfg = _dataset_config(names.CC100_MIXTURE, seed=3)
+    shards = []
+    for i in range(2):
+        ds = t5x_phases.get_dataset(cfg, i, 2, t5x_model.MLMFeatureConverter)
+        shards.append(next(ds.as_numpy_iterator()))
+        ours = feeding.host_dataset(
+            names.CC100_MIXTURE, sequence_length=LENGTH,
+            seed=seeds.phase_seeds([names.CC100_MIXTURE], 3)[0],
+            shard=seqio.ShardInfo(index=i, num_shards=2))
+        rows = list(ours.take(BATCH // 2).as_numpy_iterator())
+        for name in mlm.STEP_FEATURES:
+            np.testing.assert_array_equal(shards[i][name], np.stack([r[name] for r in rows]))
+    assert not np.array_equal(shards[0]["mlm_positions"], shards[1]["mlm_positions"])
