@@ -27,6 +27,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from xlmeta_jax import errors
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
@@ -42,7 +44,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-class MeshShapeError(ValueError):
+class MeshShapeError(errors.UserError, ValueError):
     """The requested mesh does not fit the available devices."""
 
 

@@ -31,6 +31,8 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from xlmeta_jax import errors
+
 _STATS_FILENAME = "xlmeta_corpus_stats.json"
 _STATS_VERSION = 1
 # Files are read in blocks this large; lines are split out of the blocks so that
@@ -47,7 +49,7 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 MAX_UNDECODABLE_SHARE = 0.1
 
 
-class CorpusError(ValueError):
+class CorpusError(errors.UserError, ValueError):
     """Missing, empty or unreadable corpus files, or invalid mixture settings."""
 
 
