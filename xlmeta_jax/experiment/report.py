@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from xlmeta_jax import files
+
 SUMMARY_KEYS = ("english", "average_target", "transfer_gap")
 
 
@@ -335,8 +337,6 @@ def write_report(results: Mapping[str, Any], out_dir: str | os.PathLike) -> list
     if plot_loss(results, os.fspath(out / "pretraining_loss.png")):
         images.append("pretraining_loss.png")
     text = markdown(results, images)
-    tmp = out / "report.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / "report.md")
+    files.write_atomic(out / "report.md", text)
     return [out / "report.md", *(out / name for name in images)]
 
