@@ -35,3 +35,21 @@ def test_failed_rerun_keeps_config_gin(tmp_path, fast_compiles, monkeypatch):
     assert code != 0
     assert not (model_dir / "phase2" / str(STEPS)).exists()
     assert (model_dir / "config.gin").read_bytes() == config
+
+
+def test_finetune_refuses_model_dir_of_another_checkpoint(tmp_path):
+    import json
+
+    import pytest
+
+    from xlmeta_jax.evaluation import finetuning
+
+    model_dir = tmp_path / "eval"
+    model_dir.mkdir()
+    (model_dir / "results.json").write_text(json.dumps({"model": {"checkpoint": "/runs/a"}}))
+    (model_dir / "config.gin").write_text("# a's config\n")
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    with pytest.raises(errors.UserError, match=r"holds the results of checkpoint /runs/a, not "):
+        finetuning.finetune(task="xnli", initial_checkpoint_path="/runs/b",
+                            model_dir=str(model_dir))
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
