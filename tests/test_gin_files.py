@@ -12,9 +12,11 @@ from xlmeta_jax import gin_cli
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
 ALL_GIN = sorted(p.relative_to(GIN_DIR).as_posix() for p in GIN_DIR.rglob("*.gin"))
-# Files of `python -m t5x.train` bind t5x's own `train` (its __main__); tests/test_t5x_gin.py
-# parses and evaluates them.
-T5X_GIN = [n for n in ALL_GIN if "import __main__ as train_script" in (GIN_DIR / n).read_text()]
+# Files of `python -m t5x.train` (t5x's gin convention: dynamic registration) bind t5x's own
+# `train` (its __main__), directly or through an include; tests/test_t5x_gin.py parses and
+# evaluates them.
+T5X_GIN = [n for n in ALL_GIN
+           if "from __gin__ import dynamic_registration" in (GIN_DIR / n).read_text()]
 
 # Macros a user supplies on the command line, per file family.
 _REQUIRED = [
