@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xlmeta_jax.evaluation import readers
+from xlmeta_jax.evaluation import readers, scorers
 
 # What each task trains, selects and evaluates on, from the local shared data.
 LOCAL_DATA = {
@@ -56,6 +56,13 @@ LOCAL_DIFFERENCES = {
              "zh-en only (XTREME: de fr ru zh)"],
 }
 
+# How a metric is defined where the versions of XTREME's scorers disagree.
+SCORING = {
+    "udpos": f"F1 as {scorers.POS_F1_READING} computes it (the whole tag is the chunk "
+             "type; XTREME's published numbers), not seqeval 1.2 (which merges CCONJ and "
+             "SCONJ into CONJ)",
+}
+
 # Differences that remain with TFDS data.
 TFDS_DIFFERENCES = {"tydiqa": LOCAL_DIFFERENCES["tydiqa"]}
 
@@ -90,6 +97,7 @@ def provenance(task: str, data_source: str, data_dir: str | None, settings: dict
         "train_examples": train_examples,
         "selection_data": select,
         "eval_data": evaluate,
+        "scoring": SCORING.get(task),
         "comparable_to_xtreme": not differences,
         "differences": differences,
     }
