@@ -111,7 +111,8 @@ class FineTuneSettings:
     # XNLI / PAWS-X: share of English dev lines used for training (see readers).
     train_fraction: float = 0.5
     # XNLI / PAWS-X: share of English dev lines, taken from the training part, held
-    # out for model selection.
+    # out for model selection. PAN-X: share of English dev held out for model selection
+    # (the rest is English's evaluation set). 0: no selection data.
     select_fraction: float = 0.1
     # Seed of head init, data order and dropout; run i of `num_seeds` uses seed + i.
     seed: int = 42

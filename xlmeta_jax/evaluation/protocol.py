@@ -26,8 +26,8 @@ LOCAL_DATA = {
     "xquad": ("TyDi QA GoldP English train", None, "XQuAD per language"),
     "mlqa": ("TyDi QA GoldP English train", None, "MLQA dev (context and question in the "
              "same language)"),
-    "panx": ("WikiANN English train (XTREME split)", "WikiANN English dev",
-             "WikiANN dev per language"),
+    "panx": ("WikiANN English train (XTREME split)", "WikiANN English dev, the first tenth",
+             "WikiANN dev per language; English: the rest of English dev"),
     "udpos": ("UD English-EWT dev", "UD English-EWT test",
               "the 19 PUD test treebanks, sentences in English-PUD's order"),
     "tatoeba": (None, None, "LASER Tatoeba v1 test pairs"),
@@ -47,7 +47,7 @@ LOCAL_DIFFERENCES = {
     "mlqa": ["fine-tuned on TyDi QA GoldP English (3.7k questions) instead of SQuAD v1.1 "
              "(88k)", "evaluated on dev instead of test"],
     "panx": ["evaluated on dev instead of test",
-             "the English dev set both selects the checkpoint and is English's score"],
+             "selected on a tenth of English dev, English scored on the rest of it"],
     "udpos": ["trained on EWT dev (2k sentences) instead of the English UD training "
               "treebanks", "evaluated on PUD test sets only (XTREME: all test treebanks of "
               "each language); cs, is, sv are not XTREME languages"],
