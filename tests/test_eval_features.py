@@ -207,3 +207,22 @@ def test_classification_features(shared_data, tok):
     row = out["input_ids"][0]
     assert row[0] == tok.cls_id and list(row).count(tok.sep_id) == 3
     assert out["labels"].tolist() == [ex.label for ex in examples]
+
+
+def test_piece_after_a_zero_width_character_belongs_to_its_own_word(tok):
+    """SentencePiece's normaliser deletes U+200B / U+200C / U+200E and counts them into
+    the next piece; "▁came" must still start at "came", not inside "king\u200b"."""
+    context = "the king\u200b came home"
+    _, pieces, offsets = tok.encode_pieces(context)
+    assert pieces[:3] == ["▁the", "▁king", "▁came"]
+    assert offsets[2] == (10, 14) and context[10:14] == "came"
+    assert tok.encode_pieces("the king\u200c\u200e came")[2][2] == (11, 15)
+    ex = readers.QAExample("zw", "who?", context, ("came",), (10,))
+    feats = features.qa_features([ex], tok, max_seq_length=32, max_query_length=8)
+    pos = int(feats.start_positions[0])
+    assert feats.tokens[0][pos] == "▁came" and feats.end_positions[0] == pos
+    # The piece maps to the word "came" (index 2), so the answer text is "came"; before,
+    # it mapped to word 1 and the prediction read "king\u200b".
+    assert feats.word_index[0, pos] == 2
+    start, end = _gold_logits(feats, 32)
+    assert qa_decoding.compute_predictions(start, end, feats, [ex])["zw"] == "came"
