@@ -229,3 +229,23 @@ def test_optimizer_constants_and_schedule_are_hugging_faces():
 
     assert not np.allclose(update(0.999, 1e-8), update(0.98, 1e-8))
     assert not np.allclose(update(0.999, 1e-8), update(0.999, 1e-3))
+
+
+def test_xnli_large_encoder_uses_xtreme_large_learning_rate():
+    """train_xnli.sh: LR=3e-5 for xlm-roberta-large (24 layers), 2e-5 otherwise."""
+    import gin
+
+    from xlmeta_jax import gin_cli
+
+    gin_cli.apply_gin(["finetune/xnli.gin"], [
+        "MODEL_DIR = '/tmp/unused_model_dir'", "INITIAL_CHECKPOINT_PATH = '/tmp/unused_ckpt'",
+    ], finalize=False)
+    s = finetuning.FineTuneSettings(
+        learning_rate=gin.query_parameter("finetune.learning_rate"),
+        large_learning_rate=gin.query_parameter("finetune.large_learning_rate"),
+    )
+    assert finetuning.settings_for_encoder(s, 12).learning_rate == 2e-5
+    assert finetuning.settings_for_encoder(s, 24).learning_rate == 3e-5
+    # Tasks whose scripts keep one rate leave it unset: large trains at `learning_rate`.
+    plain = finetuning.FineTuneSettings(learning_rate=2e-5)
+    assert finetuning.settings_for_encoder(plain, 24).learning_rate == 2e-5

@@ -85,6 +85,9 @@ class FineTuneSettings:
     num_epochs: float = 3.0
     # Peak AdamW learning rate.
     learning_rate: float = 2e-5
+    # Peak learning rate instead for a large encoder (24 or more layers), where XTREME's
+    # script sets one for xlm-roberta-large (train_xnli.sh: 3e-5); None: `learning_rate`.
+    large_learning_rate: float | None = None
     # Steps of linear warm-up from 0 (then linear decay to 0; XTREME's --warmup_steps;
     # may exceed the training steps, as in Hugging Face's schedule).
     warmup_steps: int = 0
@@ -123,6 +126,18 @@ class FineTuneSettings:
 # ----------------------------------------------------------------------------------------
 # Task plumbing
 # ----------------------------------------------------------------------------------------
+
+
+LARGE_NUM_LAYERS = 24
+
+
+def settings_for_encoder(s: FineTuneSettings, num_layers: int) -> FineTuneSettings:
+    """``s`` with the recipe of the encoder's size: XTREME's scripts switch the learning
+    rate for xlm-roberta-large (24 layers), so ``large_learning_rate`` replaces
+    ``learning_rate`` for an encoder of 24 or more layers."""
+    if s.large_learning_rate is not None and num_layers >= LARGE_NUM_LAYERS:
+        return dataclasses.replace(s, learning_rate=s.large_learning_rate)
+    return s
 
 
 def _subsample(examples: list, limit: int | None, seed: int) -> list:
@@ -470,6 +485,8 @@ def finetune(
         vocab_path = demo_vocab.build_demo_vocab(model_dir / "demo_spm", data_dir)
     loaded = encoders.load_encoder(initial_checkpoint_path, vocab_path, allow_pickle=allow_pickle)
     cfg = loaded.config.replace(dtype=s.dtype)
+    # results.json's settings then record the learning rate actually used.
+    s = settings_for_encoder(s, cfg.num_layers)
     if s.dropout_rate is not None:
         cfg = cfg.replace(dropout_rate=s.dropout_rate, attention_dropout_rate=s.dropout_rate)
     if s.max_seq_length > cfg.max_length:
