@@ -99,8 +99,9 @@ class FineTuneSettings:
     adam_eps: float = 1e-8
     # Gradient clipping by global norm (0 disables).
     max_grad_norm: float = 1.0
-    # Model selection on English dev every this many steps and at the end (XTREME's
-    # --save_steps with --save_only_best_checkpoint); None: keep the final parameters.
+    # Model selection on English dev every this many steps (XTREME's --save_steps with
+    # --save_only_best_checkpoint: at its multiples only, not at the last step); None:
+    # keep the final parameters.
     eval_every: int | None = None
     # Dropout on the encoder and head; None keeps the checkpoint's.
     dropout_rate: float | None = None
@@ -280,7 +281,9 @@ def _run_seed(spec, seed, s: FineTuneSettings, cfg, loaded, train_examples, sele
         if step % s.log_every == 0 or step == steps:
             recent = float(np.mean(jax.device_get(losses[-s.log_every :])))
             log.info("step %d/%d loss %.4f", step, steps, recent)
-        if select and (step % s.eval_every == 0 or step == steps):
+        # As XTREME: only at multiples of --save_steps, never at a final step between
+        # them; with no pass at all (fewer steps), the final parameters are kept.
+        if select and step % s.eval_every == 0:
             consider(step)
     losses = [float(x) for x in jax.device_get(losses)]
     train_seconds = time.time() - t_train
