@@ -75,6 +75,10 @@ class FineTuneSettings:
     max_answer_length: int = 30
     # QA: start / end candidates per window when decoding.
     n_best: int = 20
+    # QA: "xtreme" reads an unknown piece as <unk> when decoding answer text, as
+    # XTREME's convert_ids_to_tokens (its span then answers with whole words); "text"
+    # uses the piece's own text.
+    qa_unknown_pieces: str = "xtreme"
     # Training batch size (global; XTREME: 8 per GPU x 4 accumulation steps = 32).
     batch_size: int = 32
     # Evaluation batch size (rounded up to a multiple of the number of devices).
@@ -177,6 +181,7 @@ def _evaluate_language(spec, lang, examples, runner, tokenizer, s, eval_batch_si
         predictions = qa_decoding.compute_predictions(
             out[0], out[1], feats, examples,
             n_best=s.n_best, max_answer_length=s.max_answer_length,
+            unknown_pieces=s.qa_unknown_pieces,
         )
         refs = {e.id: list(e.answers) for e in examples}
         scores = scorers.qa_scores(
@@ -431,6 +436,9 @@ def finetune(
     s = dataclasses.replace(settings or FineTuneSettings(), **overrides)
     if num_seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {num_seeds}")
+    if s.qa_unknown_pieces not in qa_decoding.UNKNOWN_PIECES:
+        raise ValueError(f"finetune.qa_unknown_pieces must be one of "
+                         f"{qa_decoding.UNKNOWN_PIECES}, got {s.qa_unknown_pieces!r}")
     if s.eval_every is not None and s.eval_every < 1:
         raise ValueError(f"finetune.eval_every must be >= 1 or None, got {s.eval_every}")
     _check_model_dir(pathlib.Path(model_dir), initial_checkpoint_path)
