@@ -4,8 +4,8 @@
 the encoder (:mod:`xlmeta_jax.evaluation.encoders`), fine-tunes it with a task head
 (:mod:`xlmeta_jax.evaluation.models`) on the English training data with XTREME's
 recipe, keeps the parameters that score best on English development data where
-XTREME's scripts do (``--save_only_best_checkpoint``: every ``eval_every`` steps and
-at the end; XNLI, PAWS-X, PAN-X, UD POS), evaluates each target language, repeats for
+XTREME's scripts do (``--save_only_best_checkpoint``: every ``eval_every`` steps,
+``--save_steps``; XNLI, PAWS-X, PAN-X, UD POS), evaluates each target language, repeats for
 ``num_seeds`` seeds, and writes ``MODEL_DIR/results.json``::
 
     {"task", "metric",
@@ -16,8 +16,8 @@ at the end; XNLI, PAWS-X, PAN-X, UD POS), evaluates each target language, repeat
      "english":        the English score,
      "transfer_gap":   english - average_target,
      "seeds": [{"seed", "languages", "average", "selected_step", ...} per seed],
-     "provenance": {data source, train / selection / eval data, comparable_to_xtreme,
-                    differences},
+     "provenance": {data source, train / selection / eval data, scoring,
+                    comparable_to_xtreme, differences},
      "model": {...}, "train": {...}, "settings": {...}}
 
 plus ``MODEL_DIR/config.gin`` (the operative gin config) and, for QA, the predicted
