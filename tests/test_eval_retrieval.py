@@ -59,7 +59,7 @@ def test_cls_pooling_is_the_first_token_state_per_layer(vocab):
 
 
 def test_bucc_layer_is_the_8th_of_the_last_12_as_run_bucc2018():
-    # run_bucc2018.sh: --specific_layer 7 and run_retrieval.py's default --num_layers 12,
+    # run_bucc2018.sh: --specific_layer 7 and evaluate_retrieval.py's default --num_layers 12,
     # so hidden_states[-12:][7]: hidden_states[8] of base (layer 7), hidden_states[20] of
     # large (layer 19) — not Tatoeba's 13.
     assert retrieval.bucc_xtreme_layer(12) == 7 and retrieval.bucc_xtreme_layer(24) == 19

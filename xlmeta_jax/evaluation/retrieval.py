@@ -1,6 +1,6 @@
 """Sentence retrieval without fine-tuning: how well aligned are the representations?
 
-Both tasks follow XTREME (``third_party/run_retrieval.py``, ``utils_retrieve.py``):
+Both tasks follow XTREME (``third_party/evaluate_retrieval.py``, ``utils_retrieve.py``):
 every sentence (stripped, at most ``max_seq_length`` = 512 tokens with ``<s>`` and
 ``</s>``) is embedded from one layer's hidden states. ``layer`` counts as XTREME's
 ``--specific_layer`` for a 12-layer encoder: the embedding output is dropped, so layer 7
@@ -9,7 +9,7 @@ is Hugging Face ``hidden_states[8]``.
 * Tatoeba (``run_tatoeba.sh``): the mean over all tokens (``<s>`` and ``</s>``
   included), layer 7 of base, 13 (``hidden_states[14]``) of large.
 * BUCC (``run_bucc2018.sh``): ``--pool_type cls``, the hidden state of ``<s>``, and
-  ``--specific_layer 7`` for every size, without ``--num_layers``: run_retrieval.py
+  ``--specific_layer 7`` for every size, without ``--num_layers``: evaluate_retrieval.py
   keeps the last 12 hidden states (its default ``--num_layers 12``) and takes the 8th
   of them — layer 7 of base, layer 19 (``hidden_states[20]``) of large
   (:func:`bucc_xtreme_layer`).
@@ -210,7 +210,7 @@ def bucc_xtreme_layer(num_layers: int) -> int:
     """XTREME's BUCC layer: the 8th of the last 12 layers (7 of 12, 19 of 24), else the last.
 
     run_bucc2018.sh passes ``--specific_layer 7`` but not ``--num_layers``, so
-    run_retrieval.py indexes ``hidden_states[-12:]`` with 7 whatever the depth.
+    evaluate_retrieval.py indexes ``hidden_states[-12:]`` with 7 whatever the depth.
     """
     return num_layers - 12 + 7 if num_layers >= 12 else num_layers - 1
 
