@@ -36,7 +36,11 @@ def test_gold_logits_decode_to_gold_answers(shared_data, tok, lang):
     )
     assert len(feats) > 1.5 * len(examples)
     start, end = _gold_logits(feats, 192)
-    preds = qa_decoding.compute_predictions(start, end, feats, examples, max_answer_length=192)
+    # The 1000-piece test vocabulary lacks many characters (digits among them): read
+    # unknown pieces by their text here, or XTREME's "<unk>" widens those answers to
+    # whole words (see test_unknown_piece_reads_unk_as_xtreme_and_answers_whole_words).
+    preds = qa_decoding.compute_predictions(start, end, feats, examples, max_answer_length=192,
+                                            unknown_pieces="text")
     # Windows holding the whole answer and giving its first token the most context (the
     # only ones where Hugging Face's decoding accepts that start).
     has = feats.start_positions > 0
@@ -207,3 +211,43 @@ def test_classification_features(shared_data, tok):
     row = out["input_ids"][0]
     assert row[0] == tok.cls_id and list(row).count(tok.sep_id) == 3
     assert out["labels"].tolist() == [ex.label for ex in examples]
+
+
+def test_piece_after_a_zero_width_character_belongs_to_its_own_word(tok):
+    """SentencePiece's normaliser deletes U+200B / U+200C / U+200E and counts them into
+    the next piece; "▁came" must still start at "came", not inside "king\u200b"."""
+    context = "the king\u200b came home"
+    _, pieces, offsets = tok.encode_pieces(context)
+    assert pieces[:3] == ["▁the", "▁king", "▁came"]
+    assert offsets[2] == (10, 14) and context[10:14] == "came"
+    assert tok.encode_pieces("the king\u200c\u200e came")[2][2] == (11, 15)
+    ex = readers.QAExample("zw", "who?", context, ("came",), (10,))
+    feats = features.qa_features([ex], tok, max_seq_length=32, max_query_length=8)
+    pos = int(feats.start_positions[0])
+    assert feats.tokens[0][pos] == "▁came" and feats.end_positions[0] == pos
+    # The piece maps to the word "came" (index 2), so the answer text is "came"; before,
+    # it mapped to word 1 and the prediction read "king\u200b".
+    assert feats.word_index[0, pos] == 2
+    start, end = _gold_logits(feats, 32)
+    assert qa_decoding.compute_predictions(start, end, feats, [ex])["zw"] == "came"
+
+
+def test_unknown_piece_reads_unk_as_xtreme_and_answers_whole_words(tok):
+    """XTREME's tokens come from convert_ids_to_tokens: the unknown "☃" reads "<unk>", so
+    "<unk>cd" is not found in the words and get_final_text returns the whole word."""
+    context = "the king ab☃cd today"
+    ex = readers.QAExample("unk", "what?", context, ("☃cd",), (11,))
+    feats = features.qa_features([ex], tok, max_seq_length=32, max_query_length=8)
+    s, e = int(feats.start_positions[0]), int(feats.end_positions[0])
+    assert feats.tokens[0][s : e + 1] == ["☃", "c", "d"]
+    assert feats.input_ids[0][s] == tok.unk_id == feats.unk_id
+    start, end = _gold_logits(feats, 32)
+    xtreme = qa_decoding.compute_predictions(start, end, feats, [ex])["unk"]
+    text = qa_decoding.compute_predictions(start, end, feats, [ex], unknown_pieces="text")["unk"]
+    assert xtreme == "ab☃cd" and text == "☃cd"
+    # SQuAD F1 of the two against the gold "☃cd": 0 (one token, different) vs 100.
+    ref = {"unk": ["☃cd"]}
+    assert scorers.qa_scores({"unk": xtreme}, ref)["f1"] == 0.0
+    assert scorers.qa_scores({"unk": text}, ref)["f1"] == 100.0
+    with pytest.raises(ValueError, match="unknown_pieces"):
+        qa_decoding.compute_predictions(start, end, feats, [ex], unknown_pieces="unk")

@@ -96,6 +96,58 @@ def test_majority_label_xnli_is_chance(shared_data):
         assert 33.0 <= acc <= 36.0, acc
 
 
+def _content(example):
+    # What a model sees of an example (ids differ between files even for equal text).
+    if isinstance(example, readers.ClassificationExample):
+        return (example.text_a, example.text_b)
+    if isinstance(example, readers.TaggingExample):
+        return example.tokens
+    return (example.context, example.question)
+
+
+FINE_TUNED_TASKS = [t.name for t in readers.TASKS.values() if t.kind != "retrieval"]
+
+
+@pytest.mark.parametrize("task", FINE_TUNED_TASKS)
+def test_selection_and_evaluation_examples_are_disjoint(shared_data, task):
+    select = readers.load_select(task, shared_data) or []
+    select_content = {_content(e) for e in select}
+    # Parallel dev files (XNLI, PAWS-X): the line number names a sentence in every
+    # language, so a translation of a selection example is not evaluated either.
+    select_lines = {e.id.split("-")[-1] for e in select} if task in ("xnli", "pawsx") else set()
+    for lang in readers.get_task(task).languages:
+        evaluated = readers.load_eval(task, lang, shared_data)
+        assert evaluated, (task, lang)
+        assert not {e.id for e in select} & {e.id for e in evaluated}, (task, lang)
+        assert not select_lines & {e.id.split("-")[-1] for e in evaluated}, (task, lang)
+        if lang == "en":
+            # Same language: not even a repeated sentence is on both sides. (Other
+            # languages' files may hold the same string, e.g. a person's name in
+            # PAN-X, as XTREME's English dev and foreign test sets do.)
+            assert not select_content & {_content(e) for e in evaluated}, (task, lang)
+
+
+def test_panx_english_dev_is_split_between_selection_and_score(shared_data):
+    select = readers.load_select("panx", shared_data)
+    en_eval = readers.load_eval("panx", "en", shared_data)
+    # 10000 English dev sentences (9890 distinct): the first 1000 rows select, a
+    # sentence repeated later stays on its first side, the rest scores English.
+    assert len(select) + len(en_eval) == 10000
+    assert len(select) >= 1000 and select[0].id == "panx-en-0"
+    assert not {e.tokens for e in select} & {e.tokens for e in en_eval}
+    # Without selection data, English is scored on all of dev.
+    assert readers.load_select("panx", shared_data, select_fraction=0) is None
+    assert len(readers.load_eval("panx", "en", shared_data, select_fraction=0)) == 10000
+
+
+def test_holdout_split_keeps_repeated_keys_on_one_side():
+    parts = splits.holdout_split(["a", "b", "a", "c", "b", "d"], 1 / 3)
+    # 2 rows select: "a" and "b" (rows 0, 1); their repeats (2, 4) follow them.
+    assert parts == {"select": [0, 1, 2, 4], "eval": [3, 5]}
+    with pytest.raises(ValueError, match="fraction"):
+        splits.holdout_split(["a"], 1.0)
+
+
 def test_tagging_readers(shared_data):
     panx = readers.load_eval("panx", "zh", shared_data)
     assert len(panx) == 10000

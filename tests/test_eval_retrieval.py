@@ -36,6 +36,38 @@ def test_mean_pooling_matches_unpadded_encoder_per_layer(vocab):
             np.testing.assert_allclose(out[layer, i], np.asarray(h[0]).mean(0), atol=2e-5)
 
 
+def test_cls_pooling_is_the_first_token_state_per_layer(vocab):
+    tok = tokenization.Tokenizer(vocab)
+    cfg = get_config("tiny", vocab_size=tok.vocab_size, pad_token_id=0)
+    params = retrieval._fresh_params(cfg, seed=0)
+    sentences = ["To be, or not to be.", "A horse!", "What light through yonder window?"]
+    cls = retrieval.SentenceEmbedder(cfg, params, tok, max_seq_length=64, batch_size=2,
+                                     pooling="cls")(sentences)
+    mean = retrieval.SentenceEmbedder(cfg, params, tok, max_seq_length=64,
+                                      batch_size=2)(sentences)
+    apply = jax.jit(
+        lambda ids: Encoder(cfg).apply({"params": params}, ids, output_hidden_states=True)[1]
+    )
+    for i, s in enumerate(sentences):
+        hidden = apply(jnp.array([tok.single(tok.encode(s), 64)]))
+        for layer, h in enumerate(hidden):
+            # XTREME's cls_pool_embedding: hidden_states[layer][:, 0] (the <s> token).
+            np.testing.assert_allclose(cls[layer, i], np.asarray(h[0, 0]), atol=2e-5)
+            assert np.abs(cls[layer, i] - mean[layer, i]).max() > 1e-3
+    with pytest.raises(ValueError, match="unknown pooling 'max'"):
+        retrieval.SentenceEmbedder(cfg, params, tok, pooling="max")
+
+
+def test_bucc_layer_is_the_8th_of_the_last_12_as_run_bucc2018():
+    # run_bucc2018.sh: --specific_layer 7 and evaluate_retrieval.py's default --num_layers 12,
+    # so hidden_states[-12:][7]: hidden_states[8] of base (layer 7), hidden_states[20] of
+    # large (layer 19) — not Tatoeba's 13.
+    assert retrieval.bucc_xtreme_layer(12) == 7 and retrieval.bucc_xtreme_layer(24) == 19
+    assert 25 - 12 + 7 == retrieval.bucc_xtreme_layer(24) + 1  # as a hidden_states index
+    assert retrieval.bucc_xtreme_layer(2) == 1
+    assert retrieval.XTREME_POOLING == {"tatoeba": "mean", "bucc": "cls"}
+
+
 def _angles(*degrees):
     return np.array([[np.cos(np.radians(d)), np.sin(np.radians(d))] for d in degrees],
                     np.float32)
@@ -194,4 +226,7 @@ def test_finetune_command_runs_bucc(shared_data, vocab, tmp_path):
     assert (zh["num_examples"], zh["num_source"], zh["num_target"]) == (257, 307, 307)
     assert 0.0 <= zh["f1"] <= 100.0 and zh["num_mined"] <= 307
     assert results["threshold_tuned_on"].startswith("dev")
+    # XTREME's BUCC embedding: <s> state of the layer of bucc_xtreme_layer (tiny: the last).
+    assert results["pooling"] == "cls" and results["settings"]["pooling"] == "cls"
+    assert results["layer"] == 1
     assert not results["provenance"]["comparable_to_xtreme"]

@@ -200,18 +200,37 @@ def test_pos_f1_is_seqeval_over_tags_and_differs_from_accuracy():
     pred = [["DET", "NOUN", "ADJ", "VERB"], ["PRON", "VERB", "X"]]
     out = scorers.tag_f1(gold, pred)
     # Accuracy: 6 of 7 tags. seqeval chunks runs of one tag: gold NOUN NOUN is one chunk
-    # (0, 1..2) that the prediction breaks, so 4 of 5 gold chunks and 4 of 6 predicted
-    # chunks match ("X" after "VERB" starts no chunk in seqeval: its type is "_").
+    # (1..2) that the prediction breaks. seqeval 0.0.12 (the headline) keeps the whole
+    # tag as the type, so every other tag, "X" included, is a chunk: 5 of 6 gold and 5 of
+    # 7 predicted chunks match, F1 = 2 * 5 / (6 + 7).
     assert out["accuracy"] == pytest.approx(600 / 7)
+    assert out["f1"] == pytest.approx(1000 / 13) and out["accuracy"] > out["f1"] + 5
+    # seqeval 1.2 reads "X"'s type as "_", that of "O": X starts no chunk, 4 of 5 gold
+    # and 4 of 6 predicted chunks match.
+    old = scorers.tag_f1(gold, pred, reading="seqeval-1.2")
+    assert old["f1"] == pytest.approx(800 / 11)
     seqeval_metrics = pytest.importorskip("seqeval.metrics")
-    assert out["f1"] == pytest.approx(100 * seqeval_metrics.f1_score(gold, pred))
-    assert out["f1"] == pytest.approx(800 / 11) and out["accuracy"] > out["f1"] + 10
+    assert old["f1"] == pytest.approx(100 * seqeval_metrics.f1_score(gold, pred))
     # NER keeps rejecting tags that are not IOB.
     with pytest.raises(ValueError, match="invalid tag 'DET'"):
         scorers.entity_f1(gold, pred)
 
 
-def test_pos_f1_matches_seqeval_on_random_upos_sequences():
+def test_pos_f1_keeps_cconj_and_sconj_apart_as_xtreme_seqeval():
+    gold = [["PRON", "VERB", "SCONJ", "PRON", "VERB", "CCONJ", "VERB"]]
+    pred = [["PRON", "VERB", "CCONJ", "PRON", "VERB", "SCONJ", "VERB"]]
+    # seqeval 0.0.12 (XTREME's numbers): the types are the whole tags, each of the 7 tags
+    # is its own chunk (neighbours differ; SCONJ's prefix "S" is a single anyway), and
+    # the two swapped chunks are wrong: 5 of 7 right both ways, F1 = 5/7.
+    assert scorers.tag_f1(gold, pred)["f1"] == pytest.approx(500 / 7)
+    # seqeval 1.2 reads both as type "CONJ" at the same positions: all 7 match.
+    assert scorers.tag_f1(gold, pred, reading="seqeval-1.2")["f1"] == pytest.approx(100.0)
+    assert scorers.POS_F1_READING == "seqeval-0.0.12"
+    with pytest.raises(ValueError, match="unknown tag reading"):
+        scorers.tag_f1(gold, pred, reading="seqeval-2")
+
+
+def test_pos_f1_seqeval_1_2_reading_matches_seqeval_on_random_upos_sequences():
     import warnings
 
     seqeval_metrics = pytest.importorskip("seqeval.metrics")
@@ -227,7 +246,8 @@ def test_pos_f1_matches_seqeval_on_random_upos_sequences():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # seqeval warns that POS tags are not NE tags
             expected = 100 * seqeval_metrics.f1_score(gold, pred)
-        assert scorers.tag_f1(gold, pred)["f1"] == pytest.approx(expected)
+        got = scorers.tag_f1(gold, pred, reading="seqeval-1.2")["f1"]
+        assert got == pytest.approx(expected)
 
 
 def test_transfer_summary():

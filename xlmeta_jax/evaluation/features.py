@@ -74,7 +74,10 @@ class QAFeatures:
         ``doc_tokens``); -1 for other tokens.
       max_context: [N, L] whether this window is the one where the context token has
         the most context (``token_is_max_context``).
-      tokens: per window, the piece string at every position ("" off the context).
+      tokens: per window, the piece string at every position ("" off the context);
+        an unknown piece keeps its text (see ``unk_id``).
+      unk_id: the tokenizer's unknown id, so that decoding can read unknown pieces as
+        ``<unk>``, as XTREME's ``convert_ids_to_tokens`` does (None: unknown).
     """
 
     input_ids: np.ndarray
@@ -85,6 +88,7 @@ class QAFeatures:
     word_index: np.ndarray
     max_context: np.ndarray
     tokens: list[list[str]]
+    unk_id: int | None = None
 
     def __len__(self):
         return len(self.input_ids)
@@ -223,6 +227,7 @@ def qa_features(
         word_index=np.stack(word_rows) if word_rows else empty,
         max_context=np.stack(maxctx_rows) if maxctx_rows else empty.astype(bool),
         tokens=token_rows,
+        unk_id=tokenizer.unk_id,
     )
 
 

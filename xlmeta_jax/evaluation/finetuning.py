@@ -4,8 +4,8 @@
 the encoder (:mod:`xlmeta_jax.evaluation.encoders`), fine-tunes it with a task head
 (:mod:`xlmeta_jax.evaluation.models`) on the English training data with XTREME's
 recipe, keeps the parameters that score best on English development data where
-XTREME's scripts do (``--save_only_best_checkpoint``: every ``eval_every`` steps and
-at the end; XNLI, PAWS-X, PAN-X, UD POS), evaluates each target language, repeats for
+XTREME's scripts do (``--save_only_best_checkpoint``: every ``eval_every`` steps,
+``--save_steps``; XNLI, PAWS-X, PAN-X, UD POS), evaluates each target language, repeats for
 ``num_seeds`` seeds, and writes ``MODEL_DIR/results.json``::
 
     {"task", "metric",
@@ -16,8 +16,8 @@ at the end; XNLI, PAWS-X, PAN-X, UD POS), evaluates each target language, repeat
      "english":        the English score,
      "transfer_gap":   english - average_target,
      "seeds": [{"seed", "languages", "average", "selected_step", ...} per seed],
-     "provenance": {data source, train / selection / eval data, comparable_to_xtreme,
-                    differences},
+     "provenance": {data source, train / selection / eval data, scoring,
+                    comparable_to_xtreme, differences},
      "model": {...}, "train": {...}, "settings": {...}}
 
 plus ``MODEL_DIR/config.gin`` (the operative gin config) and, for QA, the predicted
@@ -75,6 +75,10 @@ class FineTuneSettings:
     max_answer_length: int = 30
     # QA: start / end candidates per window when decoding.
     n_best: int = 20
+    # QA: "xtreme" reads an unknown piece as <unk> when decoding answer text, as
+    # XTREME's convert_ids_to_tokens (its span then answers with whole words); "text"
+    # uses the piece's own text.
+    qa_unknown_pieces: str = "xtreme"
     # Training batch size (global; XTREME: 8 per GPU x 4 accumulation steps = 32).
     batch_size: int = 32
     # Evaluation batch size (rounded up to a multiple of the number of devices).
@@ -85,6 +89,9 @@ class FineTuneSettings:
     num_epochs: float = 3.0
     # Peak AdamW learning rate.
     learning_rate: float = 2e-5
+    # Peak learning rate instead for a large encoder (24 or more layers), where XTREME's
+    # script sets one for xlm-roberta-large (train_xnli.sh: 3e-5); None: `learning_rate`.
+    large_learning_rate: float | None = None
     # Steps of linear warm-up from 0 (then linear decay to 0; XTREME's --warmup_steps;
     # may exceed the training steps, as in Hugging Face's schedule).
     warmup_steps: int = 0
@@ -96,8 +103,9 @@ class FineTuneSettings:
     adam_eps: float = 1e-8
     # Gradient clipping by global norm (0 disables).
     max_grad_norm: float = 1.0
-    # Model selection on English dev every this many steps and at the end (XTREME's
-    # --save_steps with --save_only_best_checkpoint); None: keep the final parameters.
+    # Model selection on English dev every this many steps (XTREME's --save_steps with
+    # --save_only_best_checkpoint: at its multiples only, not at the last step); None:
+    # keep the final parameters.
     eval_every: int | None = None
     # Dropout on the encoder and head; None keeps the checkpoint's.
     dropout_rate: float | None = None
@@ -111,7 +119,8 @@ class FineTuneSettings:
     # XNLI / PAWS-X: share of English dev lines used for training (see readers).
     train_fraction: float = 0.5
     # XNLI / PAWS-X: share of English dev lines, taken from the training part, held
-    # out for model selection.
+    # out for model selection. PAN-X: share of English dev held out for model selection
+    # (the rest is English's evaluation set). 0: no selection data.
     select_fraction: float = 0.1
     # Seed of head init, data order and dropout; run i of `num_seeds` uses seed + i.
     seed: int = 42
@@ -122,6 +131,18 @@ class FineTuneSettings:
 # ----------------------------------------------------------------------------------------
 # Task plumbing
 # ----------------------------------------------------------------------------------------
+
+
+LARGE_NUM_LAYERS = 24
+
+
+def settings_for_encoder(s: FineTuneSettings, num_layers: int) -> FineTuneSettings:
+    """``s`` with the recipe of the encoder's size: XTREME's scripts switch the learning
+    rate for xlm-roberta-large (24 layers), so ``large_learning_rate`` replaces
+    ``learning_rate`` for an encoder of 24 or more layers."""
+    if s.large_learning_rate is not None and num_layers >= LARGE_NUM_LAYERS:
+        return dataclasses.replace(s, learning_rate=s.large_learning_rate)
+    return s
 
 
 def _subsample(examples: list, limit: int | None, seed: int) -> list:
@@ -160,6 +181,7 @@ def _evaluate_language(spec, lang, examples, runner, tokenizer, s, eval_batch_si
         predictions = qa_decoding.compute_predictions(
             out[0], out[1], feats, examples,
             n_best=s.n_best, max_answer_length=s.max_answer_length,
+            unknown_pieces=s.qa_unknown_pieces,
         )
         refs = {e.id: list(e.answers) for e in examples}
         scores = scorers.qa_scores(
@@ -264,7 +286,9 @@ def _run_seed(spec, seed, s: FineTuneSettings, cfg, loaded, train_examples, sele
         if step % s.log_every == 0 or step == steps:
             recent = float(np.mean(jax.device_get(losses[-s.log_every :])))
             log.info("step %d/%d loss %.4f", step, steps, recent)
-        if select and (step % s.eval_every == 0 or step == steps):
+        # As XTREME: only at multiples of --save_steps, never at a final step between
+        # them; with no pass at all (fewer steps), the final parameters are kept.
+        if select and step % s.eval_every == 0:
             consider(step)
     losses = [float(x) for x in jax.device_get(losses)]
     train_seconds = time.time() - t_train
@@ -412,6 +436,9 @@ def finetune(
     s = dataclasses.replace(settings or FineTuneSettings(), **overrides)
     if num_seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {num_seeds}")
+    if s.qa_unknown_pieces not in qa_decoding.UNKNOWN_PIECES:
+        raise ValueError(f"finetune.qa_unknown_pieces must be one of "
+                         f"{qa_decoding.UNKNOWN_PIECES}, got {s.qa_unknown_pieces!r}")
     if s.eval_every is not None and s.eval_every < 1:
         raise ValueError(f"finetune.eval_every must be >= 1 or None, got {s.eval_every}")
     _check_model_dir(pathlib.Path(model_dir), initial_checkpoint_path)
@@ -469,6 +496,8 @@ def finetune(
         vocab_path = demo_vocab.build_demo_vocab(model_dir / "demo_spm", data_dir)
     loaded = encoders.load_encoder(initial_checkpoint_path, vocab_path, allow_pickle=allow_pickle)
     cfg = loaded.config.replace(dtype=s.dtype)
+    # results.json's settings then record the learning rate actually used.
+    s = settings_for_encoder(s, cfg.num_layers)
     if s.dropout_rate is not None:
         cfg = cfg.replace(dropout_rate=s.dropout_rate, attention_dropout_rate=s.dropout_rate)
     if s.max_seq_length > cfg.max_length:

@@ -12,7 +12,10 @@ XTREME's ``run_squad.py`` decodes with Hugging Face's ``compute_predictions_logi
 4. the text of a pair is :func:`get_final_text` of the pieces' text
    (``convert_tokens_to_string``: pieces joined, ``▁`` -> space, whitespace
    collapsed) within the *whole* whitespace words of the context that hold the span
-   (``doc_tokens[orig_start : orig_end + 1]`` joined by spaces);
+   (``doc_tokens[orig_start : orig_end + 1]`` joined by spaces). The pieces are those
+   of ``convert_ids_to_tokens``, so an unknown piece reads ``<unk>``, which is never
+   found in the words: a span with one is answered with its whole words
+   (``unknown_pieces="xtreme"``, the default; ``"text"`` keeps the piece's text);
 5. the answer is the first such text (``"empty"`` when no pair is valid, as Hugging
    Face).
 
@@ -33,6 +36,9 @@ from xlmeta_jax.evaluation.features import QAFeatures, doc_words
 from xlmeta_jax.evaluation.readers import QAExample
 
 SPIECE_UNDERLINE = "\u2581"
+# XLM-R's unknown token, what convert_ids_to_tokens gives for the unknown id.
+UNK_TOKEN = "<unk>"
+UNKNOWN_PIECES = ("xtreme", "text")
 
 
 # ----------------------------------------------------------------------------------------
@@ -149,6 +155,7 @@ def compute_predictions(
     *,
     n_best: int = 20,
     max_answer_length: int = 30,
+    unknown_pieces: str = "xtreme",
 ) -> dict[str, str]:
     """Answer text per question id (see the module docstring).
 
@@ -158,7 +165,13 @@ def compute_predictions(
       examples: the questions the windows were built from.
       n_best: start / end candidates per window, and answers kept per question.
       max_answer_length: longest answer in tokens.
+      unknown_pieces: "xtreme" reads a piece of the unknown id as ``<unk>`` (XTREME's
+        tokens; the span then falls back to its whole words); "text" uses the piece's
+        text from the context.
     """
+    if unknown_pieces not in UNKNOWN_PIECES:
+        raise ValueError(
+            f"unknown_pieces must be one of {UNKNOWN_PIECES}, got {unknown_pieces!r}")
     start_logits = np.asarray(start_logits, dtype=np.float32)
     end_logits = np.asarray(end_logits, dtype=np.float32)
     if start_logits.shape != features.input_ids.shape or end_logits.shape != start_logits.shape:
@@ -190,6 +203,10 @@ def compute_predictions(
             orig_text = " ".join(
                 context_words[features.word_index[f][s] : features.word_index[f][e] + 1]
             )
-            answer = get_final_text(tokens_to_string(features.tokens[f][s : e + 1]), orig_text)
+            pieces = features.tokens[f][s : e + 1]
+            if unknown_pieces == "xtreme" and features.unk_id is not None:
+                ids = features.input_ids[f][s : e + 1]
+                pieces = [UNK_TOKEN if i == features.unk_id else p for p, i in zip(pieces, ids)]
+            answer = get_final_text(tokens_to_string(pieces), orig_text)
         out[ex.id] = answer
     return out

@@ -419,6 +419,16 @@ def _pud_in_english_order(lang: str, data_dir: pathlib.Path) -> list[TaggingExam
     return [by_id[i] for i in order]
 
 
+def _panx_english_dev(data_dir, select_fraction, part):
+    # XTREME selects on English dev and scores English test; without labelled test data
+    # here, English dev is split so that selection and English's score do not overlap.
+    rows = read_token_tag_tsv(data_dir / "panx" / "dev-en.tsv", PANX_LABELS, "panx-en-")
+    if select_fraction == 0:
+        return rows if part == "eval" else None
+    parts = splits.holdout_split([e.tokens for e in rows], select_fraction)
+    return [rows[i] for i in parts[part]]
+
+
 def load_train(
     task: str, data_dir=None, *, train_fraction: float = 0.5, select_fraction: float = 0.1
 ) -> list:
@@ -427,7 +437,7 @@ def load_train(
     Args:
       task: a registered task name (not a retrieval task).
       data_dir: folder laid out like ``../shared/data`` (default: that folder).
-      train_fraction, select_fraction: XNLI / PAWS-X only — see :func:`splits.dev_split`.
+      train_fraction, select_fraction: XNLI / PAWS-X — see :func:`splits.dev_split`.
     """
     spec = get_task(task)
     data_dir = resolve_data_dir(data_dir)
@@ -449,9 +459,11 @@ def load_select(
 ) -> list | None:
     """English development examples on which XTREME selects the best checkpoint.
 
-    XNLI / PAWS-X: the held-out "select" part of English dev (:func:`splits.dev_split`); PAN-X:
-    English dev (also its English evaluation set here); UD POS: English-EWT test. None for
-    QA (XTREME keeps the final parameters).
+    XNLI / PAWS-X: the held-out "select" part of English dev (:func:`splits.dev_split`);
+    PAN-X: the first ``select_fraction`` of English dev (:func:`splits.holdout_split`; the
+    rest is English's evaluation set); UD POS: English-EWT test. None for QA (XTREME
+    keeps the final parameters) and where ``select_fraction`` is 0. Never an example that
+    :func:`load_eval` returns for any language.
     """
     spec = get_task(task)
     data_dir = resolve_data_dir(data_dir)
@@ -460,7 +472,7 @@ def load_select(
             return None
         return _parallel_dev(task, "en", data_dir, train_fraction, select_fraction, "select")
     if task == "panx":
-        return read_token_tag_tsv(data_dir / "panx" / "dev-en.tsv", PANX_LABELS, "panx-en-")
+        return _panx_english_dev(data_dir, select_fraction, "select")
     if task == "udpos":
         return read_conllu_upos(data_dir / "ud" / UD_SELECT_FILE)
     if spec.kind == "qa":
@@ -472,7 +484,10 @@ def load_eval(
     task: str, lang: str, data_dir=None, *, train_fraction: float = 0.5,
     select_fraction: float = 0.1,
 ) -> list:
-    """Evaluation examples of ``task`` in language ``lang`` from the local data."""
+    """Evaluation examples of ``task`` in language ``lang`` from the local data.
+
+    PAN-X English: English dev without the selection part (see :func:`load_select`).
+    """
     spec = get_task(task)
     check_languages(task, [lang])
     data_dir = resolve_data_dir(data_dir)
@@ -490,6 +505,8 @@ def load_eval(
             data_dir / "mlqa" / "MLQA_V1" / "dev" / f"dev-context-{lang}-question-{lang}.json"
         )
     if task == "panx":
+        if lang == "en":
+            return _panx_english_dev(data_dir, select_fraction, "eval")
         return read_token_tag_tsv(
             data_dir / "panx" / f"dev-{lang}.tsv", PANX_LABELS, f"panx-{lang}-"
         )

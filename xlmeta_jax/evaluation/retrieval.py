@@ -2,10 +2,17 @@
 
 Both tasks follow XTREME (``third_party/evaluate_retrieval.py``, ``utils_retrieve.py``):
 every sentence (stripped, at most ``max_seq_length`` = 512 tokens with ``<s>`` and
-``</s>``) is embedded as the mean of one layer's hidden states over all its tokens
-(``<s>`` and ``</s>`` included). ``layer`` counts as XTREME's ``--specific_layer``: the
-embedding output is dropped, so layer 7 is Hugging Face ``hidden_states[8]`` (XTREME's
-choice for base; 13, i.e. ``hidden_states[14]``, for large).
+``</s>``) is embedded from one layer's hidden states. ``layer`` counts as XTREME's
+``--specific_layer`` for a 12-layer encoder: the embedding output is dropped, so layer 7
+is Hugging Face ``hidden_states[8]``.
+
+* Tatoeba (``run_tatoeba.sh``): the mean over all tokens (``<s>`` and ``</s>``
+  included), layer 7 of base, 13 (``hidden_states[14]``) of large.
+* BUCC (``run_bucc2018.sh``): ``--pool_type cls``, the hidden state of ``<s>``, and
+  ``--specific_layer 7`` for every size, without ``--num_layers``: evaluate_retrieval.py
+  keeps the last 12 hidden states (its default ``--num_layers 12``) and takes the 8th
+  of them — layer 7 of base, layer 19 (``hidden_states[20]``) of large
+  (:func:`bucc_xtreme_layer`).
 
 * Tatoeba (LASER v1, up to 1000 translation pairs per language): the headline
   ``accuracy`` is XTREME's direction, en -> xx (the xx sentences are indexed, every
@@ -49,11 +56,20 @@ from xlmeta_jax.network import Encoder, EncoderConfig
 log = logging.getLogger(__name__)
 
 
+POOLINGS = ("mean", "cls")
+
+
 class SentenceEmbedder:
-    """Mean-pooled hidden states of every layer of an encoder, in batches."""
+    """Pooled hidden states of every layer of an encoder, in batches.
+
+    ``pooling``: "mean" over all tokens (XTREME's default ``--pool_type mean``) or "cls",
+    the first token ``<s>`` (``--pool_type cls``).
+    """
 
     def __init__(self, cfg: EncoderConfig, params, tokenizer: Tokenizer, *,
-                 max_seq_length: int = 128, batch_size: int = 64):
+                 max_seq_length: int = 128, batch_size: int = 64, pooling: str = "mean"):
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
         if max_seq_length > cfg.max_length:
             raise ValueError(
                 f"max_seq_length={max_seq_length} exceeds the encoder's {cfg.max_length} positions"
@@ -69,6 +85,8 @@ class SentenceEmbedder:
             )
             mask = (ids != cfg.pad_token_id).astype(jnp.float32)[..., None]
             stacked = jnp.stack(hidden).astype(jnp.float32)  # [layers+1, B, L, H]
+            if pooling == "cls":
+                return stacked[:, :, 0]
             return (stacked * mask).sum(2) / jnp.maximum(mask.sum(1), 1.0)
 
         self._embed = jax.jit(embed)
@@ -184,11 +202,24 @@ def mine_bucc(embed_src, embed_tgt, src: dict, tgt: dict, k: int = 4):
 
 
 def xtreme_layer(num_layers: int) -> int:
-    """XTREME's ``--specific_layer`` for an encoder depth: 7 of 12, 13 of 24, else the last."""
+    """XTREME's Tatoeba layer for an encoder depth: 7 of 12, 13 of 24, else the last."""
     return {12: 7, 24: 13}.get(num_layers, num_layers - 1)
 
 
-@gin.configurable(allowlist=["layer", "neighbourhood"])
+def bucc_xtreme_layer(num_layers: int) -> int:
+    """XTREME's BUCC layer: the 8th of the last 12 layers (7 of 12, 19 of 24), else the last.
+
+    run_bucc2018.sh passes ``--specific_layer 7`` but not ``--num_layers``, so
+    evaluate_retrieval.py indexes ``hidden_states[-12:]`` with 7 whatever the depth.
+    """
+    return num_layers - 12 + 7 if num_layers >= 12 else num_layers - 1
+
+
+# XTREME's --pool_type of each retrieval task (run_tatoeba.sh: the default, mean).
+XTREME_POOLING = {"tatoeba": "mean", "bucc": "cls"}
+
+
+@gin.configurable(allowlist=["layer", "neighbourhood", "pooling"])
 def evaluate_retrieval(
     task: str,
     initial_checkpoint_path: str,
@@ -199,6 +230,7 @@ def evaluate_retrieval(
     languages: Sequence[str] | None = None,
     layer: int | None = None,
     neighbourhood: int = 4,
+    pooling: str | None = None,
     max_seq_length: int = 512,
     batch_size: int = 100,
     max_sentences: int | None = None,
@@ -211,7 +243,8 @@ def evaluate_retrieval(
 
     Called by :func:`xlmeta_jax.evaluation.finetuning.finetune` for the retrieval tasks
     (``python -m xlmeta_jax.finetune --gin_file=gin/finetune/tatoeba.gin``); only
-    ``layer`` and ``neighbourhood`` are bound in gin (``evaluate_retrieval.layer``).
+    ``layer``, ``neighbourhood`` and ``pooling`` are bound in gin
+    (``evaluate_retrieval.layer``).
 
     Args:
       task: "tatoeba" or "bucc".
@@ -222,9 +255,11 @@ def evaluate_retrieval(
       data_dir: folder laid out like ``../shared/data``.
       languages: Tatoeba languages (XTREME codes or ISO 639-3; default XTREME's 36).
       layer: XTREME's ``--specific_layer`` (0 = first Transformer layer's output, i.e.
-        ``hidden_states[1]``); None: XTREME's for the depth (7 of 12, 13 of 24), else
-        the last layer.
+        ``hidden_states[1]``); None: XTREME's for the task and depth (Tatoeba: 7 of
+        12, 13 of 24; BUCC: 7 of 12, 19 of 24; else the last layer).
       neighbourhood: BUCC margin's k (XTREME: 4).
+      pooling: "mean" or "cls" (see :class:`SentenceEmbedder`); None: XTREME's for the
+        task (Tatoeba: mean; BUCC: cls).
       max_seq_length: sentences are truncated to this many tokens (XTREME: 512).
       batch_size: sentences per forward pass.
       max_sentences: Tatoeba: use the first N pairs per language; BUCC: keep the gold
@@ -235,6 +270,8 @@ def evaluate_retrieval(
     """
     if task not in ("tatoeba", "bucc"):
         raise ValueError(f"evaluate_retrieval: task must be 'tatoeba' or 'bucc', got {task!r}")
+    if pooling is not None and pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
     if task == "tatoeba" and languages is not None:
         for lang in languages:
             if lang not in readers.TATOEBA_CODES and len(lang) != 3:
@@ -255,7 +292,9 @@ def evaluate_retrieval(
     # Created only once the data and checkpoint are read: a bad input leaves no empty run.
     model_dir.mkdir(parents=True, exist_ok=True)
     cfg = loaded.config.replace(dtype=dtype, dropout_rate=0.0, attention_dropout_rate=0.0)
-    layer = xtreme_layer(cfg.num_layers) if layer is None else layer
+    if layer is None:
+        layer = (bucc_xtreme_layer if task == "bucc" else xtreme_layer)(cfg.num_layers)
+    pooling = XTREME_POOLING[task] if pooling is None else pooling
     if not 0 <= layer < cfg.num_layers:
         raise ValueError(
             f"layer={layer} is not in [0, {cfg.num_layers - 1}] for this encoder (XTREME's "
@@ -265,11 +304,12 @@ def evaluate_retrieval(
     hidden_index = layer + 1
     max_seq_length = min(max_seq_length, cfg.max_length)
     params = loaded.params if loaded.params is not None else _fresh_params(cfg, seed)
-    embed = SentenceEmbedder(cfg, params, loaded.tokenizer,
-                             max_seq_length=max_seq_length, batch_size=batch_size)
+    embed = SentenceEmbedder(cfg, params, loaded.tokenizer, max_seq_length=max_seq_length,
+                             batch_size=batch_size, pooling=pooling)
 
     per_lang: dict[str, dict] = {}
-    extra: dict[str, Any] = {"layer": layer, "hidden_states_index": hidden_index}
+    extra: dict[str, Any] = {"layer": layer, "hidden_states_index": hidden_index,
+                             "pooling": pooling}
     if task == "tatoeba":
         sweep = {}
         for lang, (xx, en) in pairs.items():
@@ -325,7 +365,8 @@ def evaluate_retrieval(
             "encoder": dataclasses.asdict(cfg),
         },
         "settings": {"max_seq_length": max_seq_length, "max_sentences": max_sentences,
-                     "layer": layer, "neighbourhood": neighbourhood, "dtype": dtype},
+                     "layer": layer, "neighbourhood": neighbourhood, "pooling": pooling,
+                     "dtype": dtype},
         **(provenance or {}),
         "total_seconds": time.time() - t0,
     }

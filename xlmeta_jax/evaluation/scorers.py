@@ -9,9 +9,9 @@
   punctuation mark is its own token.
 * Token tagging: micro F1 as ``seqeval`` computes it by default (conlleval chunking) —
   over entities of IOB/IOBES tags for NER, and, as XTREME's ``evaluate.py`` does for
-  UD POS, over the raw tag sequence (seqeval reads a tag's first character as its
-  prefix and the rest after the first ``-`` as its type, so runs of one tag form a
-  chunk); token accuracy for POS beside it.
+  UD POS, over the raw tag sequence as seqeval 0.0.12 (behind XTREME's published
+  numbers) reads it: a tag's first character is its prefix and the whole tag its type,
+  so runs of one tag form a chunk; token accuracy for POS beside it.
 * Sentence classification: accuracy.
 * Sentence retrieval (Tatoeba): cosine nearest-neighbour accuracy in both directions.
 * Bitext mining (BUCC): F1 of the mined pairs at the threshold tuned as XTREME's
@@ -209,10 +209,18 @@ def qa_scores(
 # ----------------------------------------------------------------------------------------
 
 
-def _split_tag(tag: str, validate: bool = True) -> tuple[str, str]:
-    if not validate:
-        # seqeval 1.2's reading of any tag: first character = prefix, the rest after its
-        # first "-" = type ("NOUN" -> ("N", "OUN"), "B-PER" -> ("B", "PER")).
+# How a tag that is not IOB (a UPOS tag) is split into prefix and type.
+# "seqeval-0.0.12": ``tag[0]`` and ``tag.split("-")[-1]`` — the whole tag is the type.
+# XTREME's published UD-POS numbers were computed with this seqeval.
+# "seqeval-1.2": ``tag[0]`` and ``tag[1:].split("-", 1)[-1] or "_"`` — so CCONJ and
+# SCONJ share the type "CONJ" and "X" shares "O"'s type "_".
+TAG_READINGS = ("seqeval-0.0.12", "seqeval-1.2")
+
+
+def _split_tag(tag: str, reading: str | None = None) -> tuple[str, str]:
+    if reading == "seqeval-0.0.12":
+        return tag[0], tag.split("-")[-1]
+    if reading == "seqeval-1.2":
         return tag[0], tag[1:].split("-", maxsplit=1)[-1] or "_"
     if tag == "O":
         return "O", "_"
@@ -229,7 +237,8 @@ def _end_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
         return True
     if prev_tag in ("B", "I") and tag in ("B", "S", "O"):
         return True
-    return prev_tag != "O" and prev_type != type_
+    # Both seqeval versions exempt a "." prefix (their conlleval heritage).
+    return prev_tag not in ("O", ".") and prev_type != type_
 
 
 def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
@@ -237,20 +246,25 @@ def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
         return True
     if prev_tag in ("E", "S", "O") and tag in ("E", "I"):
         return True
-    return tag != "O" and prev_type != type_
+    return tag not in ("O", ".") and prev_type != type_
 
 
-def get_entities(tags: Sequence[str], validate: bool = True) -> list[tuple[str, int, int]]:
+def get_entities(
+    tags: Sequence[str], reading: str | None = None
+) -> list[tuple[str, int, int]]:
     """Entity chunks ``(type, first, last)`` of one tag sequence (IOB1/IOB2/IOBES).
 
     Matches ``seqeval.metrics.sequence_labeling.get_entities``: an ``I-X`` after ``O`` or
-    after another type starts a new entity, a type change ends one. With
-    ``validate=False`` any tag is accepted and read as seqeval reads it (POS tags).
+    after another type starts a new entity, a type change ends one. ``reading=None``
+    accepts only IOB/IOBES tags; otherwise any tag is accepted and split as that
+    version of seqeval splits it (one of :data:`TAG_READINGS`; POS tags).
     """
+    if reading is not None and reading not in TAG_READINGS:
+        raise ValueError(f"unknown tag reading {reading!r}; expected one of {TAG_READINGS}")
     chunks = []
     prev_tag, prev_type, begin = "O", "", 0
     for i, chunk in enumerate(list(tags) + ["O"]):
-        tag, type_ = _split_tag(chunk, validate)
+        tag, type_ = _split_tag(chunk, reading)
         if _end_of_chunk(prev_tag, tag, prev_type, type_):
             chunks.append((prev_type, begin, i - 1))
         if _start_of_chunk(prev_tag, tag, prev_type, type_):
@@ -260,15 +274,19 @@ def get_entities(tags: Sequence[str], validate: bool = True) -> list[tuple[str, 
 
 
 def entity_f1(
-    y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]], *, validate: bool = True
+    y_true: Sequence[Sequence[str]],
+    y_pred: Sequence[Sequence[str]],
+    *,
+    reading: str | None = None,
 ) -> dict[str, float]:
     """Micro-averaged entity precision / recall / F1 (percent), seqeval's default mode.
 
     Args:
       y_true: gold tag sequences, one per sentence.
       y_pred: predicted tag sequences, same lengths.
-      validate: reject tags that are not IOB/IOBES (NER); False scores any tag set as
-        seqeval does (XTREME's UD-POS F1, see :func:`tag_f1`).
+      reading: None rejects tags that are not IOB/IOBES (NER); one of
+        :data:`TAG_READINGS` scores any tag set as that seqeval does (XTREME's UD-POS
+        F1, see :func:`tag_f1`).
     """
     if len(y_true) != len(y_pred):
         raise ValueError(f"entity_f1: {len(y_true)} gold sentences but {len(y_pred)} predicted")
@@ -277,10 +295,10 @@ def entity_f1(
             raise ValueError(
                 f"entity_f1: sentence {i} has {len(t)} gold tags but {len(p)} predicted"
             )
-    # As seqeval: one sequence, an "O" after every sentence (which matters for tags that
-    # seqeval reads with the type "_", such as UPOS "X").
-    true_ents = set(get_entities([x for t in y_true for x in [*t, "O"]], validate))
-    pred_ents = set(get_entities([x for p in y_pred for x in [*p, "O"]], validate))
+    # As seqeval: one sequence, an "O" after every sentence (which matters for tags whose
+    # type equals "O"'s, such as UPOS "X" read by seqeval 1.2).
+    true_ents = set(get_entities([x for t in y_true for x in [*t, "O"]], reading))
+    pred_ents = set(get_entities([x for p in y_pred for x in [*p, "O"]], reading))
     correct = len(true_ents & pred_ents)
     precision = correct / len(pred_ents) if pred_ents else 0.0
     recall = correct / len(true_ents) if true_ents else 0.0
@@ -293,13 +311,29 @@ def entity_f1(
     }
 
 
-def tag_f1(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -> dict:
+# The headline UD-POS F1's definition, recorded in every UD-POS results.json.
+POS_F1_READING = "seqeval-0.0.12"
+
+
+def tag_f1(
+    y_true: Sequence[Sequence[str]],
+    y_pred: Sequence[Sequence[str]],
+    *,
+    reading: str = POS_F1_READING,
+) -> dict:
     """XTREME's UD-POS score: seqeval F1 over the raw tag sequences, plus token accuracy.
+
+    Args:
+      y_true: gold tag sequences, one per sentence.
+      y_pred: predicted tag sequences, same lengths.
+      reading: how seqeval splits a tag (:data:`TAG_READINGS`). The default is the
+        seqeval (0.0.12) behind XTREME's published numbers, which keeps the whole tag as
+        its type; "seqeval-1.2" merges CCONJ and SCONJ.
 
     Returns:
       {"f1", "precision", "recall", "accuracy", "num_examples"} (percent).
     """
-    return {**token_accuracy(y_true, y_pred), **entity_f1(y_true, y_pred, validate=False)}
+    return {**token_accuracy(y_true, y_pred), **entity_f1(y_true, y_pred, reading=reading)}
 
 
 def token_accuracy(

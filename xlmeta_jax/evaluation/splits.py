@@ -1,14 +1,16 @@
-"""Leak-free splits of parallel dev files (XNLI, PAWS-X: only labelled dev data here).
+"""Leak-free splits of dev files that must both select checkpoints and be scored.
 
-Line i of every language's dev file is a translation of line i of English. Rows are
-joined into groups of pairs that share a sentence word for word in any language, and
-train / model-selection / evaluation parts are cut between groups, so that no
-evaluated sentence, nor its translation, is in the fine-tuning data.
+XNLI, PAWS-X (only labelled dev data here): line i of every language's dev file is a
+translation of line i of English. Rows are joined into groups of pairs that share a
+sentence word for word in any language, and train / model-selection / evaluation parts
+are cut between groups, so that no evaluated sentence, nor its translation, is in the
+fine-tuning data. PAN-X English (no labelled test data here): :func:`holdout_split`
+keeps the selection sentences out of English's evaluation set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -79,4 +81,22 @@ def dev_split(
             continue
         parts["select" if taken >= select_start and select_fraction > 0 else "train"].extend(group)
         taken += len(group)
+    return parts
+
+
+def holdout_split(keys: Sequence[Hashable], fraction: float) -> dict[str, list[int]]:
+    """Row indices of a "select" part (the first ``fraction`` of the rows) and an "eval" part.
+
+    Rows with equal keys (the same sentence, repeated in the file) are kept on the side
+    of their first occurrence, so that no evaluated example is also a selection example.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"holdout fraction must be in (0, 1), got {fraction}")
+    side: dict[Hashable, str] = {}
+    parts: dict[str, list[int]] = {"select": [], "eval": []}
+    select_rows = round(len(keys) * fraction)
+    for i, key in enumerate(keys):
+        if key not in side:
+            side[key] = "select" if len(parts["select"]) < select_rows else "eval"
+        parts[side[key]].append(i)
     return parts

@@ -46,6 +46,7 @@ class Tokenizer:
         self.model_path = model_path
         self.kind = kind
         self.sp = spm.SentencePieceProcessor(model_file=model_path)
+        self._invisible_chars: dict[str, bool] = {}
         n = self.sp.get_piece_size()
         if kind == "seqio":
             got = {
@@ -90,8 +91,10 @@ class Tokenizer:
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Piece ids and, per piece, the ``[begin, end)`` character span it covers.
 
-        Leading whitespace (the ``▁`` of a piece) is excluded from the span, so a span
-        starts at the first visible character; a piece that covers no visible
+        Leading whitespace (the ``▁`` of a piece) and leading characters that the
+        normaliser deletes (U+200B, U+200C, U+200E, ... which SentencePiece counts into
+        the next piece) are excluded from the span, so a span starts at the piece's
+        first visible character, inside its own word; a piece that covers no visible
         character gets an empty span.
         """
         ids, _, offsets = self.encode_pieces(text)
@@ -105,12 +108,21 @@ class Tokenizer:
         ids, pieces, offsets = [], [], []
         for piece in proto.pieces:
             begin, end = byte_to_char[piece.begin], byte_to_char[piece.end]
-            while begin < end and text[begin].isspace():
+            # Without skipping deleted characters, "▁came" of "king\u200b came" would
+            # start at the U+200B, inside the previous word.
+            while begin < end and self._invisible(text[begin]):
                 begin += 1
             ids.append(piece.id)
             pieces.append(piece.piece)
             offsets.append((begin, end))
         return self._map(ids), pieces, offsets
+
+    def _invisible(self, char: str) -> bool:
+        """Whether the normaliser turns ``char`` alone into nothing (whitespace too)."""
+        hidden = self._invisible_chars.get(char)
+        if hidden is None:
+            hidden = self._invisible_chars[char] = char.isspace() or not self.sp.normalize(char)
+        return hidden
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids, skipping special ids."""
