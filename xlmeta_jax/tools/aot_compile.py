@@ -1,0 +1,233 @@
+"""Compiling the train step for a Cloud TPU slice on a machine without one.
+
+libtpu (the ``aot`` extra) compiles for *abstract* TPU devices of a named topology
+(:func:`jax.experimental.topologies.get_topology_desc`); the train step of
+:func:`xlmeta_jax.step.make_step_functions` is lowered on a mesh of them with abstract
+state and batch, so nothing is allocated. The compiled program's memory analysis is the
+memory one device needs; XLA refuses (RESOURCE_EXHAUSTED) what does not fit its HBM.
+The command line and the search for a configuration that fits: :mod:`.aot`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+from xlmeta_jax import mlm, partitioning, step
+from xlmeta_jax.tools.hardware import TpuSlice
+
+# Rematerialisation policies from least to most recomputation (and least activation
+# memory): 'dots' keeps every matmul output, 'dots_no_batch' drops the attention
+# score/context matmuls (batched dots), 'save_named' keeps only the QKV, attention and
+# MLP outputs, 'full' keeps only each layer's input.
+REMAT_BY_COST = ("none", "dots", "dots_no_batch", "save_named", "full")
+
+# libtpu probes the TPU VM's metadata and worker list when it loads, and logs errors
+# when they are absent (as on any machine that only compiles). These values describe
+# a single compile-only host; they are set only while libtpu loads.
+_LIBTPU_ENV = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_WORKER_ID": "0",
+    # libtpu takes /tmp/libtpu_lockfile for the process that owns the local TPU; a
+    # compile-only process owns none, so two of them (or one next to a training job on
+    # a TPU VM) may load it side by side.
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
+
+
+class LibtpuMissingError(RuntimeError):
+    """libtpu is not installed (``pip install -e '.[aot]'``)."""
+
+
+def libtpu_available() -> bool:
+    """Whether the libtpu package (TPU compiler) is importable."""
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+@contextlib.contextmanager
+def _env(values: dict):
+    """``values`` in os.environ (where unset) while the block runs; restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: v for k, v in values.items() if k not in os.environ})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def topology_devices(tpu: TpuSlice) -> list:
+    """The abstract (compile-only) devices of ``tpu``, in libtpu's order.
+
+    Raises:
+      LibtpuMissingError: without libtpu.
+    """
+    if not libtpu_available():
+        raise LibtpuMissingError(
+            "compiling for a TPU needs libtpu: pip install -e '.[aot]' (jax[tpu])")
+    from jax.experimental import topologies
+
+    with _env({**_LIBTPU_ENV, "TPU_ACCELERATOR_TYPE": tpu.name}):
+        topo = topologies.get_topology_desc(
+            platform="tpu", topology_name=tpu.topology_name,
+            chip_config_name=tpu.chip_config_name,
+            chips_per_host_bounds=tpu.chips_per_host_bounds)
+    devices = list(topo.devices)
+    if len(devices) != tpu.num_devices:
+        raise RuntimeError(f"{tpu.name}: libtpu's topology {tpu.topology_name} has "
+                           f"{len(devices)} devices, expected {tpu.num_devices}")
+    return devices
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """The settings the search may change: remat policy, microbatches, mesh."""
+
+    remat_policy: str
+    microbatches: int
+    mesh_shape: tuple[int, int, int]
+
+
+@dataclasses.dataclass
+class Compiled:
+    """What compiling one train step for one device told (bytes per device)."""
+
+    variant: Variant
+    fits: bool
+    compile_seconds: float
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    temp_bytes: int = 0
+    code_bytes: int = 0
+    xla_flops: float = 0.0
+    xla_bytes: float = 0.0
+    # XLA's refusal (first line) and what it names: bytes needed / available, largest buffers.
+    message: str = ""
+    needed_bytes: float | None = None
+    available_bytes: float | None = None
+    largest: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """Peak HBM of the step: inputs, outputs not aliased to them, temporaries, code."""
+        return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+                + self.code_bytes)
+
+
+def supports_microbatches() -> bool:
+    """Whether this version's train step takes ``microbatches`` (gradient accumulation)."""
+    return "microbatches" in inspect.signature(step.make_step_functions).parameters
+
+
+def abstract_batch(batch_size: int, length: int, slots: int, sharding) -> dict:
+    """ShapeDtypeStructs of the step's features (``mlm.STEP_FEATURES``)."""
+    shapes = {"inputs": ((batch_size, length), jnp.int32),
+              "mlm_positions": ((batch_size, slots), jnp.int32),
+              "mlm_targets": ((batch_size, slots), jnp.int32),
+              "mlm_weights": ((batch_size, slots), jnp.float32)}
+    missing = set(mlm.STEP_FEATURES) - set(shapes)
+    if missing:
+        raise RuntimeError(f"abstract_batch: no shape for step features {sorted(missing)}")
+    return {k: jax.ShapeDtypeStruct(*shapes[k], sharding=sharding) for k in mlm.STEP_FEATURES}
+
+
+_SIZE = re.compile(r"([\d.]+)\s*([KMGT]?)i?B?\b")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _bytes(text: str) -> float | None:
+    m = _SIZE.fullmatch(text.strip())
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else None
+
+
+def parse_oom(message: str) -> tuple[float | None, float | None, tuple[str, ...]]:
+    """(bytes needed, bytes available, largest allocations) named by an XLA:TPU refusal."""
+    needed = available = None
+    m = (re.search(r"Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) hbm", message)
+         or re.search(r"\(([\d.]+[KMGT]?)\) exceeds available HBM \(([\d.]+[KMGT]?)\)", message))
+    if m:
+        needed, available = _bytes(m.group(1)), _bytes(m.group(2))
+    largest = []
+    lines = message.splitlines()
+    for i, line in enumerate(lines):
+        size = re.match(r"\s*\d+\.\s*Size:\s*(\S+)", line)
+        if size:
+            shape = next((ln.split("Shape:", 1)[1].strip() for ln in lines[i + 1:i + 6]
+                          if "Shape:" in ln), "?")
+            largest.append(f"{size.group(1)} {shape}")
+    return needed, available, tuple(largest[:5])
+
+
+def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int,
+                 length: int, slots: int, rng_impl: str = "threefry2x32") -> Compiled:
+    """Compiles the train step for ``devices`` and returns its memory and cost analysis.
+
+    Args:
+      model: the EncoderConfig (its remat_policy is replaced by the variant's).
+      optimizer: the phase's OptimizerConfig.
+      devices: abstract TPU devices (:func:`topology_devices`).
+      variant: remat policy, microbatches and (data, fsdp, tensor) mesh to compile.
+      batch_size: global batch (sequences per step).
+      length: sequence length.
+      slots: prediction slots per sequence (``mlm.max_predictions``).
+      rng_impl: PRNG of the dropout masks, as the trainer is configured.
+
+    Returns:
+      A :class:`Compiled`; ``fits`` is False when XLA refused the program for lack of
+      HBM (its message, and what it names, are kept).
+    """
+    mesh = partitioning.create_mesh(*variant.mesh_shape, devices=devices)
+    kwargs = {"rng_impl": rng_impl}
+    if variant.microbatches != 1:
+        kwargs["microbatches"] = variant.microbatches
+    fns = step.make_step_functions(model.replace(remat_policy=variant.remat_policy),
+                                   optimizer, mesh, **kwargs)
+    batch = abstract_batch(batch_size, length, slots, fns.batch_sharding)
+    t0 = time.time()
+    try:
+        compiled = fns.train_step_jit.lower(fns.abstract_state, batch).compile()
+    except jax.errors.JaxRuntimeError as e:
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" not in text:
+            raise
+        needed, available, largest = parse_oom(text)
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), text)
+        return Compiled(variant, False, time.time() - t0, message=first[:300],
+                        needed_bytes=needed, available_bytes=available, largest=largest)
+    seconds = time.time() - t0
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+    return Compiled(
+        variant, True, seconds,
+        argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
+        alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
+        code_bytes=mem.generated_code_size_in_bytes,
+        xla_flops=float(cost.get("flops", 0.0)), xla_bytes=float(cost.get("bytes accessed", 0.0)),
+    )
+
+
+def state_bytes_per_device(model, optimizer, devices, mesh_shape) -> int:
+    """Bytes of one device's shard of parameters and optimizer state (no compile)."""
+    mesh = partitioning.create_mesh(*mesh_shape, devices=devices)
+    fns = step.make_step_functions(model, optimizer, mesh)
+    total = 0
+    for leaf in jax.tree.leaves(fns.abstract_state):
+        shard = leaf.sharding.shard_shape(leaf.shape)
+        total += int(jnp.dtype(leaf.dtype).itemsize) * math.prod(shard)
+    return total
