@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import network, partitioning, step, synthetic
+from xlmeta_jax import losses, mlm, network, partitioning, step, synthetic
 from xlmeta_jax.optimizer import OptimizerConfig
 
 # (2, 2, 2) splits every axis and is in the quick loop; the others are slow-marked variants.
@@ -420,3 +420,116 @@ def test_no_involuntary_rematerialization(remat_probe):
     assert "PROBE STEP DONE" in rest and "PROBE SCAN STEP DONE" in rest, err[-3000:]
     offending = [line for line in rest.splitlines() if "Involuntary full rematerialization" in line]
     assert not offending, "\n".join(offending)
+
+
+# ---------------------------------------------------------------------------
+# Gradient accumulation.
+# ---------------------------------------------------------------------------
+
+# No dropout: the microbatched step must equal the one-batch step on the same batch.
+NO_DROPOUT = network.get_config("tiny", pad_token_id=0, dropout_rate=0.0,
+                                attention_dropout_rate=0.0)
+
+
+def _wide_batch():
+    """32 rows (8 per microbatch of 4 on data x fsdp = 4), with uneven masked counts:
+    a mean of microbatch means would then differ from the batch mean."""
+    batch = synthetic.mlm_batch(np.random.default_rng(1), 32, 32, CFG.vocab_size)
+    batch["mlm_weights"][1::4, 3:] = 0.0  # microbatch 1 predicts far fewer tokens
+    return batch
+
+
+def test_microbatches_equal_one_batch(host_state0):
+    batch = _wide_batch()
+    mesh = _fns((2, 2, 2)).mesh
+    metrics, grads = {}, {}
+    for k in (1, 4):
+        fns = step.make_step_functions(NO_DROPOUT, OPT, mesh, seed=SEED, microbatches=k)
+        state = jax.device_put(host_state0, fns.state_sharding)
+        # The gradients the step computes (its own accumulation, on the mesh).
+        sharded = jax.device_put({f: batch[f] for f in mlm.STEP_FEATURES},
+                                 fns.batch_sharding)
+        with partitioning.mesh_context(mesh):
+            grads[k] = _flat(_host(jax.jit(lambda p, b, k=k, fns=fns: step.accumulated_grads(
+                lambda p, b, key: losses.mlm_sums(fns.model, p, b, deterministic=True),
+                p, b, jax.random.key(0), microbatches=k, batch_spec=partitioning.batch_spec(1),
+                grads_sharding=fns.state_sharding.params,
+            )[0])(state.params, sharded)))
+        metrics[k] = []
+        for _ in range(STEPS):
+            state, m = fns.train_step(state, batch)
+            metrics[k].append(_host(m))
+    # Only the summation order differs (float32). Rounding is relative to the summed
+    # terms, not to their sum: entries whose terms cancel (an embedding row hit at many
+    # positions; the attention key bias, whose true gradient is 0) keep absolute noise
+    # of float32's epsilon times the terms, so errors are measured against the norm of
+    # the whole gradient.
+    scale = np.sqrt(sum(np.sum(np.square(g)) for g in grads[1].values()))
+    for key, g in grads[1].items():
+        error = np.linalg.norm(grads[4][key] - g) / scale
+        assert error < 1e-6, (key, error)
+    for m1, m4 in zip(metrics[1], metrics[4]):
+        assert m4["num_predictions"] == m1["num_predictions"] == batch["mlm_weights"].sum()
+        for key in ("loss", "accuracy", "grad_norm", "param_norm"):
+            np.testing.assert_allclose(m4[key], m1[key], rtol=1e-5, err_msg=key)
+    # (The parameters after an AdamW step are not compared element-wise: its first
+    # update is about lr * g / |g|, which turns float32 rounding in near-zero
+    # gradient entries into update differences of up to lr.)
+
+
+def test_microbatch_gradients_are_normalised_over_the_whole_batch():
+    # The definition: sum over microbatches of d(loss_sum_i) / total count, microbatch i
+    # on rows i, i + k, ... with dropout key fold_in(key, i).
+    model = network.XLMRForMaskedLM(CFG)
+    params = flax.core.unfreeze(model.init(
+        jax.random.key(0), jnp.ones((1, 8), jnp.int32), deterministic=True))["params"]
+    params = flax.linen.unbox(params)
+    batch = {k: jnp.asarray(v) for k, v in _wide_batch().items() if k in mlm.STEP_FEATURES}
+    key = jax.random.key(5)
+
+    def sums_fn(p, b, k):
+        return losses.mlm_sums(model, p, b, rngs={"dropout": k}, deterministic=False)
+
+    grads, sums = jax.jit(lambda p, b: step.accumulated_grads(
+        sums_fn, p, b, key, microbatches=4))(params, batch)
+    expected, total = None, 0.0
+    for i in range(4):
+        rows = {k: v[i::4] for k, v in batch.items()}
+        g = jax.grad(lambda p, rows=rows, i=i: sums_fn(p, rows, jax.random.fold_in(key, i))[0])(
+            params)
+        expected = g if expected is None else jax.tree.map(jnp.add, expected, g)
+        total += float(rows["mlm_weights"].sum())
+    assert float(sums[1]) == total
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads),
+                            jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b / total, rtol=1e-4, atol=1e-7,
+                                   err_msg=jax.tree_util.keystr(path))
+    # Each microbatch draws its own dropout masks: with one shared key the four
+    # microbatches of a batch of four copies of the same rows would give equal sums.
+    copies = {k: jnp.repeat(v[:8], 4, axis=0) for k, v in batch.items()}
+    per_microbatch = [float(sums_fn(params, {k: v[i::4] for k, v in copies.items()},
+                                    jax.random.fold_in(key, i))[0]) for i in range(4)]
+    assert len(set(per_microbatch)) == 4
+
+
+def test_microbatches_shrink_step_memory():
+    # Activation memory follows the microbatch: XLA's buffer assignment for the step
+    # at 4 microbatches needs well under the temporaries of the whole batch at once.
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype)
+             for k, v in _wide_batch().items() if k in mlm.STEP_FEATURES}
+    temps = {}
+    for k in (1, 4):
+        fns = step.make_step_functions(NO_DROPOUT, OPT, _fns((2, 2, 2)).mesh, microbatches=k)
+        compiled = fns.train_step_jit.lower(fns.abstract_state, batch).compile()
+        temps[k] = compiled.memory_analysis().temp_size_in_bytes
+    assert temps[4] < 0.75 * temps[1], temps
+
+
+def test_microbatches_must_divide_the_batch():
+    mesh = _fns((2, 2, 2)).mesh
+    with pytest.raises(ValueError, match="microbatches must be a positive integer"):
+        step.make_step_functions(CFG, OPT, mesh, microbatches=0)
+    fns = step.make_step_functions(CFG, OPT, mesh, microbatches=4)
+    # 8 rows on data x fsdp = 4 devices cannot make 4 microbatches of a multiple of 4.
+    with pytest.raises(partitioning.MeshShapeError, match="4 microbatches x data x fsdp = 4"):
+        fns.train_step(fns.init(jax.random.key(0)), BATCH)

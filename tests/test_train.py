@@ -30,6 +30,8 @@ xlmeta_jax.trainer.train.mesh_shape = (2, 2, 2)
 xlmeta_jax.trainer.train.checkpoint_every = 5
 xlmeta_jax.trainer.train.keep_checkpoints = 2
 xlmeta_jax.trainer.train.log_every = 10
+# Gradient accumulation on: the kill-and-resume tests then cover the accumulated step.
+xlmeta_jax.trainer.train.microbatches = 2
 xlmeta_jax.trainer.train.phases = [
     @phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
 xlmeta_jax.trainer.Phase.task = 'synthetic'
@@ -192,6 +194,8 @@ def test_checkpoint_refuses_non_finite_params(tmp_path):
         (dict(phases=[trainer.Phase("p", "synthetic", 2, 8, 32, init_from="q")]),
          r"init_from='q' is not an earlier phase"),
         (dict(rng_impl="philox"), r"train.rng_impl='philox' is not one of"),
+        (dict(microbatches=0), r"microbatches .* must be an integer >= 1, got 0"),
+        (dict(microbatches=2), r"batch_size=8 does not split into 2 microbatches"),
     ],
 )
 def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, match):

@@ -52,6 +52,22 @@ def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True
       ``(loss, metrics)``: the mean cross-entropy over slots of weight 1 (0 when there
       are none), and ``loss``, ``accuracy`` and ``num_predictions`` (float32 scalars).
     """
+    loss_sum, weight_sum, correct_sum = mlm_sums(
+        module, params, batch, rngs=rngs, deterministic=deterministic, full_head=full_head
+    )
+    return loss_from_sums(loss_sum, weight_sum, correct_sum)
+
+
+def mlm_sums(module, params, batch, *, rngs=None, deterministic=True, full_head=False):
+    """The MLM network's summed cross-entropy, prediction count and correct count.
+
+    Sums, not means, so that parts of a batch (microbatches) add up to the whole:
+    :func:`loss_from_sums` of the added sums is the loss of the whole batch.
+    Arguments as :func:`mlm_loss_and_metrics`.
+
+    Returns:
+      ``(loss_sum, weight_sum, correct_sum)``, float32 scalars.
+    """
     if full_head:
         positions, targets, weights = None, batch["targets"], batch["weights"]
     else:
@@ -64,7 +80,11 @@ def mlm_loss_and_metrics(module, params, batch, *, rngs=None, deterministic=True
         deterministic=deterministic,
         rngs=rngs,
     )
-    loss_sum, weight_sum, correct_sum = weighted_cross_entropy(logits, targets, weights)
+    return weighted_cross_entropy(logits, targets, weights)
+
+
+def loss_from_sums(loss_sum, weight_sum, correct_sum):
+    """``(loss, metrics)`` of :func:`mlm_loss_and_metrics` from :func:`mlm_sums`' sums."""
     denom = jnp.maximum(weight_sum, 1.0)
     loss = loss_sum / denom
     metrics = {

@@ -92,6 +92,7 @@ def make_step_functions(
     rules=partitioning.LOGICAL_AXIS_RULES,
     full_head: bool = False,
     rng_impl: str = "threefry2x32",
+    microbatches: int = 1,
 ) -> StepFunctions:
     """Builds the sharded init / train / eval functions for one mesh.
 
@@ -108,6 +109,12 @@ def make_step_functions(
         same masks on every backend and mesh) or ``"rbg"`` / ``"unsafe_rbg"`` (XLA's
         RngBitGenerator: cheaper masks, but a different stream, which may differ
         between backends). Any choice is deterministic, so resume stays exact.
+      microbatches: gradient accumulation: the step splits its batch into this many
+        microbatches and runs them one after another (``lax.scan``, inside the one
+        jitted step), so activation memory scales with the microbatch. The loss and
+        gradients are normalised over the masked tokens of the whole batch, exactly as
+        with one microbatch; microbatch ``i`` takes rows ``i, i + k, ...`` (every device
+        keeps its share of each) and draws dropout from ``fold_in(step key, i)``.
 
     Returns:
       A :class:`StepFunctions`. ``init``, ``train_step`` and ``eval_step`` are jitted
@@ -120,6 +127,7 @@ def make_step_functions(
         axes or a parameter cannot be split on it (every such parameter is named).
     """
     partitioning.check_mesh_axes(mesh)
+    microbatches = check_microbatches(microbatches)
     if rng_impl not in RNG_IMPLS:
         raise ValueError(f"make_step_functions: unknown rng_impl={rng_impl!r}; "
                          f"expected one of {RNG_IMPLS}")
@@ -167,16 +175,17 @@ def make_step_functions(
                           out_shardings=state_sharding, donate_argnums=(0,))
     base_key = jax.random.key(seed, impl=rng_impl)
 
+    def sums_fn(params, batch, key):
+        return losses.mlm_sums(model, params, batch, rngs={"dropout": key},
+                               deterministic=False, full_head=full_head)
+
     def train_step_fn(state: TrainState, batch):
         dropout_key = jax.random.fold_in(base_key, state.step)
-
-        def loss_fn(params):
-            return losses.mlm_loss_and_metrics(
-                model, params, batch, rngs={"dropout": dropout_key}, deterministic=False,
-                full_head=full_head,
-            )
-
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        grads, sums = accumulated_grads(
+            sums_fn, state.params, batch, dropout_key, microbatches=microbatches,
+            batch_spec=partitioning.batch_spec(1), grads_sharding=state_sharding.params,
+        )
+        _, metrics = losses.loss_from_sums(*sums)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics)
@@ -213,14 +222,14 @@ def make_step_functions(
         abstract_state=abstract,
         init=init,
         from_params=from_params,
-        train_step=lambda s, b: train_step(s, _select(b, mesh, features)),
+        train_step=lambda s, b: train_step(s, _select(b, mesh, features, microbatches)),
         eval_step=lambda s, b: eval_step(s, _select(b, mesh, features)),
         batch_sharding=batch_sharding,
         train_step_jit=train_step,
     )
 
 
-def _select(batch, mesh: Mesh, features=mlm.STEP_FEATURES):
+def _select(batch, mesh: Mesh, features=mlm.STEP_FEATURES, microbatches: int = 1):
     """The step's features of ``batch``, checked against the mesh before any tracing."""
     missing = [k for k in features if k not in batch]
     if missing:
@@ -231,9 +240,101 @@ def _select(batch, mesh: Mesh, features=mlm.STEP_FEATURES):
         shape = tuple(value.shape)
         if len(shape) != 2:
             raise ValueError(f"MLM batch feature {name!r} must be 2-D [batch, ...], got {shape}")
-        if shape[0] % shards:
+        if shape[0] % (shards * microbatches):
+            per = f"{microbatches} microbatches x " if microbatches > 1 else ""
             raise partitioning.MeshShapeError(
                 f"MLM batch feature {name!r} has batch size {shape[0]}, which is not divisible "
-                f"by data x fsdp = {shards} devices of mesh {dict(mesh.shape)}"
+                f"by {per}data x fsdp = {shards} devices of mesh {dict(mesh.shape)}"
             )
     return selected
+
+
+def check_microbatches(microbatches) -> int:
+    """``microbatches`` as an int; ValueError unless it is a positive integer."""
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be a positive integer, got {microbatches!r}")
+    return int(microbatches)
+
+
+def split_microbatches(batch, microbatches: int):
+    """``[B, ...]`` arrays as ``[microbatches, B / microbatches, ...]``.
+
+    Row ``j`` of microbatch ``i`` is row ``j * microbatches + i`` of the batch: strided
+    rather than contiguous, so a batch sharded over devices in contiguous blocks keeps
+    every microbatch spread over all of them (a contiguous split would put microbatch 0
+    on the first devices only).
+    """
+
+    def split(x):
+        rows = x.shape[0] // microbatches
+        return jnp.swapaxes(x.reshape(rows, microbatches, *x.shape[1:]), 0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def accumulated_grads(sums_fn, params, batch, dropout_key, *, microbatches: int = 1,
+                      batch_spec: PartitionSpec | None = None, grads_sharding=None):
+    """Gradients of the batch's MLM loss, optionally accumulated over microbatches.
+
+    The loss is the summed cross-entropy over the masked tokens of the whole batch
+    divided by their count (``losses.loss_from_sums``), whatever ``microbatches``
+    is: each microbatch contributes the gradient of its *sum*, and the total is
+    divided once by the whole batch's count (a mean of microbatch means would
+    weight a microbatch with few masked tokens like one with many).
+
+    Args:
+      sums_fn: ``sums_fn(params, batch, key) -> (loss_sum, weight_sum, correct_sum)``,
+        e.g. ``losses.mlm_sums`` with dropout from ``key``.
+      params: the parameters to differentiate.
+      batch: dict of ``[B, ...]`` arrays.
+      dropout_key: the step's key; microbatch ``i`` draws from ``fold_in(key, i)``
+        (with one microbatch, the key itself).
+      microbatches: k; ``B`` must be divisible by it (see :func:`split_microbatches`).
+      batch_spec: mesh spec of a microbatch's leading (row) dimension, to shard every
+        microbatch as the step's batch is.
+      grads_sharding: sharding of the gradient accumulator (the parameters').
+
+    Returns:
+      ``(grads, (loss_sum, weight_sum, correct_sum))`` of the whole batch.
+    """
+    if microbatches == 1:
+        def loss_fn(p):
+            sums = sums_fn(p, batch, dropout_key)
+            loss, _ = losses.loss_from_sums(*sums)
+            return loss, sums
+
+        (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return grads, sums
+
+    def constrain(x, leading=()):
+        if batch_spec is None:
+            return x
+        rest = [None] * (x.ndim - len(leading) - len(batch_spec))
+        return jax.lax.with_sharding_constraint(
+            x, PartitionSpec(*leading, *batch_spec, *rest))
+
+    def sum_and_sums(p, mbatch, key):
+        sums = sums_fn(p, mbatch, key)
+        return sums[0], sums
+
+    def body(carry, xs):
+        grads_acc, sums_acc = carry
+        index, mbatch = xs
+        mbatch = jax.tree.map(constrain, mbatch)
+        (_, sums), grads = jax.value_and_grad(sum_and_sums, has_aux=True)(
+            params, mbatch, jax.random.fold_in(dropout_key, index))
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grads_acc, grads)
+        return (grads_acc, tuple(a + b for a, b in zip(sums_acc, sums))), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    if grads_sharding is not None:
+        zeros = jax.lax.with_sharding_constraint(zeros, grads_sharding)
+    zero = jnp.zeros((), jnp.float32)
+    # [k, B / k, ...]: the rows of each microbatch stay split over the batch axes.
+    split = jax.tree.map(lambda x: constrain(x, (None,)),
+                         split_microbatches(batch, microbatches))
+    (grads, sums), _ = jax.lax.scan(
+        body, (zeros, (zero, zero, zero)), (jnp.arange(microbatches), split))
+    denom = jnp.maximum(sums[1], 1.0)
+    grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, params)
+    return grads, sums

@@ -254,6 +254,7 @@ class _Run:
     vocab_path: str | None
     peak_flops: float | None
     rng_impl: str
+    microbatches: int = 1
     # Ctrl-C / SIGTERM handling while training (None: default signal behaviour).
     stop: Any = None
 
@@ -264,7 +265,7 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     phase_dir = os.path.join(run.model_dir, phase.name)
     fns = step.make_step_functions(
         model, phase.optimizer_config(), run.mesh, seed=run.seed * 1000 + index,
-        rng_impl=run.rng_impl,
+        rng_impl=run.rng_impl, microbatches=run.microbatches,
     )
     ckpt = checkpoints.PhaseCheckpoints(
         phase_dir,
@@ -483,6 +484,7 @@ def train(
     initial_checkpoint_path: str | None = None,
     vocab_path: str | None = None,
     rng_impl: str = "threefry2x32",
+    microbatches: int = 1,
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
 
@@ -503,6 +505,9 @@ def train(
         on every backend and mesh), ``rbg`` or ``unsafe_rbg`` (XLA's RngBitGenerator,
         cheaper on accelerators, stream may differ between backends). Every choice is
         deterministic, so resume is exact; see docs/performance.md.
+      microbatches: gradient accumulation (gin: MICROBATCHES): each step runs its batch
+        as this many microbatches inside one jitted step, so a batch larger than the
+        devices' memory holds trains with the same update (``step.accumulated_grads``).
     """
     # ---------------------------------------------------------------- validate
     # Everything checkable is checked before any data is read or code compiled.
@@ -512,7 +517,8 @@ def train(
         )
     if model is None:
         model = configured_model()
-    mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count())
+    mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
+                          microbatches)
     check_vocabulary(vocab_path, model)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
@@ -527,7 +533,8 @@ def train(
         with interrupts.StopSignals() as stop:
             summary = _train_all(model_dir, model, phases, mesh_shape, seed, checkpoint_every,
                                  keep_checkpoints, async_checkpointing, log_every,
-                                 initial_checkpoint_path, vocab_path, rng_impl, stop)
+                                 initial_checkpoint_path, vocab_path, rng_impl, stop,
+                                 microbatches)
     finally:
         if lock is not None:
             lock.release()
@@ -536,10 +543,10 @@ def train(
 
 def _train_all(model_dir, model, phases, mesh_shape, seed, checkpoint_every, keep_checkpoints,
                async_checkpointing, log_every, initial_checkpoint_path, vocab_path, rng_impl,
-               stop) -> dict:
+               stop, microbatches) -> dict:
     mesh = partitioning.create_mesh(*mesh_shape)
-    log.info("devices: %s; mesh (data, fsdp, tensor) = %s", hardware.device_description(),
-             mesh_shape)
+    log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s", hardware.device_description(),
+             mesh_shape, f"; {microbatches} microbatches per step" if microbatches > 1 else "")
     # All iterators are built now so a missing file or unknown task fails early
     # (except for phases that are already complete).
     iterators = {}
@@ -561,7 +568,8 @@ def _train_all(model_dir, model, phases, mesh_shape, seed, checkpoint_every, kee
                checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                async_checkpointing=async_checkpointing, log_every=log_every,
                initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
-               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl, stop=stop)
+               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl, stop=stop,
+               microbatches=microbatches)
     for index, phase in enumerate(phases):
         if index and stop.requested(sync_point=True):
             raise errors.Interrupted(

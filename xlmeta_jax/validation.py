@@ -34,7 +34,7 @@ def check_model_dir(model_dir: str) -> None:
 
 
 def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.Phase], mesh_shape,
-             num_devices: int) -> tuple[int, int, int]:
+             num_devices: int, microbatches: int = 1) -> tuple[int, int, int]:
     """Raises ConfigError naming the first bad setting; returns the mesh shape."""
     if not model_dir:
         raise ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
@@ -47,6 +47,10 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
     except partitioning.MeshShapeError as e:
         raise ConfigError(f"train.mesh_shape: {e}") from e
     data_parallel = shape[0] * shape[1]
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        source = gin_cli.binding_source("xlmeta_jax.trainer.train.microbatches")
+        raise ConfigError(f"microbatches ({source}) must be an integer >= 1, "
+                          f"got {microbatches!r}")
     seen = set()
     schedule_offset = {}
     for p in phases:
@@ -70,6 +74,12 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
             raise ConfigError(
                 f"{where}: batch_size={p.batch_size} is not divisible by the data-parallel "
                 f"mesh size {data_parallel} (mesh {shape}) and {jax.process_count()} processes"
+            )
+        if p.batch_size % (microbatches * data_parallel):
+            raise ConfigError(
+                f"{where}: batch_size={p.batch_size} does not split into {microbatches} "
+                f"microbatches (MICROBATCHES) of a multiple of the data-parallel mesh size "
+                f"{data_parallel} (mesh {shape})"
             )
         if p.sequence_length > model.max_length:
             raise ConfigError(

@@ -51,7 +51,8 @@ def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float,
 
     mesh = partitioning.create_mesh(*_train_setting("mesh_shape", (-1, 1, 1)))
     fns = step_lib.make_step_functions(exp.model, exp.phases(exp.arms[0])[0].optimizer_config(),
-                                       mesh, rng_impl=_train_setting("rng_impl", "threefry2x32"))
+                                       mesh, rng_impl=_train_setting("rng_impl", "threefry2x32"),
+                                       microbatches=_train_setting("microbatches", 1))
     batches = SyntheticMLMIterator(sequence_length=exp.budget.sequence_length,
                                    global_batch_size=exp.budget.batch_size, mesh=mesh, seed=0,
                                    vocab_size=exp.model.vocab_size)
