@@ -236,7 +236,9 @@ def _flop(x: float) -> str:
 
 
 def _days(seconds: float) -> str:
-    return f"{seconds / 86400:.1f} days" if seconds >= 86400 else f"{seconds / 3600:.2f} hours"
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    return f"{seconds / 3600:.1f} hours" if seconds >= 3600 else f"{seconds / 60:.1f} minutes"
 
 
 def describe(c: Compiled, tpu: TpuSlice) -> list[str]:
