@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import sys
 from collections.abc import Callable, Sequence
 
 import gin
 
-from xlmeta_jax import errors, gin_cli, mlm, network, partitioning
+from xlmeta_jax import errors, gin_cli, logs, mlm, network, partitioning
 from xlmeta_jax.tools import flops
 from xlmeta_jax.tools.aot_compile import (
     REMAT_BY_COST,
@@ -190,7 +191,7 @@ def candidates(base: Variant, batch_size: int, num_devices: int,
     out += [dataclasses.replace(base, remat_policy=p) for p in REMAT_BY_COST[start + 1:]]
     low = 2
     if oom is not None and oom.needed_bytes and oom.available_bytes:
-        low = max(2, int(oom.needed_bytes // oom.available_bytes))
+        low = max(2, math.ceil(oom.needed_bytes / oom.available_bytes))
     counts = []
     k = 2
     if supports_microbatches():
@@ -427,6 +428,8 @@ def main(argv: Sequence[str]) -> int:
         print(help_text())
         return 0
     slices, search, flags = parse_args(argv)
+    # Experiment files import the evaluation code, which may start TensorFlow.
+    logs.quiet_start()
     from xlmeta_jax.train import POSITIVE_PARAMETERS
 
     # Not finalized: gin's finalize refuses unset required macros (MODEL_DIR, VOCAB_PATH,
