@@ -72,6 +72,13 @@ def test_user_errors_are_one_line_exit_2(argv, names, capsys):
     assert len(err.splitlines()) == 1 and names in err, err
 
 
+def test_help_names_the_slices_and_gin_files(capsys):
+    assert errors.run_command(aot.main, ["--help"], prog=aot.PROG) == 0
+    out = capsys.readouterr().out
+    for part in ("--topology=SLICE", "v2-8", "--gin_file", "native/meta.gin", "example:"):
+        assert part in out, part
+
+
 @needs_libtpu
 def test_batch_not_divisible_by_the_slice_is_one_line(capsys):
     # gin/demo.gin's batch of 16 over v4-256's 128 chips: refused before anything compiles.

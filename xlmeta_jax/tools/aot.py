@@ -363,7 +363,29 @@ def report(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult]) -> str
         out += ["", f"run: {run.steps_note} ~ {_days(run.total_steps * step_s)} at the "
                 "roofline step time "
                 "(a lower bound: no input pipeline, communication or host overhead)"]
+    out += ["", summary_row(run, tpu, results, step_s)]
     return "\n".join(out)
+
+
+def summary_row(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult],
+                step_s: float) -> str:
+    """One markdown table row: slice, memory per device, fit, change, step time, days."""
+    worst = max(results, key=lambda r: (r.fitted or r.base).total_bytes)
+    use = worst.fitted or worst.base
+    cap = tpu.chip.device_hbm_bytes
+    if all(r.base.fits for r in results):
+        fit, change = "yes", "-"
+    elif all(r.fitted for r in results):
+        flags = {f for r in results if not r.base.fits
+                 for f in change_flags(r.base.variant, r.fitted.variant)}
+        fit, change = "with change", " ".join(f"`{f}`" for f in sorted(flags))
+    else:
+        fit, change = "no", "nothing tried fits"
+    memory = (f"{use.total_bytes / GiB:.2f} of {cap / GiB:.0f}" if use.fits
+              else f"needs {(use.needed_bytes or 0) / GiB:.1f} of {cap / GiB:.0f}")
+    timing = (f"{step_s * 1e3:.0f} ms | {run.total_steps * step_s / 86400:.1f}"
+              if step_s and fit != "no" else "- | -")
+    return f"| {tpu.name} | {memory} | {fit} | {change} | {timing} |"
 
 
 # ---------------------------------------------------------------------------
