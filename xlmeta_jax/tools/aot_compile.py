@@ -21,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from xlmeta_jax import mlm, partitioning, step
+from xlmeta_jax import errors, mlm, partitioning, step
 from xlmeta_jax.tools.hardware import TpuSlice
 
 # Rematerialisation policies from least to most recomputation (and least activation
@@ -44,7 +44,7 @@ _LIBTPU_ENV = {
 }
 
 
-class LibtpuMissingError(RuntimeError):
+class LibtpuMissingError(errors.UserError, RuntimeError):
     """libtpu is not installed (``pip install -e '.[aot]'``)."""
 
 
