@@ -65,6 +65,8 @@ class RunConfig:
     # Steps the estimate of days covers, and what they are.
     total_steps: int
     steps_note: str
+    # The trainer's Phase objects, for the trainer's own checks of the configuration.
+    trainer_phases: list = dataclasses.field(default_factory=list)
 
 
 def _bound(name: str, default):
@@ -91,20 +93,20 @@ def configured_run() -> RunConfig:
             from xlmeta_jax.validation import configured_model
 
             model = configured_model()
-        shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
-                             p.optimizer_config()) for p in phases]
-        total = sum(p.num_steps for p in shapes)
-        note = " + ".join(f"{p.name} {p.num_steps:,}" for p in shapes) + " steps"
+        total = sum(p.num_steps for p in phases)
+        note = " + ".join(f"{p.name} {p.num_steps:,}" for p in phases) + " steps"
     else:
         exp = _bound("xlmeta_jax.experiment.experiment.batch_size", None)
         if exp is None:
             raise AotError("the gin files configure no run: bind "
                            "xlmeta_jax.trainer.train.phases (gin/native/*.gin) or an "
                            "experiment (gin/experiments/*.gin)")
-        shapes, model, total, note = _experiment_run()
+        phases, model, total, note = _experiment_run()
+    shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
+                         p.optimizer_config()) for p in phases]
     return RunConfig(model=model, phases=shapes, mesh_shape=mesh_shape, mask_rate=mask_rate,
                      microbatches=microbatches, rng_impl=rng_impl, total_steps=total,
-                     steps_note=note)
+                     steps_note=note, trainer_phases=list(phases))
 
 
 def _experiment_run():
@@ -120,11 +122,9 @@ def _experiment_run():
     phases_of = {a: arm_phases(a, budget, english_task="english", xling_mixture="xling",
                                optimizer=optimizer) for a in arms}
     shown = phases_of.get("meta") or phases_of[arms[0]]
-    shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
-                         p.optimizer_config()) for p in shown]
     total = sum(p.num_steps for a in arms for p in phases_of[a]) * len(seeds)
     note = (f"the experiment's {len(arms)} arms x {len(seeds)} seeds = {total:,} steps")
-    return shapes, model, total, note
+    return shown, model, total, note
 
 
 # ---------------------------------------------------------------------------
@@ -278,6 +278,14 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
       AotError: when a phase's batch cannot be split over the slice's devices.
     """
     n = tpu.num_devices
+    if run.trainer_phases:
+        # The trainer's checks (sequence length vs positions, schedule, mesh) for this slice.
+        from xlmeta_jax.validation import ConfigError, validate
+
+        try:
+            validate("unused", run.model, run.trainer_phases, run.mesh_shape, n)
+        except ConfigError as e:
+            raise AotError(f"on {tpu.name}: {errors.first_line(e)}") from None
     try:
         mesh = partitioning.mesh_shape_for(*run.mesh_shape, num_devices=n)
     except partitioning.MeshShapeError as e:
