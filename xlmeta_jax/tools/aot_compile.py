@@ -93,6 +93,18 @@ def topology_devices(tpu: TpuSlice) -> list:
     return devices
 
 
+@contextlib.contextmanager
+def _no_compilation_cache():
+    """JAX's persistent cache off: a compile-only executable has no client to load into,
+    so a cached entry could only be written, then fail (with a warning) to be read."""
+    previous = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", previous)
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """The settings the search may change: remat policy, microbatches, mesh."""
@@ -200,7 +212,8 @@ def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int
     batch = abstract_batch(batch_size, length, slots, fns.batch_sharding)
     t0 = time.time()
     try:
-        compiled = fns.train_step_jit.lower(fns.abstract_state, batch).compile()
+        with _no_compilation_cache():
+            compiled = fns.train_step_jit.lower(fns.abstract_state, batch).compile()
     except jax.errors.JaxRuntimeError as e:
         text = str(e)
         if "RESOURCE_EXHAUSTED" not in text:
