@@ -249,7 +249,7 @@ def describe(c: Compiled, tpu: TpuSlice) -> list[str]:
         lines = [f"  does NOT fit: {c.message}"]
         if c.needed_bytes and c.available_bytes:
             lines.append(f"  needs {_gib(c.needed_bytes)} of {_gib(c.available_bytes)} "
-                         "available per device (XLA)")
+                         "available per device")
         lines += [f"  largest buffer: {b}" for b in c.largest]
         return lines
     state = c.argument_bytes
@@ -260,6 +260,20 @@ def describe(c: Compiled, tpu: TpuSlice) -> list[str]:
         f"  total {_gib(c.total_bytes)} of {_gib(cap)} HBM per {tpu.device_word} "
         f"({100 * c.total_bytes / cap:.0f}%): fits",
     ]
+
+
+def check_footprint(c: Compiled, limit: float) -> None:
+    """Marks ``c`` as not fitting when its whole footprint exceeds ``limit`` bytes.
+
+    XLA:TPU refuses a program whose *temporaries* exceed the usable HBM; parameters,
+    optimizer state and the batch live in the same HBM, so a program XLA accepts may
+    still not fit with them. Both must hold.
+    """
+    if c.fits and c.total_bytes > limit:
+        c.fits = False
+        c.message = (f"XLA accepts the program, but arguments + temporaries + outputs + code "
+                     f"= {_gib(c.total_bytes)} exceed the {_gib(limit)} one device holds")
+        c.needed_bytes, c.available_bytes = float(c.total_bytes), limit
 
 
 @dataclasses.dataclass
@@ -301,6 +315,9 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
     say(f"{tpu.name}: {tpu.chips} chips, {n} devices (libtpu topology {tpu.topology_name})")
     devices = topology_devices(tpu)
     base = Variant(run.model.remat_policy, run.microbatches, tuple(run.mesh_shape))
+    # What one device may hold: the datasheet's HBM until XLA names its usable share (the
+    # "available HBM" of a refusal: less a reserve, e.g. 30.75 of a v4's 32 GiB).
+    limit = [float(tpu.chip.device_hbm_bytes)]
     results = []
     for (batch, length), phases in groups.items():
         slots = mlm.max_predictions(length, run.mask_rate)
@@ -313,6 +330,9 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
                 f"mesh {v.mesh_shape} ...")
             c = compile_step(run.model, phases[0].optimizer, devices, v, batch_size=batch,
                              length=length, slots=slots, rng_impl=run.rng_impl)
+            if c.available_bytes:
+                limit[0] = c.available_bytes
+            check_footprint(c, limit[0])
             say(f"  {'fits' if c.fits else 'does not fit'} ({c.compile_seconds:.0f} s)")
             return c
 
