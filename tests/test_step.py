@@ -452,7 +452,8 @@ def test_microbatches_equal_one_batch(host_state0):
         with partitioning.mesh_context(mesh):
             grads[k] = _flat(_host(jax.jit(lambda p, b, k=k, fns=fns: step.accumulated_grads(
                 lambda p, b, key: losses.mlm_sums(fns.model, p, b, deterministic=True),
-                p, b, jax.random.key(0), microbatches=k, batch_spec=partitioning.batch_spec(1),
+                p, b, jax.random.key(0), microbatches=k,
+                rows_sharding=jax.sharding.NamedSharding(mesh, partitioning.batch_spec(1)),
                 grads_sharding=fns.state_sharding.params,
             )[0])(state.params, sharded)))
         metrics[k] = []

@@ -18,7 +18,7 @@ require_t5x()
 import t5x.train as t5x_train  # noqa: E402
 from t5x import optimizers as t5x_optimizers  # noqa: E402
 
-from xlmeta_jax import network, t5x_model, t5x_phases  # noqa: E402
+from xlmeta_jax import network, seeds, t5x_model, t5x_phases  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
@@ -102,6 +102,12 @@ def test_meta_gin_phase_1(tmp_path):
     assert _evaluate(args["train_eval_dataset_cfg"]) is None
     assert _evaluate(gin.query_parameter(
         "t5x_phases.PhaseInitializer.init_params_from")) is None
+    # t5x's trainer with our whole-batch normalisation of accumulated microbatches.
+    assert issubclass(_evaluate(args["trainer_cls"]), t5x_model.MaskedLMTrainer)
+    assert _evaluate(gin.query_parameter("t5x_model.MaskedLMTrainer.num_microbatches")) == 1
+    # Each host's data seeded on its own; phase 1 initialises from SEED, as the baseline.
+    assert _evaluate(args["get_dataset_fn"]).__wrapped__ is t5x_phases.get_dataset
+    assert _evaluate(args["random_seed"]) == 0
 
 
 def test_large_and_phase2_learning_rate(tmp_path):
@@ -115,6 +121,9 @@ def test_large_and_phase2_learning_rate(tmp_path):
 
 def test_meta_gin_phase_2_starts_from_phase_1(tmp_path):
     args = _train_args(["gin/meta.gin"], f"MODEL_DIR = '{tmp_path}'", "PHASE = 2")
+    # Phase 2's dropout is not a replay of phase 1's: the seed our trainer gives the
+    # mixture's phase (and the mixture-only arm).
+    assert _evaluate(args["random_seed"]) == seeds.phase_seeds(["xlmeta_cc100"], 0)[0] != 0
     assert _evaluate(args["model_dir"]) == str(tmp_path / "phase2")
     assert _evaluate(args["total_steps"]) == 400000
     assert _task(args) == "xlmeta_cc100"

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import seqio
 from t5x_toy import register_corpus, require_t5x, write_corpus
 
 require_t5x()
@@ -213,3 +214,69 @@ def test_step_time_command_times_both_trainers(capsys):
     assert set(report["ms_per_step"]) == {"ours", "t5x"}
     assert all(v > 0 for v in report["ms_per_step"].values())
     assert "t5x / ours = " in capsys.readouterr().out
+
+
+def test_microbatched_t5x_trainer_equals_one_batch():
+    # num_microbatches=4 through MaskedLMTrainer against t5x's own step without
+    # microbatches, on the same 32 rows: the same loss (normalised over the whole
+    # batch's predictions, not a mean of microbatch means) and the same update.
+    from xlmeta_jax import synthetic
+
+    cfg = network.get_config("tiny", dropout_rate=0.0, attention_dropout_rate=0.0)
+    model, opt = _model(cfg)
+    batch = synthetic.mlm_batch(np.random.default_rng(2), 32, LENGTH, cfg.vocab_size)
+    batch = {k: batch[k] for k in mlm.STEP_FEATURES}
+    batch["mlm_weights"][1::4, 3:] = 0.0  # one microbatch predicts far fewer tokens
+    shapes = {k: v.shape for k, v in batch.items()}
+    types = {k: v.dtype for k, v in batch.items()}
+    partitioner = t5x_model.MeshPartitioner(mesh_shape=(4, 2))
+    init = t5x_utils.TrainStateInitializer(
+        model.optimizer_def, model.get_initial_variables, shapes, partitioner, types)
+    runs = {}
+    for k in (None, 4):
+        trainer = t5x_model.MaskedLMTrainer(
+            model, init.from_scratch(jax.random.PRNGKey(0)), partitioner, eval_names=[],
+            summary_dir=None, train_state_axes=init.train_state_axes,
+            rng=jax.random.PRNGKey(1), learning_rate_fn=t5x_model.learning_rate(opt),
+            num_microbatches=k)
+        first = trainer.train(iter([batch]), 1, start_step=0).result()
+        # After step 0 (learning rate 0 in warm-up) AdamW's first moment is 0.1 x the
+        # step's gradients: the gradients themselves, compared below.
+        mu = [np.asarray(x) for path, x in jax.tree_util.tree_leaves_with_path(
+            jax.device_get(trainer.train_state.param_states)) if "mu" in jax.tree_util.keystr(path)]
+        second = trainer.train(iter([batch]), 1, start_step=1).result()
+        runs[k] = ([float(m["loss"].value) for m in (first, second)],
+                   [float(m["accuracy"].value) for m in (first, second)], mu)
+    (loss1, acc1, mu1), (loss4, acc4, mu4) = runs[None], runs[4]
+    np.testing.assert_allclose(loss4, loss1, rtol=1e-6)
+    np.testing.assert_allclose(acc4, acc1, rtol=1e-6)
+    assert len(mu1) == len(mu4) > 0
+    # As in test_step.py's accumulation test: only the summation order differs, and
+    # rounding is relative to the summed terms, so errors are measured against the norm
+    # of the whole gradient.
+    scale = np.sqrt(sum(np.sum(np.square(m)) for m in mu1))
+    for a, b in zip(mu4, mu1):
+        assert np.linalg.norm(a - b) / scale < 1e-6
+
+
+def test_t5x_hosts_draw_the_streams_our_trainer_draws(corpus):
+    # gin/t5x/run.gin's get_dataset_fn: input shard i of a phase on task T is seeded as
+    # our trainer seeds host i of a phase on T, so the two trainers read the same
+    # batches, and two shards draw different masks (t5x's own function seeds all alike).
+    from xlmeta_jax import seeds, t5x_phases
+    from xlmeta_jax.data import feeding
+
+    register_corpus(corpus)
+    cfg = _dataset_config(names.CC100_MIXTURE, seed=3)
+    shards = []
+    for i in range(2):
+        ds = t5x_phases.get_dataset(cfg, i, 2, t5x_model.MLMFeatureConverter)
+        shards.append(next(ds.as_numpy_iterator()))
+        ours = feeding.host_dataset(
+            names.CC100_MIXTURE, sequence_length=LENGTH,
+            seed=seeds.phase_seeds([names.CC100_MIXTURE], 3)[0],
+            shard=seqio.ShardInfo(index=i, num_shards=2))
+        rows = list(ours.take(BATCH // 2).as_numpy_iterator())
+        for name in mlm.STEP_FEATURES:
+            np.testing.assert_array_equal(shards[i][name], np.stack([r[name] for r in rows]))
+    assert not np.array_equal(shards[0]["mlm_positions"], shards[1]["mlm_positions"])

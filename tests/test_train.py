@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import jax
+import multihost
 import numpy as np
 import pytest
 
@@ -44,11 +45,7 @@ phase2/xlmeta_jax.trainer.Phase.init_from = 'phase1'
 """
 
 
-def _env(devices: int = 8) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+_env = multihost.env
 
 
 def _cmd(gin_path, model_dir, *extra):
@@ -274,22 +271,10 @@ def test_two_processes_match_one(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
     for attempt in range(2):
-        port = 20000 + (os.getpid() * 7 + attempt) % 20000
         two = tmp_path / f"two{attempt}"
-        procs = [
-            subprocess.Popen(
-                [sys.executable, script, two,
-                 f"--coordinator_address=localhost:{port}", "--process_count=2",
-                 f"--process_index={i}"],
-                env=_env(4), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
-            for i in range(2)
-        ]
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-        codes = [p.returncode for p in procs]
-        # On a loaded machine Gloo's fixed rendezvous timeout can expire while one process
-        # is still compiling: retry that (and only that) once.
-        if codes != [0, 0] and attempt == 0 and "gloo" in (outs[0] + outs[1]).lower():
+        codes, outs = multihost.two_processes([sys.executable, script, two],
+                                              multihost.port(attempt))
+        if codes != [0, 0] and attempt == 0 and multihost.gloo_timed_out(outs):
             continue
         break
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
@@ -321,36 +306,6 @@ MULTIHOST_STOP = textwrap.dedent("""
 """)
 
 
-def _two_processes(script, model_dir, port, on_line=None):
-    """Starts both processes; ``on_line(index, line, procs)`` sees every output line."""
-    import threading
-
-    procs = [
-        subprocess.Popen(
-            [sys.executable, script, model_dir, f"--coordinator_address=localhost:{port}",
-             "--process_count=2", f"--process_index={i}"],
-            env=_env(4), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for i in range(2)
-    ]
-    outs = [[], []]
-
-    def read(i):
-        for line in procs[i].stdout:
-            outs[i].append(line)
-            if on_line is not None:
-                on_line(i, line, procs)
-
-    threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(2)]
-    for t in threads:
-        t.start()
-    for p in procs:
-        p.wait(timeout=600)
-    for t in threads:
-        t.join(timeout=60)
-    return [p.returncode for p in procs], ["".join(o) for o in outs]
-
-
 @pytest.mark.slow
 def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
     # SIGTERM reaches one host of a pod (a preempted VM, a scheduler's kill): every
@@ -368,11 +323,11 @@ def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
 
     for attempt in range(2):
         signalled.clear()
-        port = 20000 + (os.getpid() * 11 + 3 * attempt + 1) % 20000
-        codes, outs = _two_processes(script, model_dir, port, signal_process_1_once_training)
-        # Gloo's fixed rendezvous timeout can expire while one process still compiles on a
-        # loaded machine: retry that (and only that) once, on a clean directory.
-        if signalled or attempt or "gloo" not in (outs[0] + outs[1]).lower():
+        port = multihost.port(100 + 3 * attempt)
+        codes, outs = multihost.two_processes([sys.executable, script, model_dir], port,
+                                              signal_process_1_once_training)
+        # Retry a gloo rendezvous timeout (only that) once, on a clean directory.
+        if signalled or attempt or not multihost.gloo_timed_out(outs):
             break
         import shutil
 
@@ -387,7 +342,7 @@ def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
     assert [p.name for p in (model_dir / "phase1").iterdir() if p.name.isdigit()] == [step]
     assert (model_dir / "phase1" / step / "commit_success.txt").exists()
 
-    codes, outs = _two_processes(script, model_dir, port + 1)
+    codes, outs = multihost.two_processes([sys.executable, script, model_dir], port + 1)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert f"resuming from {model_dir / 'phase1' / step} (step {step}/60)" in outs[0], outs[0]
     assert checkpoints.find_step_dir(model_dir / "phase1").name == "60"

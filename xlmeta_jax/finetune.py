@@ -19,7 +19,9 @@ reports mean ± std. The sentence-retrieval tasks run through the same command
 (``gin/finetune/tatoeba.gin``, ``gin/finetune/bucc.gin``: no fine-tuning). Writes
 ``MODEL_DIR/results.json`` and ``MODEL_DIR/config.gin``, and prints a table of
 per-language scores. The work is done by
-:func:`xlmeta_jax.evaluation.finetuning.finetune`.
+:func:`xlmeta_jax.evaluation.finetuning.finetune`. It runs on one host: started on several
+(``--process_count=N`` with N > 1, or on every VM of a multi-host TPU slice) it stops at
+once with one line (:mod:`xlmeta_jax.hosts`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from xlmeta_jax import errors, gin_cli, logs
+from xlmeta_jax import errors, gin_cli, hosts, logs
 
 
 def help_text() -> str:
@@ -43,7 +45,9 @@ def help_text() -> str:
         example="python -m xlmeta_jax.finetune --gin_file=gin/finetune/pawsx.gin "
                 "--gin_file=gin/finetune/demo.gin --gin.INITIAL_CHECKPOINT_PATH=\"'init:tiny'\" "
                 "--gin.MODEL_DIR=\"'/tmp/pawsx_demo'\"",
-        flags=(("--seeds=N", "fine-tune N times (seeds seed .. seed+N-1), report mean ± std"),),
+        flags=(("--seeds=N", "fine-tune N times (seeds seed .. seed+N-1), report mean ± std"),
+               ("--process_count=N", "runs on one host: N > 1 (or a multi-host TPU VM "
+                "slice) stops at once")),
     )
 
 
@@ -66,6 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
     """Parses gin flags and ``--seeds``, runs the configured ``finetune``, prints its table."""
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, seeds = _pop_seeds(argv)
+    if not gin_cli.wants_help(argv):
+        # Every host of a pod would fine-tune alone and write the same MODEL_DIR: refuse
+        # before any checkpoint or data is read and before MODEL_DIR exists.
+        argv = hosts.require_one_host(argv, "finetune")
     flags = gin_cli.parse_command_line(argv, doc=help_text(),
                                        example="gin/finetune/tydiqa.gin")
     if flags is None:

@@ -148,15 +148,18 @@ def _alive(pid) -> bool:
     return True
 
 
-def check_stored_config(where: str, meta: dict, model, phase) -> None:
+def check_stored_config(where: str, meta: dict, model, phase, data_seed: int | None = None
+                        ) -> None:
     """Raises RunConfigMismatch when ``meta`` (a stored checkpoint's) differs from the
-    requested ``model`` (EncoderConfig) or ``phase`` (trainer Phase).
+    requested ``model`` (EncoderConfig), ``phase`` (trainer Phase) or ``data_seed``.
 
     Args:
       where: the checkpoint directory, for the message.
       meta: the checkpoint's metadata (``model_config``, ``task``, ...).
       model: the requested encoder configuration.
       phase: the requested phase.
+      data_seed: the phase's data and dropout seed (``seeds.phase_seed``), when known:
+        resuming with another would continue a different stream.
     """
     stored_model = meta.get("model_config") or {}
     requested = dataclasses.asdict(model)
@@ -175,6 +178,12 @@ def check_stored_config(where: str, meta: dict, model, phase) -> None:
                 f"{getattr(phase, field)!r} (phase {phase.name!r}); use another MODEL_DIR "
                 "or the stored setting"
             )
+    if data_seed is not None and meta.get("data_seed", data_seed) != data_seed:
+        raise RunConfigMismatch(
+            f"{where} was trained with data and dropout seed {meta['data_seed']}, the config "
+            f"derives {data_seed} (train.seed and the phase's task); resume with the seed the "
+            "run was started with"
+        )
     stored_step = meta.get("phase_step")
     if isinstance(stored_step, int) and stored_step > phase.num_steps:
         raise RunConfigMismatch(

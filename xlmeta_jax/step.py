@@ -183,7 +183,8 @@ def make_step_functions(
         dropout_key = jax.random.fold_in(base_key, state.step)
         grads, sums = accumulated_grads(
             sums_fn, state.params, batch, dropout_key, microbatches=microbatches,
-            batch_spec=partitioning.batch_spec(1), grads_sharding=state_sharding.params,
+            rows_sharding=NamedSharding(mesh, partitioning.batch_spec(1)),
+            grads_sharding=state_sharding.params,
         )
         _, metrics = losses.loss_from_sums(*sums)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -273,7 +274,7 @@ def split_microbatches(batch, microbatches: int):
 
 
 def accumulated_grads(sums_fn, params, batch, dropout_key, *, microbatches: int = 1,
-                      batch_spec: PartitionSpec | None = None, grads_sharding=None):
+                      rows_sharding: NamedSharding | None = None, grads_sharding=None):
     """Gradients of the batch's MLM loss, optionally accumulated over microbatches.
 
     The loss is the summed cross-entropy over the masked tokens of the whole batch
@@ -290,8 +291,8 @@ def accumulated_grads(sums_fn, params, batch, dropout_key, *, microbatches: int 
       dropout_key: the step's key; microbatch ``i`` draws from ``fold_in(key, i)``
         (with one microbatch, the key itself).
       microbatches: k; ``B`` must be divisible by it (see :func:`split_microbatches`).
-      batch_spec: mesh spec of a microbatch's leading (row) dimension, to shard every
-        microbatch as the step's batch is.
+      rows_sharding: how a batch's rows are split over the mesh (a ``NamedSharding``
+        whose spec names the row dimension only): every microbatch is split the same way.
       grads_sharding: sharding of the gradient accumulator (the parameters').
 
     Returns:
@@ -307,11 +308,12 @@ def accumulated_grads(sums_fn, params, batch, dropout_key, *, microbatches: int 
         return grads, sums
 
     def constrain(x, leading=()):
-        if batch_spec is None:
+        if rows_sharding is None:
             return x
-        rest = [None] * (x.ndim - len(leading) - len(batch_spec))
+        spec = tuple(rows_sharding.spec)
+        rest = [None] * (x.ndim - len(leading) - len(spec))
         return jax.lax.with_sharding_constraint(
-            x, PartitionSpec(*leading, *batch_spec, *rest))
+            x, NamedSharding(rows_sharding.mesh, PartitionSpec(*leading, *spec, *rest)))
 
     def sum_and_sums(p, mbatch, key):
         sums = sums_fn(p, mbatch, key)

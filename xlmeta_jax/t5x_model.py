@@ -19,6 +19,8 @@ trainer; gin/meta.gin and gin/xlmr.gin wire them up:
 * :class:`MeshPartitioner` — t5x's ``PjitPartitioner`` with an explicit
   ``(data, model)`` mesh shape on any backend (t5x's CPU mesh puts one process's
   devices all on ``model``).
+* :class:`MaskedLMTrainer` — t5x's ``Trainer`` whose gradient accumulation
+  (``num_microbatches``) normalises the loss over the whole batch, as our trainer's.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from t5x import metrics as t5x_metrics
 from t5x import models as t5x_models
 from t5x import optimizers as t5x_optimizers
 from t5x import partitioning as t5x_partitioning
+from t5x import trainer as t5x_trainer
 
-from xlmeta_jax import losses, mlm, network, optimizer
+from xlmeta_jax import losses, mlm, network, optimizer, step
 from xlmeta_jax.data.vocabulary import MASK_ID
 
 # Logical names of our network that t5x's standard rules do not name (position tables).
@@ -155,9 +158,10 @@ class MaskedLMModel(t5x_models.BaseModel):
     """``network.XLMRForMaskedLM`` trained with ``losses.mlm_loss_and_metrics``.
 
     ``loss_fn`` is our trainer's loss: the mean cross-entropy over the batch's
-    selected positions (LM head applied only there). Because that mean is per
-    batch, t5x's gradient accumulation (``Trainer.num_microbatches`` > 1, which
-    sums the microbatches' gradients) is not supported.
+    selected positions (LM head applied only there). That mean is per batch, so
+    t5x's own gradient accumulation (which sums the microbatches' gradients of
+    ``loss_fn``) would weight each microbatch's mean equally; train with
+    :class:`MaskedLMTrainer` for ``num_microbatches`` > 1.
     """
 
     FEATURE_CONVERTER_CLS = MLMFeatureConverter
@@ -350,3 +354,75 @@ class MeshPartitioner(t5x_partitioning.PjitPartitioner):
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         return Mesh(np.asarray(devices, dtype=object).reshape(self._mesh_shape),
                     ("data", "model"))
+
+
+# ============================================================================
+# Trainer.
+# ============================================================================
+
+
+class MaskedLMTrainer(t5x_trainer.Trainer):
+    """t5x's ``Trainer``; with ``num_microbatches`` > 1 the batch-mean loss stays exact.
+
+    t5x accumulates microbatches by summing the gradients of ``model.loss_fn`` on
+    each, i.e. of each microbatch's own mean: the loss would then be a mean of
+    microbatch means, and its scale would grow with the number of microbatches.
+    This trainer accumulates as our trainer's step does
+    (``step.accumulated_grads``): the gradients of the microbatches' summed
+    cross-entropy, divided once by the masked tokens of the whole batch, with
+    dropout from ``fold_in(step rng, i)`` for microbatch ``i``. The update is then
+    t5x's (``trainer.apply_grads``). Without microbatches it is t5x's ``Trainer``
+    unchanged. The train step is built where t5x's trainers build theirs (t5x's own
+    MoE trainer overrides the same method).
+    """
+
+    def __init__(self, model: MaskedLMModel, train_state, partitioner, eval_names,
+                 summary_dir, train_state_axes, rng, learning_rate_fn, num_microbatches,
+                 weight_metrics_computer=None):
+        """Args: those of ``t5x.trainer.Trainer``; ``model`` is a :class:`MaskedLMModel`."""
+        if not isinstance(model, MaskedLMModel):
+            raise TypeError(f"MaskedLMTrainer trains a MaskedLMModel, got {type(model).__name__}")
+        super().__init__(
+            model=model, train_state=train_state, partitioner=partitioner,
+            eval_names=eval_names, summary_dir=summary_dir, train_state_axes=train_state_axes,
+            rng=rng, learning_rate_fn=learning_rate_fn, num_microbatches=num_microbatches,
+            weight_metrics_computer=weight_metrics_computer,
+        )
+        # Our own references to what the accumulated step needs.
+        self.mlm_model = model
+        self.microbatches = step.check_microbatches(num_microbatches or 1)
+        self.mlm_partitioner = partitioner
+        self.mlm_state_axes = train_state_axes
+        self.mlm_rng = rng
+        self.mlm_learning_rate_fn = learning_rate_fn
+        self.mlm_weight_metrics = weight_metrics_computer
+
+    @functools.cached_property
+    def _partitioned_train_step(self):
+        if self.microbatches == 1:
+            return super()._partitioned_train_step
+        module = self.mlm_model.module
+        partitioner = self.mlm_partitioner
+        rows = jax.sharding.NamedSharding(partitioner.mesh, partitioner.data_partition_spec)
+
+        def sums_fn(params, batch, key):
+            return losses.mlm_sums(module, params, batch, rngs={"dropout": key},
+                                   deterministic=False)
+
+        def train_step(train_state, batch):
+            # t5x's step rng (BaseTrainer: fold_in(rng, step)).
+            dropout_rng = jax.random.fold_in(self.mlm_rng, train_state.step)
+            grads, sums = step.accumulated_grads(
+                sums_fn, train_state.params, batch, dropout_rng,
+                microbatches=self.microbatches, rows_sharding=rows)
+            loss, metrics = losses.loss_from_sums(*sums)
+            return t5x_trainer.apply_grads(
+                train_state, grads, _summary_metrics(loss, metrics, batch),
+                self.mlm_learning_rate_fn(train_state.step), self.mlm_weight_metrics)
+
+        return partitioner.partition(
+            train_step,
+            in_axis_resources=(self.mlm_state_axes, partitioner.data_partition_spec),
+            out_axis_resources=(self.mlm_state_axes, None),
+            donate_argnums=(0,),
+        )

@@ -19,6 +19,7 @@ the gin files reference; t5x calls nothing else of ours but the model.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -27,12 +28,13 @@ from typing import Any
 
 import flax
 import jax
+import seqio
 import tensorflow as tf
 from absl import logging
 from t5x import gin_utils as t5x_gin_utils
 from t5x import utils as t5x_utils
 
-from xlmeta_jax import checkpoints, network
+from xlmeta_jax import checkpoints, network, seeds
 
 # Written next to t5x's checkpoints: the encoder configuration and vocabulary.
 MODEL_INFO = checkpoints.T5X_MODEL_INFO
@@ -111,6 +113,49 @@ def init_params_from(model_dir: str, phase: int, init_steps: int | None = None) 
                 f"--gin.PHASE={phase - 1})"
             )
     return source
+
+
+def get_dataset(cfg: t5x_utils.DatasetConfig, shard_id: int, num_shards: int,
+                feature_converter_cls, num_epochs: int | None = None,
+                continue_from_last_checkpoint: bool = False):
+    """t5x's ``utils.get_dataset`` with a data seed per source and per input shard.
+
+    t5x seeds every host's input pipeline with ``DatasetConfig.seed`` itself (and
+    asserts that it is the same everywhere), so every host would draw the same mixture
+    sequence and masks, and phase 2 would replay phase 1's seeds. Here the stream of
+    shard ``shard_id`` is seeded ``seeds.host_seed(seeds.phase_seed(seed, task),
+    shard_id)`` as in our trainer: hosts draw independently, while which documents a
+    shard reads depends on the shard alone. Bound as ``train.get_dataset_fn``
+    (gin/t5x/run.gin); without a seed it is t5x's own function.
+    """
+    if cfg.seed is None or not isinstance(cfg.mixture_or_task_name, str):
+        return t5x_utils.get_dataset(cfg, shard_id, num_shards, feature_converter_cls,
+                                     num_epochs, continue_from_last_checkpoint)
+    if continue_from_last_checkpoint:
+        raise ValueError("continue_from_last_checkpoint is not supported by this dataset fn")
+    if cfg.module:
+        importlib.import_module(cfg.module)
+    if cfg.batch_size % num_shards:
+        raise ValueError(f"Batch size ({cfg.batch_size}) must be divisible by number of "
+                         f"shards ({num_shards}).")
+    seed = seeds.host_seed(seeds.phase_seed(cfg.seed, cfg.mixture_or_task_name), shard_id)
+    logging.info("dataset %s: shard %d of %d, %d examples per batch, seed %d",
+                 cfg.mixture_or_task_name, shard_id, num_shards,
+                 cfg.batch_size // num_shards, seed)
+    return seqio.get_dataset(
+        mixture_or_task_name=cfg.mixture_or_task_name,
+        task_feature_lengths=cfg.task_feature_lengths,
+        dataset_split=cfg.split,
+        shuffle=cfg.shuffle,
+        num_epochs=num_epochs,
+        feature_converter=feature_converter_cls(
+            pack=cfg.pack, use_custom_packing_ops=cfg.use_custom_packing_ops),
+        shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards),
+        use_cached=cfg.use_cached,
+        seed=seed,
+        trim_output_features=cfg.trim_output_features,
+        batch_size=cfg.batch_size // num_shards,
+    )
 
 
 class PhaseInitializer(t5x_utils.TrainStateInitializer):

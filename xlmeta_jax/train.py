@@ -16,7 +16,6 @@ the same experiment from gin/meta.gin: xlmeta_jax/t5x_model.py). Several hosts:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -24,7 +23,7 @@ from collections.abc import Sequence
 
 import jax
 
-from xlmeta_jax import errors, gin_cli, logs, trainer
+from xlmeta_jax import errors, gin_cli, hosts, logs, trainer
 
 # The trainer's logger: its progress lines are what this command prints.
 log = logging.getLogger("xlmeta_jax.train")
@@ -36,13 +35,7 @@ def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
     Flags: ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``.
     On Cloud TPU VMs with several hosts, ``jax.distributed.initialize()`` needs no flags.
     """
-    parser = argparse.ArgumentParser(prog="xlmeta_jax.train", add_help=False)
-    parser.add_argument("--coordinator_address", default=None)
-    parser.add_argument("--process_count", type=int, default=None)
-    parser.add_argument("--process_index", type=int, default=None)
-    parser.add_argument("--cpu_collectives", default="gloo",
-                        help="collectives implementation for multi-process CPU runs")
-    args, rest = parser.parse_known_args(list(argv_rest))
+    args, rest = hosts.parse_distributed_flags(argv_rest, prog="xlmeta_jax.train")
     if args.coordinator_address:
         if args.process_count is None or args.process_index is None:
             raise trainer.ConfigError(
@@ -54,7 +47,7 @@ def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
             num_processes=args.process_count,
             process_id=args.process_index,
         )
-    elif "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
+    elif hosts.tpu_pod_hosts():
         jax.distributed.initialize()
     return rest
 

@@ -31,6 +31,7 @@ from xlmeta_jax import (
     network,
     partitioning,
     run_dir,
+    seeds,
     step,
 )
 from xlmeta_jax.optimizer import OptimizerConfig
@@ -244,7 +245,6 @@ class _Run:
     model_dir: str
     model: network.EncoderConfig
     phases: list
-    mesh: Any
     seed: int
     checkpoint_every: int
     keep_checkpoints: int | None
@@ -257,14 +257,18 @@ class _Run:
     microbatches: int = 1
     # Ctrl-C / SIGTERM handling while training (None: default signal behaviour).
     stop: Any = None
+    mesh: Any = None
+    # Each phase's data and dropout seed (seeds.phase_seed: run seed, task, occurrence).
+    phase_seeds: list = dataclasses.field(default_factory=list)
 
 
 def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     """Initialises or resumes one phase, trains it to the end, returns its summary."""
     model, phases = run.model, run.phases
     phase_dir = os.path.join(run.model_dir, phase.name)
+    phase_seed = run.phase_seeds[index]
     fns = step.make_step_functions(
-        model, phase.optimizer_config(), run.mesh, seed=run.seed * 1000 + index,
+        model, phase.optimizer_config(), run.mesh, seed=phase_seed,
         rng_impl=run.rng_impl, microbatches=run.microbatches,
     )
     ckpt = checkpoints.PhaseCheckpoints(
@@ -294,6 +298,7 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
         return _phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
                               meta.get("initialized_from"), steps_run=0, wall=0.0)
     if latest is not None:
+        # (Its data seed equals this run's: checked by validation.phase_is_complete.)
         state, meta = ckpt.restore(latest, fns.abstract_state, iterator)
         phase_step = int(meta["phase_step"])
         step_offset = int(meta["step_offset"])
@@ -339,6 +344,7 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             "num_steps": phase.num_steps,
             "step_offset": step_offset,
             "task": phase.task,
+            "data_seed": phase_seed,
             "batch_size": phase.batch_size,
             "sequence_length": phase.sequence_length,
             "model_config": dataclasses.asdict(model),
@@ -494,7 +500,8 @@ def train(
         bind it.
       phases: phases in order (``@phase1/Phase()``, ...).
       mesh_shape: (data, fsdp, tensor); one entry may be -1.
-      seed: parameter-init, dropout and data seed.
+      seed: the run seed: parameter init, and through ``seeds.phase_seed`` each phase's
+        data and dropout seeds (the same for every arm that reads the same source).
       checkpoint_every: save a checkpoint every this many steps (and at each phase end).
       keep_checkpoints: checkpoints kept per phase (None: all).
       async_checkpointing: write checkpoints in the background.
@@ -529,47 +536,45 @@ def train(
     lock = None
     if jax.process_index() == 0 and run_dir.RunLock.supported(model_dir):
         lock = run_dir.RunLock(model_dir).acquire()
+    run = _Run(model_dir=model_dir, model=model, phases=list(phases), seed=seed,
+               checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+               async_checkpointing=async_checkpointing, log_every=log_every,
+               initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
+               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
+               microbatches=microbatches,
+               phase_seeds=seeds.phase_seeds([p.task for p in phases], seed))
     try:
-        with interrupts.StopSignals() as stop:
-            summary = _train_all(model_dir, model, phases, mesh_shape, seed, checkpoint_every,
-                                 keep_checkpoints, async_checkpointing, log_every,
-                                 initial_checkpoint_path, vocab_path, rng_impl, stop,
-                                 microbatches)
+        with interrupts.StopSignals() as run.stop:
+            summary = _train_all(run, mesh_shape)
     finally:
         if lock is not None:
             lock.release()
     return summary
 
 
-def _train_all(model_dir, model, phases, mesh_shape, seed, checkpoint_every, keep_checkpoints,
-               async_checkpointing, log_every, initial_checkpoint_path, vocab_path, rng_impl,
-               stop, microbatches) -> dict:
-    mesh = partitioning.create_mesh(*mesh_shape)
+def _train_all(run: _Run, mesh_shape) -> dict:
+    model_dir, model, phases, stop = run.model_dir, run.model, run.phases, run.stop
+    run.mesh = mesh = partitioning.create_mesh(*mesh_shape)
     log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s", hardware.device_description(),
-             mesh_shape, f"; {microbatches} microbatches per step" if microbatches > 1 else "")
+             mesh_shape,
+             f"; {run.microbatches} microbatches per step" if run.microbatches > 1 else "")
     # All iterators are built now so a missing file or unknown task fails early
     # (except for phases that are already complete).
     iterators = {}
     for i, p in enumerate(phases):
-        if phase_is_complete(model_dir, p, model):
+        if phase_is_complete(model_dir, p, model, run.phase_seeds[i]):
             # Its parameters must be readable before it counts as complete: a later
             # phase, fine-tuning and export read them.
             checkpoints.verify_readable(os.path.join(model_dir, p.name, str(p.num_steps)))
             iterators[p.name] = None
             continue
         log.info("[%s] building the input pipeline of %s", p.name, p.task)
-        iterators[p.name] = _make_iterator(p, model, mesh, seed=seed * 1000 + i + 1)
+        iterators[p.name] = _make_iterator(p, model, mesh, seed=run.phase_seeds[i])
     # A run that trains records its config; a rerun of a complete run leaves it alone.
     if jax.process_index() == 0 and any(it is not None for it in iterators.values()):
         gin_cli.write_config(model_dir)
 
     summary = {"model_dir": model_dir, "phases": []}
-    run = _Run(model_dir=model_dir, model=model, phases=list(phases), mesh=mesh, seed=seed,
-               checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-               async_checkpointing=async_checkpointing, log_every=log_every,
-               initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
-               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl, stop=stop,
-               microbatches=microbatches)
     for index, phase in enumerate(phases):
         if index and stop.requested(sync_point=True):
             raise errors.Interrupted(

@@ -139,13 +139,13 @@ def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> No
         )
 
 
-def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig
-                      ) -> bool:
+def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig,
+                      data_seed: int | None = None) -> bool:
     """Whether the phase's final checkpoint exists (finalised by Orbax).
 
     Raises:
       run_dir.RunConfigMismatch: the phase's stored checkpoints were written for
-        another model or phase setting than the requested one.
+        another model or phase setting (or ``data_seed``) than the requested one.
     """
     path = os.path.join(model_dir, phase.name)
     if not os.path.isdir(path):
@@ -156,7 +156,7 @@ def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.Encod
         latest = ckpt.latest_step()
         if latest is not None:
             run_dir.check_stored_config(os.fspath(ckpt.step_dir(latest)),
-                                        ckpt.read_meta(latest), model, phase)
+                                        ckpt.read_meta(latest), model, phase, data_seed)
         return latest == phase.num_steps
     finally:
         ckpt.close()

@@ -4,7 +4,10 @@ Each process reads only its share of the data (seqio ``ShardInfo(index=
 process_index, num_shards=process_count)``: by file where there are enough
 files, else by document), batches ``global_batch_size / process_count``
 examples, and the batches are assembled into global arrays sharded over the
-mesh's batch axes (``partitioning.batch_spec``: ``('data', 'fsdp')``).
+mesh's batch axes (``partitioning.batch_spec``: ``('data', 'fsdp')``). Each
+process draws its own mixture sampling, masks and shuffling (seqio's seed is
+``seeds.host_seed(seed, process_index)``), so a global batch holds independent
+draws from every host rather than the same language sequence H times.
 
 The iterator's position is saved and restored with tf.data's own iterator
 checkpointing (``tf.train.Checkpoint``, as ``clu.data.TfDatasetIterator``):
@@ -21,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from xlmeta_jax import mlm, partitioning
+from xlmeta_jax import mlm, partitioning, seeds
 from xlmeta_jax.data import mixtures
 
 
@@ -109,6 +112,65 @@ def _check_batch(global_batch_size: int, mesh: Mesh) -> int:
     return global_batch_size // count
 
 
+def host_dataset(
+    task_or_mixture: str,
+    *,
+    sequence_length: int,
+    seed: int,
+    shard=None,
+    split: str = "train",
+    shuffle: bool = True,
+    use_cached: bool = False,
+    cache_dir: str | None = None,
+    num_epochs: int | None = None,
+    passthrough_features=(),
+):
+    """One host's stream of masked blocks (a tf.data.Dataset of examples, not batched).
+
+    Args:
+      task_or_mixture: a registered Task/Mixture name (``tasks.names``).
+      sequence_length: L, the block length.
+      seed: the stream's seed; the host's own is ``seeds.host_seed(seed, shard.index)``.
+      shard: this host's ``seqio.ShardInfo`` (default: this process of
+        ``jax.process_count()``).
+      split, shuffle, use_cached, cache_dir, num_epochs: as :func:`make_mlm_iterator`.
+      passthrough_features: features seqio would drop that the stream keeps (e.g.
+        ``["language"]`` of a mixture's blocks, to inspect what a host draws).
+
+    Raises:
+      CorpusError: for a name that is not registered.
+    """
+    import seqio
+
+    if cache_dir:
+        seqio.add_global_cache_dirs([cache_dir])
+    if task_or_mixture not in (*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()):
+        raise mixtures.CorpusError(
+            f"{task_or_mixture} is not a registered seqio task or mixture: tasks.register "
+            "registers the configured corpora (english_files / english_tfds_name, cc100_dir, "
+            "mc4_tfds_name; gin: ENGLISH_FILES, ENGLISH_TFDS_NAME, CC100_DIR, gin/data/mc4.gin)"
+        )
+    if shard is None:
+        shard = seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())
+    provider = seqio.get_mixture_or_task(task_or_mixture)
+    kwargs = dict(
+        sequence_length={"inputs": int(sequence_length), "targets": int(sequence_length)},
+        split=split,
+        use_cached=use_cached,
+        shuffle=shuffle,
+        # Mixing, masking and shuffling per host; the shard alone decides what it reads.
+        seed=seeds.host_seed(int(seed), shard.index),
+        shard_info=shard,
+        num_epochs=num_epochs,
+        try_in_mem_cache=False,
+    )
+    if passthrough_features:
+        if not isinstance(provider, seqio.Mixture):
+            raise ValueError(f"passthrough_features need a mixture; {task_or_mixture} is a task")
+        kwargs["passthrough_features"] = list(passthrough_features)
+    return provider.get_dataset(**kwargs)
+
+
 def make_mlm_iterator(
     task_or_mixture: str,
     *,
@@ -134,7 +196,7 @@ def make_mlm_iterator(
       global_batch_size: rows per batch over all processes.
       mesh: batches are sharded over its ``('data', 'fsdp')`` axes.
       seed: seeds file order, shuffling, mixing and masking; the same seed gives
-        the same batches.
+        the same batches. Each process folds its index in (:func:`host_dataset`).
       split: dataset split.
       shuffle: shuffle files and blocks (training; the blocks held for shuffling
         are a setting of the tasks, ``tasks.register(shuffle_buffer_size=...)``).
@@ -153,31 +215,13 @@ def make_mlm_iterator(
       ValueError: for a batch size that does not divide over processes or the
         mesh's batch shards; CorpusError for a name that is not registered.
     """
-    import seqio
     import tensorflow as tf
 
     host_batch = _check_batch(int(global_batch_size), mesh)
     _keep_tensorflow_off_accelerators()
-    if cache_dir:
-        seqio.add_global_cache_dirs([cache_dir])
-    if task_or_mixture not in (*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()):
-        raise mixtures.CorpusError(
-            f"{task_or_mixture} is not a registered seqio task or mixture: tasks.register "
-            "registers the configured corpora (english_files / english_tfds_name, cc100_dir, "
-            "mc4_tfds_name; gin: ENGLISH_FILES, ENGLISH_TFDS_NAME, CC100_DIR, gin/data/mc4.gin)"
-        )
-    provider = seqio.get_mixture_or_task(task_or_mixture)
-    kwargs = dict(
-        sequence_length={"inputs": int(sequence_length), "targets": int(sequence_length)},
-        split=split,
-        use_cached=use_cached,
-        shuffle=shuffle,
-        seed=int(seed),
-        shard_info=seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count()),
-        num_epochs=num_epochs,
-        try_in_mem_cache=False,
-    )
-    ds = provider.get_dataset(**kwargs)
+    ds = host_dataset(task_or_mixture, sequence_length=sequence_length, seed=seed, split=split,
+                      shuffle=shuffle, use_cached=use_cached, cache_dir=cache_dir,
+                      num_epochs=num_epochs)
     missing = [f for f in features if f not in ds.element_spec]
     if missing:
         raise ValueError(f"{task_or_mixture} does not provide features {missing}")

@@ -170,7 +170,13 @@ class TextLineDocumentsSource(seqio.DataSource):
 
 
 class TfdsDocumentsSource(seqio.DataSource):
-    """Documents of a TFDS dataset (one example = one document) as ``text`` entries."""
+    """Documents of a TFDS dataset (one example = one document) as ``text`` entries.
+
+    Sharding: by file where the split has at least as many files as shards, else by
+    example from the files in their stored order (not shuffled), so that what a shard
+    reads never depends on the seed: hosts seed their streams differently
+    (``seeds.host_seed``) and must still partition the data.
+    """
 
     def __init__(self, source: seqio.TfdsDataSource, text_feature: str = "text"):
         """Args:
@@ -183,7 +189,8 @@ class TfdsDocumentsSource(seqio.DataSource):
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
-        return self.tfds_source.supports_arbitrary_sharding
+        # Handled here (see the class docstring).
+        return True
 
     def list_shards(self, split: str) -> Sequence[str]:
         return self.tfds_source.list_shards(split)
@@ -200,9 +207,16 @@ class TfdsDocumentsSource(seqio.DataSource):
         num_epochs: int | None = 1,  # Unused
     ) -> tf.data.Dataset:
         feature = self.text_feature
-        ds = self.tfds_source.get_dataset(
-            split=split, shuffle=shuffle, seed=seed, shard_info=shard_info
-        )
+        by_example = (shard_info is not None and shard_info.num_shards > 1
+                      and not self.tfds_source.supports_arbitrary_sharding
+                      and len(self.list_shards(split)) < shard_info.num_shards)
+        if by_example:
+            ds = self.tfds_source.get_dataset(split=split, shuffle=False, seed=None)
+            ds = ds.shard(shard_info.num_shards, shard_info.index)
+        else:
+            ds = self.tfds_source.get_dataset(
+                split=split, shuffle=shuffle, seed=seed, shard_info=shard_info
+            )
         if feature not in ds.element_spec:
             raise mixtures.CorpusError(
                 f"{self.tfds_source}: no text feature {feature!r}; "

@@ -40,7 +40,7 @@ import gin
 import jax
 import numpy as np
 
-from xlmeta_jax import partitioning
+from xlmeta_jax import hosts, partitioning
 from xlmeta_jax.evaluation import (
     encoders,
     features,
@@ -376,7 +376,14 @@ def finetune(
 
     Returns:
       The results dictionary written to ``MODEL_DIR/results.json``.
+
+    Raises:
+      hosts.MultiHostError: in a multi-process run (``jax.process_count() > 1``): the
+        loop feeds host-local batches and one process writes MODEL_DIR.
     """
+    if jax.process_count() > 1:
+        raise hosts.MultiHostError(hosts.one_host_message(
+            "finetune", jax.process_index(), jax.process_count()))
     spec = readers.get_task(task)
     known = {f.name for f in dataclasses.fields(FineTuneSettings)}
     unknown = sorted(set(overrides) - known)

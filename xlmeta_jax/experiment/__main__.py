@@ -58,6 +58,9 @@ def main(argv: Sequence[str]) -> dict | None:
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True,
                       positive=train_cli.POSITIVE_PARAMETERS)
     exp = runner.experiment()
+    if not dry_run:
+        # Before the corpus is prepared or anything pretrains: no pod time is spent.
+        runner.check_hosts(exp)
     if dry_run:
         from xlmeta_jax.experiment.plan import plan
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gin
+import jax
 
 from xlmeta_jax import errors, gin_cli, network, trainer
 from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
@@ -215,8 +216,8 @@ def evaluation_done(exp: Experiment, arm: str, seed: int, task: str,
     return results
 
 
-def _check_model_dir(exp: Experiment) -> None:
-    """Records the plan in MODEL_DIR/experiment.json; a resume must match it."""
+def _check_model_dir(exp: Experiment, write: bool = True) -> None:
+    """Records the plan in MODEL_DIR/experiment.json (if ``write``); a resume must match it."""
     path = os.path.join(exp.model_dir, "experiment.json")
     mine = exp.fingerprint()
     if os.path.isfile(path):
@@ -228,6 +229,8 @@ def _check_model_dir(exp: Experiment) -> None:
                 raise ExperimentError(
                     f"MODEL_DIR {exp.model_dir} holds an experiment with another {key} "
                     f"({theirs.get(key)} there, {mine[key]} now); use a new MODEL_DIR")
+        return
+    if not write:
         return
     os.makedirs(exp.model_dir, exist_ok=True)
     tmp = path + ".tmp"
@@ -399,6 +402,9 @@ def write_results(exp: Experiment, command: str = "") -> dict:
     from xlmeta_jax.experiment import report as experiment_report
 
     results = collect(exp, command)
+    if jax.process_index() != 0:
+        # Pretraining on a pod (no tasks, see check_hosts): process 0 writes.
+        return results
     path = os.path.join(exp.model_dir, "results.json")
     with open(path + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
@@ -407,10 +413,32 @@ def write_results(exp: Experiment, command: str = "") -> dict:
     return results
 
 
+def check_hosts(exp: Experiment) -> None:
+    """Refuses, before anything runs, an experiment with evaluations on several processes.
+
+    The evaluations run the fine-tune command, which runs on one host (every host would
+    fine-tune alone and write the same files): on a pod the experiment can pretrain only,
+    and a rerun of the same command on one host resumes with the evaluations.
+
+    Raises:
+      ExperimentError: ``jax.process_count() > 1`` and ``experiment.tasks`` is not empty.
+    """
+    if jax.process_count() > 1 and exp.tasks:
+        raise ExperimentError(
+            f"the experiment's evaluations run on one host: this is process "
+            f"{jax.process_index()} of {jax.process_count()}; pretrain on the pod with "
+            "--gin.xlmeta_jax.experiment.experiment.tasks=[] and rerun the command without "
+            "it on one host (one VM) to evaluate")
+
+
 def run(exp: Experiment, command: str = "") -> dict:
     """Runs (or resumes) the whole experiment; returns its results."""
-    _check_model_dir(exp)
-    gin_cli.write_config(exp.model_dir)
+    check_hosts(exp)
+    # One writer of the experiment's own files when a pod pretrains (check_hosts).
+    writer = jax.process_index() == 0
+    _check_model_dir(exp, write=writer)
+    if writer:
+        gin_cli.write_config(exp.model_dir)
     t0 = time.time()
     todo = [(a, s) for a in exp.arms for s in exp.seeds if pretraining_done(exp, a, s) is None]
     if todo and exp.prepare is not None:
