@@ -96,13 +96,21 @@ def topology_devices(tpu: TpuSlice) -> list:
 @contextlib.contextmanager
 def _no_compilation_cache():
     """JAX's persistent cache off: a compile-only executable has no client to load into,
-    so a cached entry could only be written, then fail (with a warning) to be read."""
+    so a cached entry could only be written, then fail (with a warning) to be read.
+
+    JAX decides once per process whether the cache is used; ``reset_cache`` makes it
+    decide again, with the flag off here and restored afterwards.
+    """
+    from jax.experimental.compilation_cache import compilation_cache
+
     previous = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", previous)
+        compilation_cache.reset_cache()
 
 
 @dataclasses.dataclass(frozen=True)
