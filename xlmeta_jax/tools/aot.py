@@ -368,7 +368,8 @@ def report(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult]) -> str
         use = r.fitted
         if not r.base.fits:
             if use is None:
-                out.append(f"  nothing tried fits ({len(r.tried)} variants compiled)")
+                out.append(f"  nothing tried fits ({len(r.tried)} variants compiled)"
+                           if r.tried else "  no change searched (--no_search)")
                 continue
             flags = change_flags(r.base.variant, use.variant)
             out += ["  smallest change that fits (add to the command):", "    " + " ".join(flags)]
@@ -478,8 +479,9 @@ def main(argv: Sequence[str]) -> int:
         print(help_text())
         return 0
     slices, search, flags = parse_args(argv)
-    # Experiment files import the evaluation code, which may start TensorFlow.
-    logs.quiet_start()
+    # Experiment files import the evaluation code, which starts TensorFlow: started now,
+    # without its start-up lines (as the train command does).
+    logs.quiet_start(import_tensorflow=True)
     from xlmeta_jax.train import POSITIVE_PARAMETERS
 
     # Not finalized: gin's finalize refuses unset required macros (MODEL_DIR, VOCAB_PATH,
