@@ -41,9 +41,12 @@ def test_search_tries_remat_first_then_bigger_changes():
     assert [v.remat_policy for v in tried[:4]] == ["dots", "dots_no_batch", "save_named", "full"]
     assert all(v.mesh_shape == (-1, 1, 1) for v in tried[:4])
     later = tried[4:]
-    micro = [v.microbatches for v in later if v.microbatches > 1 and v.remat_policy == "none"]
+    micro = [v.microbatches for v in later if v.microbatches > 1 and v.remat_policy == "none"
+             and v.mesh_shape == (-1, 1, 1)]
     # 256 sequences over 4 devices: 64 per device, so 2 ... 64 microbatches.
     assert micro == [2, 4, 8, 16, 32, 64]
+    # Last resort: the state sharded over the slice, with microbatches.
+    assert later[-1] == aot_compile.Variant("none", 64, (-1, 4, 1))
     assert (-1, 4, 1) in [v.mesh_shape for v in later]
     assert aot.change_flags(base, aot_compile.Variant("full", 1, (-1, 1, 1))) == [
         "--gin.xlmeta_jax.network.get_config.remat_policy=\"'full'\""]
@@ -54,7 +57,7 @@ def test_search_skips_microbatch_counts_xla_already_rules_out():
     refused = aot_compile.Compiled(base, False, 0.0, needed_bytes=100 * 2**30,
                                    available_bytes=10 * 2**30)
     micro = [v.microbatches for v in aot.candidates(base, 256, 4, refused)
-             if v.remat_policy == "none" and v.microbatches > 1]
+             if v.remat_policy == "none" and v.microbatches > 1 and v.mesh_shape == (-1, 1, 1)]
     # Temporaries shrink at most in proportion to the microbatch: 10x too much needs >= 10.
     assert micro == [16, 32, 64]
 

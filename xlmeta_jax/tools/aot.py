@@ -181,7 +181,8 @@ def _shards(variant: Variant, n: int) -> int:
 def candidates(base: Variant, batch_size: int, num_devices: int,
                oom: Compiled | None = None) -> list[Variant]:
     """Changes to try, in order: remat policies (least recompute first), microbatches
-    (2, 4, ... as the batch divides), FSDP meshes, then full remat with microbatches.
+    (2, 4, ... as the batch divides), FSDP meshes, then full remat with microbatches, then
+    FSDP over the slice with microbatches.
 
     Microbatch counts below what XLA's refusal implies are skipped: temporaries shrink
     at most in proportion to the microbatch, so ``needed / available`` bounds the count.
@@ -206,6 +207,11 @@ def candidates(base: Variant, batch_size: int, num_devices: int,
             out.append(dataclasses.replace(base, mesh_shape=(-1, f, 1)))
     if base.remat_policy != "full":
         out += [Variant("full", base.microbatches * k, base.mesh_shape) for k in counts]
+    if base.mesh_shape[1] == 1 and base.mesh_shape[2] == 1 and num_devices > 1:
+        # Last: the state sharded over the whole slice as well as microbatches (when the
+        # replicated parameters and AdamW moments alone crowd a device, as on a v2).
+        out += [Variant(base.remat_policy, base.microbatches * k, (-1, num_devices, 1))
+                for k in counts]
     return out
 
 
