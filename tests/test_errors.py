@@ -430,3 +430,49 @@ def test_closed_loop_callbacks_of_a_failed_read_are_dropped_and_nothing_else(mon
     other = RuntimeError("a real bug")
     errors._drop_closed_loop_callbacks(unraisable(other))
     assert seen == [other]
+
+
+@pytest.fixture(scope="module")
+def data_spm(tmp_path_factory):
+    """A vocabulary of the pretraining data's kind (data.vocabulary), on generated text."""
+    from xlmeta_jax.data import vocabulary
+
+    folder = tmp_path_factory.mktemp("data_spm")
+    text = folder / "en.txt"
+    text.write_text("\n".join(f"the quick brown fox {i} jumps over {i * 7} lazy dogs, "
+                              f"sphinx of black quartz judge my vow {i % 13}"
+                              for i in range(300)))
+    return vocabulary.train_vocabulary({"en": [os.fspath(text)]}, os.fspath(folder / "v"), 400,
+                                       alpha=0.3, seed=0, num_threads=1, print_report=False)
+
+
+def test_missing_cc100_dir_is_one_line_before_training(data_spm, tmp_path, capsys):
+    # The data modules' errors (CorpusError, VocabularyError, UnknownLanguageError) are
+    # user errors: one line naming the folder, exit 2, no traceback.
+    missing = tmp_path / "no_cc100"
+    code, err = _train([
+        "--gin_file=native/xlmr.gin", "--gin_file=models/tiny.gin",
+        f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.VOCAB_PATH='{data_spm}'",
+        f"--gin.CC100_DIR='{missing}'", "--gin.CC100_LANGUAGES=['en', 'de']",
+        "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.META_STEPS=2",
+        "--gin.XLING_STEPS=2", "--gin.WARMUP_STEPS=1"], capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and str(missing) in err, err
+    assert not (tmp_path / "run" / "xlmr").exists()
+
+
+@pytest.mark.parametrize("name", [
+    "xlmeta_jax.data.mixtures.CorpusError", "xlmeta_jax.data.vocabulary.VocabularyError",
+    "xlmeta_jax.data.languages.UnknownLanguageError", "xlmeta_jax.partitioning.MeshShapeError",
+    "xlmeta_jax.experiment.arms.ArmError", "xlmeta_jax.hf_tokenizer.VocabularyLayoutError"])
+def test_input_errors_are_user_errors(name, capsys):
+    import importlib
+
+    module, cls = name.rsplit(".", 1)
+    error = getattr(importlib.import_module(module), cls)
+
+    def main(argv):
+        raise error("the bad thing, named\nwith context")
+
+    assert errors.run_command(main, [], prog="x") == errors.EXIT_USER_ERROR
+    assert capsys.readouterr().err.strip() == "x: error: the bad thing, named"

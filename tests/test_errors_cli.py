@@ -55,6 +55,16 @@ def finished(run_gin, tmp_path_factory):
     return model_dir
 
 
+def _foreign_lines(stderr: str) -> list[str]:
+    """The stderr lines that are not our command's own (third-party notices, tracebacks).
+
+    Whether a third-party notice appears can depend on timing (Orbax's "waiting for previous
+    save" on a loaded machine); tests assert that none leaks through, never on timing.
+    """
+    return [line for line in stderr.splitlines()
+            if line.strip() and not line.startswith("xlmeta_jax.")]
+
+
 def _assert_one_line(out, *parts, code=errors.EXIT_USER_ERROR):
     assert out.returncode == code, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
@@ -67,7 +77,7 @@ def test_rerun_of_finished_run_is_quiet_and_changes_nothing(finished, run_gin):
     before = digest(finished)
     out = _run(train_cmd(run_gin, finished))
     assert out.returncode == 0, out.stderr
-    assert out.stderr == "", out.stderr  # no TensorFlow/absl/gin noise
+    assert not _foreign_lines(out.stderr), out.stderr  # no TensorFlow/absl/gin noise
     assert "[phase2] already complete" in out.stdout
     assert digest(finished) == before
 
@@ -177,7 +187,7 @@ def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
     out = _run(train_cmd(run_gin, model_dir, *steps), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resuming from {stopped_at}" in out.stdout
-    assert out.stderr == ""  # no absl/Orbax notices on resume
+    assert not _foreign_lines(out.stderr), out.stderr  # no absl/Orbax notices on resume
     for phase in ("phase1", "phase2"):
         a = checkpoints.restore_params(checkpoints.find_step_dir(ref / phase))
         b = checkpoints.restore_params(checkpoints.find_step_dir(model_dir / phase))

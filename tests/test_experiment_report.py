@@ -113,3 +113,46 @@ def test_plots_are_skipped_when_there_is_nothing_to_plot(tmp_path):
     paths = report.write_report(results, tmp_path)
     assert [p.name for p in paths] == ["report.md"]
     assert "| meta | 0 |  | – | – |" in (tmp_path / "report.md").read_text()
+
+
+def test_sign_flip_p_values_and_holm_by_hand():
+    from xlmeta_jax.experiment import statistics
+
+    # n = 4, all positive: only the observed pattern and its mirror reach |mean| = 2.5.
+    assert statistics.sign_flip_p_value([1.0, 2.0, 3.0, 4.0]) == 2 / 16
+    # |mean| of patterns of (1, 1, 1, -3): observed 0; every pattern reaches it.
+    assert statistics.sign_flip_p_value([1.0, 1.0, 1.0, -3.0]) == 1.0
+    # (1, 2, 3, -1): observed sum 5; the signed sums of magnitudes (1, 2, 3, 1) reaching
+    # |s| >= 5 are +-(1+2+3+1) = 7, +-(1+2+3-1) = 5 and +-(-1+2+3+1) = 5: 6 of 16.
+    assert statistics.sign_flip_p_value([1.0, 2.0, 3.0, -1.0]) == 6 / 16
+    # Holm: sorted p times (m - rank), made monotone; order kept.
+    assert statistics.holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert statistics.smallest_p(4) == 0.125 and statistics.smallest_p(6) == 2 / 64
+    # 30 comparisons at 0.05: 2 / 2^n <= 0.05 / 30 first holds at n = 11.
+    assert statistics.seeds_needed(0.05, 30) == 11
+    low, high = statistics.t_interval([1.0, 2.0, 3.0, 4.0])
+    # mean 2.5, s = 1.291, t(0.975, 3) = 3.182: half-width 2.054.
+    assert (low, high) == pytest.approx((2.5 - 2.0540, 2.5 + 2.0540), abs=1e-3)
+
+
+def test_paired_comparisons_pair_seeds(fake_results):
+    from xlmeta_jax.experiment import statistics
+
+    rows = {(r["task"], r["score"]): r for r in statistics.paired_comparisons(fake_results)}
+    # XNLI English: meta (70, 74) - xlmr (66, 68) = (4, 6) per seed.
+    english = rows[("xnli", "english")]
+    assert (english["n"], english["mean"], english["baseline"]) == (2, 5.0, "xlmr")
+    assert english["std"] == pytest.approx(np.std([4.0, 6.0], ddof=1))
+    assert english["p"] == 0.5  # 2 of the 4 sign patterns reach |mean| 5
+    # Tatoeba has no English score: only its target average is compared.
+    assert ("tatoeba", "english") not in rows and ("tatoeba", "average_target") in rows
+    assert len(rows) == 3
+    assert english["p_holm"] == pytest.approx(min(1.0, 3 * 0.5))
+
+
+def test_report_states_what_the_seeds_can_detect(fake_results):
+    text = report.markdown(fake_results)
+    assert "## Paired comparison: meta − baseline, per seed" in text
+    assert "| xnli | english | xlmr | 2 | +5.00 ± 1.41 |" in text
+    assert "With 2 seeds the exact test cannot give p below 0.500" in text
+    assert "No difference is significant after Holm at 0.05." in text

@@ -236,3 +236,28 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path):
     # replayed twice — checked on the draws above; here the checkpoint records the seed.
     assert checkpoints.read_meta(reference / "xlmr" / "8")["data_seed"] == (
         seeds.phase_seeds(["xlmeta_cc100"], 0)[0])
+
+
+def test_experiment_arms_that_read_the_mixture_from_its_start_share_its_stream(toy):
+    # The experiment's arms (experiment/arms.py): meta's phase 2, xlmr and xling_only all
+    # read the mixture from its start, so for one seed they get the same seed, hence the
+    # same batches (drawn here) and dropout; meta's phase 1 and phase 2 differ.
+    from xlmeta_jax.experiment import arms
+    from xlmeta_jax.optimizer import OptimizerConfig
+
+    budget = arms.Budget(meta_steps=4, xling_steps=8, batch_size=8, sequence_length=LENGTH)
+    phase_seeds = {
+        arm: seeds.phase_seeds([p.task for p in arms.arm_phases(
+            arm, budget, english_task=names.ENGLISH_TEXT_TASK,
+            xling_mixture=names.CC100_MIXTURE, optimizer=OptimizerConfig(warmup_steps=1))], 7)
+        for arm in ("meta", "xlmr", "xling_only")}
+    assert phase_seeds["meta"][1] == phase_seeds["xling_only"][0] == phase_seeds["xlmr"][0]
+    assert phase_seeds["meta"][0] != phase_seeds["meta"][1]
+    tasks.register(**_settings(toy))
+    streams = [feeding.host_dataset(names.CC100_MIXTURE, sequence_length=LENGTH, seed=s,
+                                    shard=seqio.ShardInfo(index=0, num_shards=1))
+               for s in (phase_seeds["meta"][1], phase_seeds["xling_only"][0])]
+    a, b = (list(ds.take(20).as_numpy_iterator()) for ds in streams)
+    for x, y in zip(a, b):
+        for name in ("inputs", "mlm_positions", "mlm_targets"):
+            np.testing.assert_array_equal(x[name], y[name])

@@ -18,7 +18,7 @@ require_t5x()
 import t5x.train as t5x_train  # noqa: E402
 from t5x import optimizers as t5x_optimizers  # noqa: E402
 
-from xlmeta_jax import network, seeds, t5x_model, t5x_phases  # noqa: E402
+from xlmeta_jax import network, seeds, t5x_checks, t5x_model, t5x_phases  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
@@ -57,6 +57,11 @@ def _evaluate(value):
     return copy.deepcopy(value)
 
 
+def _model():
+    """t5x's model as train gets it, without the run's checks (no corpus or vocabulary here)."""
+    return _evaluate(gin.query_parameter("t5x_checks.checked_model.model"))
+
+
 def _task(args) -> str:
     """The task name the dataset config registers, without registering (no corpus here)."""
     return _evaluate(gin.query_parameter("xlmeta_jax.corpus.registered.name"))
@@ -85,7 +90,9 @@ def test_meta_gin_phase_1(tmp_path):
     assert _evaluate(args["model_dir"]) == str(tmp_path / "phase1")
     assert _evaluate(args["total_steps"]) == 100000
     assert _task(args) == "xlmeta_english_text"
-    model = _evaluate(args["model"])
+    # train's model passes our trainer's checks first (xlmeta_jax/t5x_checks.py).
+    assert args["model"].configurable.wrapped is t5x_checks.checked_model
+    model = _model()
     assert isinstance(model, t5x_model.MaskedLMModel)
     assert isinstance(model.optimizer_def, t5x_optimizers.OptaxWrapper)
     # The encoder of gin/models/base.gin, exactly as our trainer's run gets it.
@@ -110,10 +117,17 @@ def test_meta_gin_phase_1(tmp_path):
     assert _evaluate(args["random_seed"]) == 0
 
 
+def test_t5x_demo_sizes_the_model_to_its_vocabulary(tmp_path):
+    args = _train_args(["gin/t5x/demo.gin"], f"MODEL_DIR = '{tmp_path}'")
+    # The demo's 2000-piece vocabulary (tiny.gin alone has 1024 ids).
+    assert _model().config.vocab_size == 2000
+    assert _evaluate(args["total_steps"]) == 40
+
+
 def test_large_and_phase2_learning_rate(tmp_path):
-    args = _train_args(["gin/meta.gin", "gin/models/large.gin"], f"MODEL_DIR = '{tmp_path}'",
-                       "PHASE = 2", "PHASE2_LEARNING_RATE = 3e-4", "PHASE2_WARMUP_STEPS = 500")
-    model = _evaluate(args["model"])
+    _train_args(["gin/meta.gin", "gin/models/large.gin"], f"MODEL_DIR = '{tmp_path}'",
+                "PHASE = 2", "PHASE2_LEARNING_RATE = 3e-4", "PHASE2_WARMUP_STEPS = 500")
+    model = _model()
     assert (model.config.num_layers, model.config.hidden_size) == (24, 1024)
     opt = _evaluate(gin.query_parameter("t5x_model.adamw.config"))
     assert (opt.total_steps, opt.learning_rate, opt.warmup_steps) == (400000, 3e-4, 500)
@@ -139,6 +153,6 @@ def test_xlmr_gin_is_the_equal_compute_baseline(tmp_path):
     assert _evaluate(args["model_dir"]) == str(tmp_path)
     assert _evaluate(args["total_steps"]) == 100000 + 400000
     assert _task(args) == "xlmeta_cc100"
-    assert _evaluate(args["model"]).config.hidden_size == 768
+    assert _model().config.hidden_size == 768
     opt = _evaluate(gin.query_parameter("t5x_model.adamw.config"))
     assert opt.total_steps == 500000

@@ -192,7 +192,7 @@ def test_fill_mask_and_masked_token_scores():
 
 
 @pytest.mark.parametrize("shape, match", [
-    ((3, 2), "needs 6 devices; 8 are available"),
+    ((3, 2), r"\(data, model\)=\(3, 2\) has 6 devices but 8 are available"),
     ((-1, 3), "8 devices are not divisible by 3"),
     ((-1, -1), "at most one -1"),
 ])

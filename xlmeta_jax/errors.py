@@ -72,6 +72,11 @@ def _user_message(e: BaseException) -> str | None:
     return None
 
 
+def user_message(e: BaseException) -> str | None:
+    """The one line a command prints for ``e``, or None when ``e`` is a bug."""
+    return _user_message(e)
+
+
 def _drop_unraisable(unraisable) -> None:
     del unraisable
 

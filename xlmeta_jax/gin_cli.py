@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import gin
 
+from xlmeta_jax import files
 from xlmeta_jax.errors import UserError
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
@@ -396,6 +397,5 @@ def write_config(model_dir: str, filename: str = "config.gin") -> str:
     """Writes the full parsed config (before anything ran) to MODEL_DIR."""
     os.makedirs(model_dir, exist_ok=True)
     path = os.path.join(model_dir, filename)
-    with open(path, "w") as f:
-        f.write(gin.config_str())
+    files.write_atomic(path, gin.config_str())
     return path

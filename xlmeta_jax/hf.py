@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from xlmeta_jax import files
 from xlmeta_jax.hf_layout import (  # noqa: F401 - this module's public interface
     ConversionError,
     config_from_hf,
@@ -237,12 +238,14 @@ def load_hf(
 def _write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
     """Writes ``path`` through a temporary name, with the umask's usual permissions
     (safetensors creates its files 0600)."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(str(tmp))
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
+
+    def write_readable(tmp: str) -> None:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask)
+
+    files.write_atomic(path, write=write_readable)
 
 
 def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, Any],

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from xlmeta_jax import errors
+
 # The XLM-R SentencePiece file's name (transformers' VOCAB_FILES_NAMES).
 SPM_NAME = "sentencepiece.bpe.model"
 TOKENIZER_NAME = "tokenizer.json"
@@ -62,7 +64,7 @@ XLMR_SPECIAL = {"bos": 0, "pad": 1, "eos": 2, "unk": 3}
 _XLMR_SPM_SPECIAL = ("<unk>", "<s>", "</s>")
 
 
-class VocabularyLayoutError(ValueError):
+class VocabularyLayoutError(errors.UserError, ValueError):
     """A SentencePiece model that is in neither our nor XLM-R's id layout."""
 
 

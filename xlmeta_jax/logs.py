@@ -10,6 +10,7 @@ TensorFlow's own behaviour.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 
@@ -52,3 +53,36 @@ def quiet_start(*, import_tensorflow: bool = False) -> None:
                 import tensorflow  # noqa: F401
             except ImportError:
                 pass
+
+
+# Orbax warns (on stderr, through absl) whenever a save waited more than a few seconds for
+# the previous one: on a loaded machine or a slow disk that is routine and not a failure.
+# Only a wait this long is worth a line, and then as one of our progress lines.
+SLOW_SAVE_SECONDS = 60.0
+_SAVE_WAIT = "Waiting for previous save to complete took"
+
+
+class _SaveWaitFilter(logging.Filter):
+    """Turns Orbax's "waiting for previous save" warning into a progress line when long."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(_SAVE_WAIT):
+            return True
+        try:
+            seconds = float(record.args[0]) if record.args else 0.0
+        except (TypeError, ValueError, IndexError):
+            seconds = 0.0
+        if seconds >= SLOW_SAVE_SECONDS:
+            progress.info("checkpoint saves are slow: waited %.0f s for the previous save "
+                          "(a larger CHECKPOINT_EVERY saves less often)", seconds)
+        return False
+
+
+_SAVE_WAIT_FILTER = _SaveWaitFilter()
+# The progress lines of both entry points (xlmeta_jax.train, python -m t5x.train).
+progress = logging.getLogger("xlmeta_jax.train")
+
+
+def quiet_save_waits() -> None:
+    """Installs the "waiting for previous save" filter on absl's logger (idempotent)."""
+    logging.getLogger("absl").addFilter(_SAVE_WAIT_FILTER)

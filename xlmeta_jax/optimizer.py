@@ -7,6 +7,12 @@ import dataclasses
 import jax
 import optax
 
+from xlmeta_jax import errors
+
+
+class OptimizerConfigError(errors.UserError, ValueError):
+    """An optimizer setting is out of range (one line naming it, as every user error)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -33,29 +39,32 @@ class OptimizerConfig:
 
     def __post_init__(self):
         if self.total_steps <= 0:
-            raise ValueError(f"OptimizerConfig.total_steps must be > 0, got {self.total_steps}")
+            raise OptimizerConfigError(
+                f"OptimizerConfig.total_steps must be > 0, got {self.total_steps}")
         if not 0 <= self.warmup_steps <= self.total_steps:
-            raise ValueError(
+            raise OptimizerConfigError(
                 f"OptimizerConfig.warmup_steps={self.warmup_steps} must be in "
                 f"[0, total_steps={self.total_steps}]"
             )
         if self.learning_rate <= 0:
-            raise ValueError(f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
+            raise OptimizerConfigError(
+                f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
         if self.end_learning_rate < 0:
-            raise ValueError(
+            raise OptimizerConfigError(
                 f"OptimizerConfig.end_learning_rate must be >= 0, got {self.end_learning_rate}"
             )
         for name in ("b1", "b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(
+                raise OptimizerConfigError(
                     f"OptimizerConfig.{name} must be in [0, 1), got {getattr(self, name)}"
                 )
         if self.eps <= 0:
-            raise ValueError(f"OptimizerConfig.eps must be > 0, got {self.eps}")
+            raise OptimizerConfigError(f"OptimizerConfig.eps must be > 0, got {self.eps}")
         if self.weight_decay < 0:
-            raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay}")
+            raise OptimizerConfigError(
+                f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm < 0:
-            raise ValueError(
+            raise OptimizerConfigError(
                 f"OptimizerConfig.max_grad_norm must be >= 0 (0 disables clipping), "
                 f"got {self.max_grad_norm}"
             )

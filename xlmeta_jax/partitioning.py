@@ -27,6 +27,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from xlmeta_jax import errors
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
@@ -42,7 +44,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-class MeshShapeError(ValueError):
+class MeshShapeError(errors.UserError, ValueError):
     """The requested mesh does not fit the available devices."""
 
 
@@ -61,37 +63,51 @@ def mesh_shape_for(
       The resolved ``(data, fsdp, tensor)`` sizes.
 
     Raises:
-      MeshShapeError: for a non-integer or non-positive size, more than one -1,
-        or a product that does not equal the number of devices.
+      MeshShapeError: see :func:`resolve_shape`.
+    """
+    return resolve_shape((data, fsdp, tensor), MESH_AXES, num_devices)
+
+
+def resolve_shape(shape: Sequence[int], axes: Sequence[str],
+                  num_devices: int | None = None) -> tuple[int, ...]:
+    """Resolves a mesh shape over named ``axes``; one entry may be -1 (fill the rest).
+
+    Also the ``(data, model)`` shape of t5x's mesh (``t5x_model.MeshPartitioner``).
+
+    Raises:
+      MeshShapeError: for a shape of another length, a non-integer or non-positive
+        size, more than one -1, or a product that does not equal the number of devices.
     """
     n = jax.device_count() if num_devices is None else num_devices
-    shape = [data, fsdp, tensor]
-    for axis, size in zip(MESH_AXES, shape):
+    shape = list(shape)
+    names = f"({', '.join(axes)})"
+    if len(shape) != len(axes):
+        raise MeshShapeError(f"mesh shape {names}={tuple(shape)}: expected {len(axes)} sizes")
+    for axis, size in zip(axes, shape):
         if isinstance(size, bool) or not isinstance(size, numbers.Integral):
             raise MeshShapeError(
-                f"mesh shape (data, fsdp, tensor)={tuple(shape)}: {axis} size must be an "
-                f"integer, got {size!r}"
+                f"mesh shape {names}={tuple(shape)}: {axis} size must be an integer, "
+                f"got {size!r}"
             )
     shape = [int(s) for s in shape]
     if shape.count(-1) > 1:
-        raise MeshShapeError(f"mesh shape (data, fsdp, tensor)={tuple(shape)}: at most one -1")
-    for axis, size in zip(MESH_AXES, shape):
+        raise MeshShapeError(f"mesh shape {names}={tuple(shape)}: at most one -1")
+    for axis, size in zip(axes, shape):
         if size == 0 or size < -1:
             raise MeshShapeError(
-                f"mesh shape (data, fsdp, tensor)={tuple(shape)}: {axis} size must be >= 1 "
+                f"mesh shape {names}={tuple(shape)}: {axis} size must be >= 1 "
                 f"(or -1 to fill), got {size}"
             )
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if n % known:
             raise MeshShapeError(
-                f"mesh shape (data, fsdp, tensor)={tuple(shape)}: {n} devices are not "
-                f"divisible by {known}"
+                f"mesh shape {names}={tuple(shape)}: {n} devices are not divisible by {known}"
             )
         shape[shape.index(-1)] = n // known
     if math.prod(shape) != n:
         raise MeshShapeError(
-            f"mesh shape (data, fsdp, tensor)={tuple(shape)} has {math.prod(shape)} devices "
+            f"mesh shape {names}={tuple(shape)} has {math.prod(shape)} devices "
             f"but {n} are available ({jax.default_backend()})"
         )
     return tuple(shape)

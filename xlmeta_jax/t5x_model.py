@@ -45,7 +45,7 @@ from t5x import optimizers as t5x_optimizers
 from t5x import partitioning as t5x_partitioning
 from t5x import trainer as t5x_trainer
 
-from xlmeta_jax import losses, mlm, network, optimizer, step
+from xlmeta_jax import losses, mlm, network, optimizer, partitioning, step
 from xlmeta_jax.data.vocabulary import MASK_ID
 
 # Logical names of our network that t5x's standard rules do not name (position tables).
@@ -331,21 +331,8 @@ class MeshPartitioner(t5x_partitioning.PjitPartitioner):
     """
 
     def __init__(self, mesh_shape: Sequence[int] = (-1, 1), **kwargs):
-        shape = [int(s) for s in mesh_shape]
-        n = jax.device_count()
-        if len(shape) != 2 or shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-            raise ValueError(f"MeshPartitioner.mesh_shape={tuple(mesh_shape)}: expected "
-                             "(data, model) with positive sizes, at most one -1")
-        if -1 in shape:
-            known = -int(np.prod(shape))
-            if n % known:
-                raise ValueError(f"MeshPartitioner.mesh_shape={tuple(mesh_shape)}: {n} "
-                                 f"devices are not divisible by {known}")
-            shape[shape.index(-1)] = n // known
-        if shape[0] * shape[1] != n:
-            raise ValueError(f"MeshPartitioner.mesh_shape={tuple(mesh_shape)} needs "
-                             f"{shape[0] * shape[1]} devices; {n} are available")
-        self._mesh_shape = tuple(shape)
+        shape = partitioning.resolve_shape(mesh_shape, ("data", "model"))
+        self._mesh_shape = shape
         kwargs.setdefault("logical_axis_rules", logical_axis_rules())
         super().__init__(num_partitions=shape[1], **kwargs)
 

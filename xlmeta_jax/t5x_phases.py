@@ -34,7 +34,7 @@ from absl import logging
 from t5x import gin_utils as t5x_gin_utils
 from t5x import utils as t5x_utils
 
-from xlmeta_jax import checkpoints, network, seeds
+from xlmeta_jax import checkpoints, errors, network, seeds
 
 # Written next to t5x's checkpoints: the encoder configuration and vocabulary.
 MODEL_INFO = checkpoints.T5X_MODEL_INFO
@@ -43,7 +43,7 @@ _CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)$")
 PHASES = ("phase1", "phase2")
 
 
-class PhaseError(ValueError):
+class PhaseError(errors.UserError, ValueError):
     """A phase cannot start (bad PHASE, or phase 1 has not finished)."""
 
 

@@ -60,6 +60,7 @@ def setup_logging() -> None:
         log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
+    logs.quiet_save_waits()
 
 
 # Parameters that must be integers > 0 whatever scope binds them; a bad value is

@@ -26,6 +26,7 @@ from xlmeta_jax import (
     checkpoints,
     corpus,
     errors,
+    files,
     gin_cli,
     interrupts,
     network,
@@ -586,8 +587,8 @@ def _train_all(run: _Run, mesh_shape) -> dict:
     # ------------------------------------------------------------- final summary
     # Like config.gin, written by a run that trained (a rerun of a complete run reads only).
     if jax.process_index() == 0 and any(p["steps_run_now"] for p in summary["phases"]):
-        with open(os.path.join(model_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        # The record that the run finished: written whole.
+        files.write_atomic(os.path.join(model_dir, "summary.json"), json.dumps(summary, indent=2))
     _log_summary(summary)
     return summary
 

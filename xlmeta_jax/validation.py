@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from xlmeta_jax import checkpoints, configurables, errors, gin_cli, network, partitioning, run_dir
+from xlmeta_jax import (
+    checkpoints,
+    configurables,
+    errors,
+    gin_cli,
+    network,
+    partitioning,
+    run_dir,
+    step,
+)
 
 if TYPE_CHECKING:
     from xlmeta_jax import trainer
@@ -47,10 +56,11 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
     except partitioning.MeshShapeError as e:
         raise ConfigError(f"train.mesh_shape: {e}") from e
     data_parallel = shape[0] * shape[1]
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+    try:
+        step.check_microbatches(microbatches)
+    except ValueError as e:
         source = gin_cli.binding_source("xlmeta_jax.trainer.train.microbatches")
-        raise ConfigError(f"microbatches ({source}) must be an integer >= 1, "
-                          f"got {microbatches!r}")
+        raise ConfigError(f"{e} ({source})") from None
     seen = set()
     schedule_offset = {}
     for p in phases:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from xlmeta_jax import errors
+
 # code -> English name, in CC-100's alphabetical order (XLM-R paper, Table 6).
 XLMR_LANGUAGE_NAMES: dict[str, str] = {
     "af": "Afrikaans",
@@ -128,7 +130,7 @@ _NOT_IN_MC4 = frozenset({"bn_rom", "my_zaw", "ta_rom", "te_rom", "ur_rom", "zh-H
 UNSPACED_LANGUAGES = frozenset({"ja", "km", "lo", "my", "my_zaw", "th", "zh-Hans", "zh-Hant"})
 
 
-class UnknownLanguageError(ValueError):
+class UnknownLanguageError(errors.UserError, ValueError):
     """A language code that is not one of the 100 XLM-R/CC-100 codes."""
 
 

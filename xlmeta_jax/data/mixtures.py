@@ -31,6 +31,8 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from xlmeta_jax import errors, files
+
 _STATS_FILENAME = "xlmeta_corpus_stats.json"
 _STATS_VERSION = 1
 # Files are read in blocks this large; lines are split out of the blocks so that
@@ -47,7 +49,7 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 MAX_UNDECODABLE_SHARE = 0.1
 
 
-class CorpusError(ValueError):
+class CorpusError(errors.UserError, ValueError):
     """Missing, empty or unreadable corpus files, or invalid mixture settings."""
 
 
@@ -269,18 +271,16 @@ def _read_json(path: str) -> dict:
 
 
 def _write_json(path: str, data: dict) -> bool:
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
         if _is_remote(path):
             gf = _gfile()
+            tmp = f"{path}.tmp{os.getpid()}"
             with gf.GFile(tmp, "w") as f:
                 json.dump(data, f, indent=1, sort_keys=True)
             gf.rename(tmp, path, overwrite=True)
         else:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(tmp, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
+            files.write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
         return True
     except Exception as e:  # noqa: BLE001 - OSError locally, tf.errors.* on remote file systems
         logging.info("cannot write corpus stats cache %s: %s", path, e)

@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from xlmeta_jax import errors
 from xlmeta_jax.data import mixtures
 from xlmeta_jax.data.languages import UNSPACED_LANGUAGES, XLMR_LANGUAGE_NAMES
 
@@ -59,7 +60,7 @@ BOS_PIECE = "<s>"
 MASK_PIECE = "<mask>"
 
 
-class VocabularyError(ValueError):
+class VocabularyError(errors.UserError, ValueError):
     """A vocabulary file that does not follow the project's id convention."""
 
 

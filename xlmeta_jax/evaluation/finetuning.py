@@ -40,7 +40,7 @@ import gin
 import jax
 import numpy as np
 
-from xlmeta_jax import hosts, partitioning
+from xlmeta_jax import files, hosts, partitioning
 from xlmeta_jax.evaluation import (
     encoders,
     features,
@@ -211,9 +211,7 @@ def format_table(results: dict[str, Any]) -> str:
 def write_results(model_dir: str | os.PathLike, results: dict[str, Any]) -> pathlib.Path:
     """Writes MODEL_DIR/results.json (atomically) and returns its path."""
     path = pathlib.Path(model_dir) / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False, sort_keys=False))
-    tmp.replace(path)
+    files.write_atomic(path, json.dumps(results, indent=2, ensure_ascii=False, sort_keys=False))
     return path
 
 

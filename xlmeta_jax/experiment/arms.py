@@ -21,13 +21,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from xlmeta_jax import trainer
+from xlmeta_jax import errors, trainer
 from xlmeta_jax.optimizer import OptimizerConfig
 
 ARMS = ("meta", "xlmr", "joint", "xling_only")
 
 
-class ArmError(ValueError):
+class ArmError(errors.UserError, ValueError):
     """An unknown arm or a budget an arm cannot train with."""
 
 

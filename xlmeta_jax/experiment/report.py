@@ -11,7 +11,11 @@
 * ``<task>_languages.png``: per-language bars, one colour per arm (mean over seeds,
   error bars: standard deviation);
 * ``retrieval_layers.png``: retrieval accuracy of every layer per arm;
-* ``pretraining_loss.png``: MLM loss over tokens seen, per arm and seed.
+* ``pretraining_loss.png``: MLM loss over tokens seen, per arm and seed;
+* the paired comparison of ``meta`` with every other arm, per task and score: the
+  per-seed differences' mean ± std, 95% interval, exact sign-flip p-value and its Holm
+  adjustment over all comparisons, and what the number of seeds can detect
+  (:mod:`xlmeta_jax.experiment.statistics`).
 
 The input format (``runs`` is what the experiment measured; nothing else is read)::
 
@@ -32,6 +36,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from xlmeta_jax import files
+from xlmeta_jax.experiment import statistics
 
 SUMMARY_KEYS = ("english", "average_target", "transfer_gap")
 
@@ -149,11 +156,49 @@ def markdown(results: Mapping[str, Any], images: Sequence[str] = ()) -> str:
         differences = _differences(results, task)
         if differences:
             lines += ["Not XTREME's protocol: " + "; ".join(differences) + ".", ""]
+    lines += _paired_section(results)
     if images:
         lines += ["## Plots", ""]
         lines += [f"![{os.path.splitext(name)[0]}]({name})" for name in images]
         lines.append("")
     return "\n".join(lines)
+
+
+def _paired_section(results: Mapping[str, Any], alpha: float = 0.05) -> list[str]:
+    """The paired meta-vs-baseline table and what the seeds can detect."""
+    rows = statistics.paired_comparisons(results)
+    if not rows:
+        return []
+
+    def number(x, fmt="{:+.2f}"):
+        return "–" if x is None or x != x else fmt.format(x)
+
+    lines = ["## Paired comparison: meta − baseline, per seed", "",
+             "| task | score | baseline | seeds | mean ± std | 95% interval | exact p | "
+             "Holm p |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        spread = "" if r["std"] is None else f" ± {r['std']:.2f}"
+        interval = ("–" if r["interval"] is None
+                    else f"[{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}]")
+        lines.append(f"| {r['task']} | {r['score']} | {r['baseline']} | {r['n']} | "
+                     f"{r['mean']:+.2f}{spread} | {interval} | {number(r['p'], '{:.3f}')} | "
+                     f"{number(r['p_holm'], '{:.3f}')} |")
+    n = min(r["n"] for r in rows)
+    m = len(rows)
+    significant = [r for r in rows if r["p_holm"] <= alpha]
+    lines += ["", (
+        f"Differences are paired by seed (same initial parameters, same mixture stream, same "
+        f"fine-tuning seed and subsample). p: exact two-sided sign-flip permutation test over "
+        f"the seeds; Holm: adjusted over all {m} comparisons above. With {n} seeds the exact "
+        f"test cannot give p below {statistics.smallest_p(n):.3f}; a difference survives Holm "
+        f"at {alpha} only with at least {statistics.seeds_needed(alpha, m)} seeds whose "
+        f"differences all share a sign. Differences inside the 95% intervals cannot be told "
+        f"from seed-to-seed variation. "
+        + (f"Significant after Holm at {alpha}: "
+           + ", ".join(f"{r['task']} {r['score']} vs {r['baseline']}" for r in significant)
+           + "." if significant else f"No difference is significant after Holm at {alpha}.")
+    ), ""]
+    return lines
 
 
 def _differences(results: Mapping[str, Any], task: str) -> list[str]:
@@ -335,8 +380,6 @@ def write_report(results: Mapping[str, Any], out_dir: str | os.PathLike) -> list
     if plot_loss(results, os.fspath(out / "pretraining_loss.png")):
         images.append("pretraining_loss.png")
     text = markdown(results, images)
-    tmp = out / "report.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / "report.md")
+    files.write_atomic(out / "report.md", text)
     return [out / "report.md", *(out / name for name in images)]
 

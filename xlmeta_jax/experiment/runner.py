@@ -25,7 +25,7 @@ from typing import Any
 import gin
 import jax
 
-from xlmeta_jax import errors, gin_cli, network, trainer
+from xlmeta_jax import errors, files, gin_cli, network, trainer
 from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
 from xlmeta_jax.optimizer import OptimizerConfig
 
@@ -233,10 +233,7 @@ def _check_model_dir(exp: Experiment, write: bool = True) -> None:
     if not write:
         return
     os.makedirs(exp.model_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"name": exp.name, "fingerprint": mine}, f, indent=2)
-    os.replace(tmp, path)
+    files.write_atomic(path, json.dumps({"name": exp.name, "fingerprint": mine}, indent=2))
 
 
 # ============================================================================
@@ -405,10 +402,8 @@ def write_results(exp: Experiment, command: str = "") -> dict:
     if jax.process_index() != 0:
         # Pretraining on a pod (no tasks, see check_hosts): process 0 writes.
         return results
-    path = os.path.join(exp.model_dir, "results.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(path + ".tmp", path)
+    files.write_atomic(os.path.join(exp.model_dir, "results.json"),
+                       json.dumps(results, indent=1))
     experiment_report.write_report(results, exp.model_dir)
     return results
 

@@ -1,0 +1,90 @@
+"""`python -m t5x.train` with gin/meta.gin refuses what our trainer refuses, before t5x
+builds anything: one line on stderr naming the bad setting, no traceback, exit status 2,
+nothing written; a non-finite loss stops the run before it is checkpointed."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+from t5x_toy import corpus_flags, require_t5x, write_corpus
+
+require_t5x()
+
+from xlmeta_jax import errors, run_dir, t5x_checks  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory):
+    return write_corpus(shared_data, str(tmp_path_factory.mktemp("corpus")))
+
+
+def _t5x_train(model_dir, corpus, *extra):
+    cmd = [
+        sys.executable, "-m", "t5x.train", "--gin_file=gin/meta.gin",
+        "--gin_file=gin/models/tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
+        *corpus_flags(corpus), "--gin.META_STEPS=4", "--gin.XLING_STEPS=2",
+        "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.WARMUP_STEPS=2", *extra,
+    ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop(errors.DEBUG_ENV, None)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _assert_refused(out, *parts):
+    assert out.returncode == errors.EXIT_USER_ERROR, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("t5x.train: error: "), last
+    for part in parts:
+        assert part in last, (part, last)
+
+
+@pytest.mark.parametrize("extra, parts", [
+    # The toy vocabulary has 1000 pieces.
+    (["--gin.xlmeta_jax.network.get_config.vocab_size=512"],
+     ["EncoderConfig.vocab_size=512 does not cover the 1000 pieces of VOCAB_PATH"]),
+    (["--gin.xlmeta_jax.network.get_config.pad_token_id=3"],
+     ["EncoderConfig.pad_token_id=3 differs from the pad id"]),
+    (["--gin.WARMUP_STEPS=10000"], ["warmup_steps=10000 must be in [0, total_steps=4]"]),
+    (["--gin.CC100_LANGUAGES=['en', 'af']"], ["CC-100 language 'af': no file matches"]),
+    (["--gin.PHASE=2"], ["phase 2 starts from phase 1's final checkpoint", "--gin.PHASE=1"]),
+])
+def test_bad_setting_is_one_line_before_t5x_builds_anything(corpus, tmp_path, extra, parts):
+    model_dir = tmp_path / "run"
+    out = _t5x_train(model_dir, corpus, *extra)
+    _assert_refused(out, *parts)
+    assert not model_dir.exists()
+
+
+def test_model_dir_in_use_is_refused(corpus, tmp_path):
+    model_dir = tmp_path / "run"
+    with run_dir.RunLock(os.fspath(model_dir)):
+        out = _t5x_train(model_dir, corpus)
+    _assert_refused(out, f"MODEL_DIR {model_dir} is in use by pid {os.getpid()}")
+    assert not (model_dir / "phase1").exists()
+
+
+def _scalar(value):
+    from clu import values
+
+    return values.Scalar(value)
+
+
+def test_non_finite_loss_stops_before_the_checkpoint_naming_the_step():
+    action = t5x_checks.StopOnNonFiniteLoss()
+    state = types.SimpleNamespace(step=np.int32(7))
+    assert action.run(state, {"train": {"loss": _scalar(2.5), "accuracy": _scalar(0.1)}}) is False
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(t5x_checks.NonFiniteLossError, match="steps up to 7"):
+            action.run(state, {"train": {"loss": _scalar(bad)}})
+    assert isinstance(t5x_checks.actions()["TRAIN"][0], t5x_checks.StopOnNonFiniteLoss)
+    assert errors.user_message(t5x_checks.NonFiniteLossError("x")) == "x"
