@@ -382,8 +382,11 @@ def report(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult]) -> str
             out += describe(use, tpu)
         est = estimate(run, p, use, tpu)
         ratio = use.xla_flops / est.model_flops if est.model_flops else float("nan")
-        scan = (" (layers under nn.scan: XLA counts the scanned body once, so both of its "
-                "counts are low)" if run.model.scan_layers else "")
+        scanned = [w for w, on in (("layers under nn.scan", run.model.scan_layers),
+                                   ("microbatches under lax.scan", use.variant.microbatches > 1))
+                   if on]
+        scan = (f" ({' and '.join(scanned)}: XLA counts a scan's body once, so both of its "
+                "counts are low)" if scanned else "")
         out += [
             f"  XLA's cost analysis per device and step: {_flop(use.xla_flops)}, "
             f"{_gib(use.xla_bytes)} accessed{scan}",
