@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import sys
 from collections.abc import Callable, Sequence
 
@@ -26,11 +25,12 @@ import gin
 from xlmeta_jax import errors, gin_cli, logs, mlm, network, partitioning
 from xlmeta_jax.tools import flops
 from xlmeta_jax.tools.aot_compile import (
-    REMAT_BY_COST,
     Compiled,
     Variant,
+    candidates,
+    change_flags,
+    check_footprint,
     compile_step,
-    supports_microbatches,
     topology_devices,
 )
 from xlmeta_jax.tools.hardware import TpuSlice, UnknownSliceError, tpu_slice
@@ -169,67 +169,6 @@ def estimate(run: RunConfig, phase: PhaseShape, c: Compiled, tpu: TpuSlice) -> E
 
 
 # ---------------------------------------------------------------------------
-# The search for a configuration that fits.
-# ---------------------------------------------------------------------------
-
-
-def _shards(variant: Variant, n: int) -> int:
-    shape = partitioning.mesh_shape_for(*variant.mesh_shape, num_devices=n)
-    return shape[0] * shape[1]
-
-
-def candidates(base: Variant, batch_size: int, num_devices: int,
-               oom: Compiled | None = None) -> list[Variant]:
-    """Changes to try, in order: remat policies (least recompute first), microbatches
-    (2, 4, ... as the batch divides), FSDP meshes, then full remat with microbatches, then
-    FSDP over the slice with microbatches.
-
-    Microbatch counts below what XLA's refusal implies are skipped: temporaries shrink
-    at most in proportion to the microbatch, so ``needed / available`` bounds the count.
-    """
-    out = []
-    start = REMAT_BY_COST.index(base.remat_policy)
-    out += [dataclasses.replace(base, remat_policy=p) for p in REMAT_BY_COST[start + 1:]]
-    low = 2
-    if oom is not None and oom.needed_bytes and oom.available_bytes:
-        low = max(2, math.ceil(oom.needed_bytes / oom.available_bytes))
-    counts = []
-    k = 2
-    if supports_microbatches():
-        while batch_size % (_shards(base, num_devices) * k) == 0:
-            if k >= low:
-                counts.append(k)
-            k *= 2
-    out += [dataclasses.replace(base, microbatches=base.microbatches * k) for k in counts]
-    if base.mesh_shape[1] == 1 and base.mesh_shape[2] == 1:
-        # FSDP over one host's chips (8 at most), then over the whole slice.
-        for f in sorted({min(8, num_devices), num_devices} - {1}):
-            out.append(dataclasses.replace(base, mesh_shape=(-1, f, 1)))
-    if base.remat_policy != "full":
-        out += [Variant("full", base.microbatches * k, base.mesh_shape) for k in counts]
-    if base.mesh_shape[1] == 1 and base.mesh_shape[2] == 1 and num_devices > 1:
-        # Last: the state sharded over the whole slice as well as microbatches (when the
-        # replicated parameters and AdamW moments alone crowd a device, as on a v2).
-        out += [Variant(base.remat_policy, base.microbatches * k, (-1, num_devices, 1))
-                for k in counts]
-    return out
-
-
-def change_flags(base: Variant, found: Variant) -> list[str]:
-    """The ``--gin.`` flags that turn ``base`` into ``found``."""
-    flags = []
-    if found.remat_policy != base.remat_policy:
-        flags.append(f"--gin.xlmeta_jax.network.get_config.remat_policy=\"'"
-                     f"{found.remat_policy}'\"")
-    if found.microbatches != base.microbatches:
-        flags.append(f"--gin.MICROBATCHES={found.microbatches}")
-    if found.mesh_shape != base.mesh_shape:
-        flags.append("--gin.xlmeta_jax.trainer.train.mesh_shape="
-                     f"\"{tuple(found.mesh_shape)}\"".replace(" ", ""))
-    return flags
-
-
-# ---------------------------------------------------------------------------
 # Report.
 # ---------------------------------------------------------------------------
 
@@ -266,20 +205,6 @@ def describe(c: Compiled, tpu: TpuSlice) -> list[str]:
         f"  total {_gib(c.total_bytes)} of {_gib(cap)} HBM per {tpu.device_word} "
         f"({100 * c.total_bytes / cap:.0f}%): fits",
     ]
-
-
-def check_footprint(c: Compiled, limit: float) -> None:
-    """Marks ``c`` as not fitting when its whole footprint exceeds ``limit`` bytes.
-
-    XLA:TPU refuses a program whose *temporaries* exceed the usable HBM; parameters,
-    optimizer state and the batch live in the same HBM, so a program XLA accepts may
-    still not fit with them. Both must hold.
-    """
-    if c.fits and c.total_bytes > limit:
-        c.fits = False
-        c.message = (f"XLA accepts the program, but arguments + temporaries + outputs + code "
-                     f"= {_gib(c.total_bytes)} exceed the {_gib(limit)} one device holds")
-        c.needed_bytes, c.available_bytes = float(c.total_bytes), limit
 
 
 @dataclasses.dataclass
