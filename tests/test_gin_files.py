@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import re
 
 import gin
 import pytest
@@ -13,21 +12,11 @@ from xlmeta_jax import gin_cli
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
 ALL_GIN = sorted(p.relative_to(GIN_DIR).as_posix() for p in GIN_DIR.rglob("*.gin"))
-
-
-def _binds_t5x_train(name: str) -> bool:
-    """Whether a file, or one it includes (gin/t5x/demo.gin includes gin/meta.gin), binds
-    t5x's own `train`."""
-    text = (GIN_DIR / name).read_text()
-    if "import __main__ as train_script" in text:
-        return True
-    included = (n.removeprefix("gin/") for n in re.findall(r"^include '([^']+)'", text, re.M))
-    return any((GIN_DIR / n).is_file() and _binds_t5x_train(n) for n in included)
-
-
-# Files of `python -m t5x.train` bind t5x's own `train` (its __main__); tests/test_t5x_gin.py
-# parses and evaluates them.
-T5X_GIN = [n for n in ALL_GIN if _binds_t5x_train(n)]
+# Files of `python -m t5x.train` (t5x's gin convention: dynamic registration) bind t5x's own
+# `train` (its __main__), directly or through an include; tests/test_t5x_gin.py parses and
+# evaluates them.
+T5X_GIN = [n for n in ALL_GIN
+           if "from __gin__ import dynamic_registration" in (GIN_DIR / n).read_text()]
 
 # Macros a user supplies on the command line, per file family.
 _REQUIRED = [

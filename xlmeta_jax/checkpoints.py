@@ -15,7 +15,8 @@ Orbax writes each step into a temporary directory and renames it when complete,
 so an interrupted save never looks like a checkpoint. A failed save (disk full,
 Ctrl-C twice) removes its temporary directory; the next run's manager removes
 any left by a kill -9. Damaged checkpoints (unreadable metadata, missing or
-truncated array files) raise :class:`CheckpointError` naming the directory.
+truncated array files) raise :class:`CheckpointError` naming the directory, and an
+array that differs from its checksum recorded at save time (:mod:`xlmeta_jax.checksums`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from xlmeta_jax.errors import NoSpaceError, UserError, first_line, is_no_space
+from xlmeta_jax import checksums
+from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_space
 from xlmeta_jax.network import EncoderConfig
 
 STATE, DATA, META = "state", "data", "meta"
+CHECKSUMS = "checksums"  # key of the metadata item: checksums.record() of the saved state
 # `python -m t5x.train` (gin/meta.gin, gin/xlmr.gin) writes <run>/checkpoint_<step>/state with the
 # parameters under "target", and our encoder configuration as <run>/xlmeta_model.json.
 T5X_PARAMS, T5X_MODEL_INFO = "target", "xlmeta_model.json"
@@ -48,10 +51,6 @@ def absolute(path) -> str:
     """``path`` made absolute (Orbax refuses relative paths); URLs (gs://...) as given."""
     path = os.fspath(path)
     return path if "://" in path else os.path.abspath(path)
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint is missing, unreadable or inconsistent with the run."""
 
 
 class _OrbaxLogFilter(logging.Filter):
@@ -237,6 +236,7 @@ class PhaseCheckpoints:
             raise FloatingPointError(
                 f"refusing to write checkpoint {self.step_dir(step)}: parameters are not finite"
             )
+        meta = {**meta, CHECKSUMS: checksums.record(state)}
         items = {
             STATE: ocp.args.StandardSave(state),
             META: ocp.args.JsonSave(meta),
@@ -281,6 +281,7 @@ class PhaseCheckpoints:
             raise
         except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
             raise _damaged(self.step_dir(step), e) from e
+        checksums.verify(self.step_dir(step), restored[META].get(CHECKSUMS), restored[STATE])
         return restored[STATE], restored[META]
 
     def read_meta(self, step: int) -> dict:
@@ -320,7 +321,8 @@ def save_params(phase_dir, cfg: EncoderConfig, params, *, step: int = 0,
             raise CheckpointError(f"{ckpt.directory} already holds checkpoints")
         meta = {"phase": ckpt.directory.name, "phase_step": step,
                 "model_config": dataclasses.asdict(cfg), "vocab_path": vocab_path,
-                "initialized_from": initialized_from, "metrics": {}}
+                "initialized_from": initialized_from, "metrics": {},
+                CHECKSUMS: checksums.record({"params": params})}
         ckpt.manager.save(step, args=ocp.args.Composite(**{
             STATE: ocp.args.StandardSave({"params": params}),
             META: ocp.args.JsonSave(meta),
@@ -395,13 +397,17 @@ def restore_items(step_dir, abstract: dict) -> dict:
                       abstract["params"])
     restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
     try:
-        return ocp.PyTreeCheckpointer().restore(
+        restored = ocp.PyTreeCheckpointer().restore(
             state_dir,
             args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
                                         partial_restore=True),
         )
     except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
         raise _damaged(step_dir, e) from e
+    # t5x's checkpoints have no metadata item of ours (and so no recorded checksums).
+    meta = read_meta(step_dir) if (epath.Path(step_dir) / META).exists() else {}
+    checksums.verify(step_dir, meta.get(CHECKSUMS), restored)
+    return restored
 
 
 def _state_dir(step_dir) -> epath.Path:

@@ -35,6 +35,10 @@ class NoSpaceError(UserError, OSError):
     """The disk filled up while writing (the partial output has been removed)."""
 
 
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint is missing, unreadable, damaged or inconsistent with the run."""
+
+
 def first_line(e: BaseException) -> str:
     """The message of ``e`` without gin's "In call to configurable ..." context lines."""
     text = str(e).strip() or type(e).__name__

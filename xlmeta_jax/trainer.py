@@ -261,6 +261,9 @@ class _Run:
     mesh: Any = None
     # Each phase's data and dropout seed (seeds.phase_seed: run seed, task, occurrence).
     phase_seeds: list = dataclasses.field(default_factory=list)
+    # config.gin still to be (re)written: at this run's first checkpoint, so that a rerun
+    # failing before it (a NaN, a bad binding found late) leaves the stored config alone.
+    config_pending: bool = False
 
 
 def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
@@ -412,8 +415,9 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
                 _fmt_duration(remaining * step_s),
             )
             t_log, steps_since_log = time.time(), 0
-        if save_now:
-            ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics), force=done)
+        if save_now and ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics),
+                                  force=done) and run.config_pending:
+            run.config_pending = not gin_cli.write_config(run.model_dir)
         sync_point = save_now or phase_step % run.log_every == 0
         if not done and run.stop is not None and run.stop.requested(sync_point=sync_point):
             if pending is not None:
@@ -571,9 +575,12 @@ def _train_all(run: _Run, mesh_shape) -> dict:
             continue
         log.info("[%s] building the input pipeline of %s", p.name, p.task)
         iterators[p.name] = _make_iterator(p, model, mesh, seed=run.phase_seeds[i])
-    # A run that trains records its config; a rerun of a complete run leaves it alone.
+    # A run that trains records its config: a new run now, a rerun with its first
+    # checkpoint (run.config_pending); a rerun of a complete run leaves it alone.
     if jax.process_index() == 0 and any(it is not None for it in iterators.values()):
-        gin_cli.write_config(model_dir)
+        run.config_pending = os.path.exists(os.path.join(model_dir, "config.gin"))
+        if not run.config_pending:
+            gin_cli.write_config(model_dir)
 
     summary = {"model_dir": model_dir, "phases": []}
     for index, phase in enumerate(phases):

@@ -40,7 +40,7 @@ import gin
 import jax
 import numpy as np
 
-from xlmeta_jax import files, hosts, partitioning
+from xlmeta_jax import errors, files, hosts, partitioning
 from xlmeta_jax.evaluation import (
     encoders,
     features,
@@ -328,6 +328,28 @@ def _aggregate(runs: list[dict], metric: str) -> dict[str, Any]:
     }
 
 
+def _check_model_dir(model_dir: pathlib.Path, checkpoint: str) -> None:
+    """Refuses a MODEL_DIR holding the evaluation of another checkpoint (it would be replaced).
+
+    Raises:
+      errors.UserError: naming MODEL_DIR and both checkpoints.
+    """
+    path = model_dir / "results.json"
+    if not path.is_file():
+        return
+    try:
+        recorded = (json.loads(path.read_text()).get("model") or {}).get("checkpoint")
+    except (ValueError, OSError, AttributeError):
+        recorded = None
+    same = recorded is not None and (recorded == checkpoint or (
+        ":" not in checkpoint and os.path.abspath(recorded) == os.path.abspath(checkpoint)))
+    if not same:
+        raise errors.UserError(
+            f"MODEL_DIR {model_dir} holds the results of checkpoint {recorded or 'unknown'}, "
+            f"not {checkpoint}: choose another MODEL_DIR for this checkpoint"
+        )
+
+
 def _record_config(model_dir: pathlib.Path) -> None:
     """Writes MODEL_DIR/config.gin, called once the checkpoint and data have been read.
 
@@ -392,6 +414,7 @@ def finetune(
         raise ValueError(f"--seeds must be >= 1, got {num_seeds}")
     if s.eval_every is not None and s.eval_every < 1:
         raise ValueError(f"finetune.eval_every must be >= 1 or None, got {s.eval_every}")
+    _check_model_dir(pathlib.Path(model_dir), initial_checkpoint_path)
     if data_source not in ("local", "tfds"):
         raise ValueError(f"data_source must be 'local' or 'tfds', got {data_source!r}")
     if spec.kind == "retrieval":
