@@ -62,6 +62,9 @@ setuptools.setup(
         "test": _TEST,
         "t5x": _T5X,
         "tpu": ["jax[tpu]"],
+        # libtpu only as a compiler: python -m xlmeta_jax.tools.aot compiles the train step
+        # for a TPU slice on a CPU machine (same jax pin as above, so libtpu matches jaxlib).
+        "aot": ["jax[tpu]"],
         "cuda": ["jax[cuda12]"],
     },
     entry_points={

@@ -144,6 +144,7 @@ def test_hf_export_of_corrupted_metadata(finished, tmp_path):
                                     "No gin files", "Example"]),
     ("xlmeta_jax.tools.report", ["--output", "example:", "no gin files"]),
     ("xlmeta_jax.tools.bench", ["--batch", "models/small.gin", "example:"]),
+    ("xlmeta_jax.tools.aot", ["--topology", "--gin_file", "native/meta.gin", "example:"]),
 ])
 def test_every_command_has_a_help(module, parts):
     out = _run([sys.executable, "-m", module, "--help"], timeout=120)

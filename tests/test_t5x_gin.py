@@ -97,7 +97,8 @@ def test_meta_gin_phase_1(tmp_path):
     assert isinstance(model.optimizer_def, t5x_optimizers.OptaxWrapper)
     # The encoder of gin/models/base.gin, exactly as our trainer's run gets it.
     assert model.config == network.get_config(
-        "base", pad_token_id=0, dtype="bfloat16", scan_layers=True, attention_impl="auto")
+        "base", pad_token_id=0, dtype="bfloat16", scan_layers=True, attention_impl="auto",
+        remat_policy="dots")
     opt = _evaluate(gin.query_parameter("t5x_model.adamw.config"))
     assert (opt.total_steps, opt.learning_rate, opt.warmup_steps) == (100000, 6e-4, 10000)
     assert (opt.b1, opt.b2, opt.eps, opt.weight_decay) == (0.9, 0.98, 1e-6, 0.01)
