@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 import gin
+import jax
 
 from xlmeta_jax import errors, gin_cli, logs, mlm, network, partitioning
 from xlmeta_jax.tools import flops
@@ -413,6 +415,11 @@ def main(argv: Sequence[str]) -> int:
         print(help_text())
         return 0
     slices, search, flags = parse_args(argv)
+    # The host backend only traces and holds abstract arrays: the CPU one. Left to JAX, an
+    # installed libtpu would be tried as the host's backend first, and log the errors of a
+    # TPU VM it cannot find (TPU_WORKER_HOSTNAMES, accelerator type) before the compile.
+    if "JAX_PLATFORMS" not in os.environ:
+        jax.config.update("jax_platforms", "cpu")
     # Experiment files import the evaluation code, which starts TensorFlow: started now,
     # without its start-up lines (as the train command does).
     logs.quiet_start(import_tensorflow=True)
