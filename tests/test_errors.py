@@ -420,6 +420,33 @@ def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
     assert stats.lines == 50 and stats.skipped_invalid_utf8 == 1
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+def test_utf16_or_utf32_corpus_is_refused_naming_the_file(tmp_path, encoding):
+    # Split at b"\n", UTF-16 lines decode as "valid" UTF-8 full of NULs: they must not
+    # be trained on. "utf-16"/"utf-32" write a byte-order mark, "-le"/"-be" do not.
+    from xlmeta_jax.data import mixtures
+
+    text = "".join(f"an English sentence number {i}\n" for i in range(200))
+    path = tmp_path / "en.txt"
+    path.write_bytes(text.encode(encoding))
+    with pytest.raises(mixtures.CorpusError) as info:
+        mixtures.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and message.startswith(f"{path}: "), message
+    assert "UTF-8" in message, message
+    assert not (tmp_path / "cache").exists()  # refused before anything was counted
+
+
+def test_utf8_corpus_with_a_byte_order_mark_is_accepted(tmp_path):
+    # A UTF-8 mark is UTF-8 text: it only adds an invisible U+FEFF to the first line.
+    from xlmeta_jax.data import mixtures
+
+    path = tmp_path / "en.txt"
+    path.write_bytes("".join(f"line {i}\n" for i in range(20)).encode("utf-8-sig"))
+    (stats,) = mixtures.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
+    assert stats.lines == 20 and stats.skipped_invalid_utf8 == 0
+
+
 def test_closed_loop_callbacks_of_a_failed_read_are_dropped_and_nothing_else(monkeypatch):
     # A damaged checkpoint's other reads may complete on Orbax's closed event loop; their
     # unraisable RuntimeError would print a bare traceback next to the one line.
