@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import socket
 
@@ -172,6 +173,11 @@ def _damage(model_dir, how: str):
         (final / "meta" / "metadata").write_bytes(os.urandom(64) + b"\xff\xfe")
     elif how == "metadata_not_json_object":
         (final / "meta" / "metadata").write_text("[1, 2]")
+    elif how == "corrupt_step_metadata":  # Orbax's own per-step file: not UTF-8
+        (final / "_CHECKPOINT_METADATA").write_bytes(os.urandom(64) + b"\xff\xfe")
+    elif how == "truncated_step_metadata":  # valid UTF-8, not JSON
+        path = final / "_CHECKPOINT_METADATA"
+        path.write_bytes(path.read_bytes()[:10])
     elif how == "delete_state_metadata":
         (final / "state" / "_METADATA").unlink()
     elif how == "phase1_final_truncated":
@@ -189,21 +195,26 @@ def _damage(model_dir, how: str):
     ("truncate_array_files", ["checkpoint", "phase2/4", "is damaged"]),
     ("corrupt_metadata", ["checkpoint metadata", "phase2/4/meta/metadata", "is corrupted"]),
     ("metadata_not_json_object", ["phase2/4/meta/metadata", "is corrupted"]),
+    ("corrupt_step_metadata", ["phase2/4/_CHECKPOINT_METADATA", "is corrupted"]),
+    ("truncated_step_metadata", ["phase2/4/_CHECKPOINT_METADATA", "is corrupted"]),
     ("delete_state_metadata", ["phase2/4", "is damaged"]),
     ("phase1_final_truncated", ["phase1/4", "is damaged"]),
 ])
-def test_damaged_checkpoint_is_one_line(finished, run_gin, tmp_path, capsys, how, parts):
+def test_damaged_checkpoint_is_one_line(finished, run_gin, tmp_path, capsys, caplog, how,
+                                        parts):
     model_dir = copy_run(finished, tmp_path / "run")
     _damage(model_dir, how)
     before = digest(model_dir)
     code, err = _train(train_argv(run_gin, model_dir), capsys)
     assert code == errors.EXIT_USER_ERROR, err
     _one_line(err, *parts)
-    assert "already complete" not in err
+    assert "already complete" not in err + caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert digest(model_dir) == before
 
 
-@pytest.mark.parametrize("how", ["delete_array_file", "corrupt_metadata"])
+@pytest.mark.parametrize("how", ["delete_array_file", "corrupt_metadata",
+                                 "corrupt_step_metadata"])
 def test_hf_export_of_damaged_checkpoint_is_one_line(finished, tmp_path, capsys, how):
     from xlmeta_jax import hf
 
