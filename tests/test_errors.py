@@ -106,6 +106,14 @@ BAD_BINDINGS = [
      ["EncoderConfig.num_layers=2", "asks for 3"]),
     (["--gin.SEQUENCE_LENGTH=16"], ["sequence_length=32", "asks for 16"]),
     (["--gin.META_STEPS=2"], ["phase1/4 is at step 4", "num_steps=2"]),
+    # The masking is checked before the finished run is found complete.
+    *[([f"--gin.MASK_RATE={rate}"],
+       ["MASK_RATE: masking rate must be a number in (0, 1)", f"got {rate}"])
+      for rate in ("1.5", "0", "-0.1")],
+    (["--gin.MASK_RATE='high'"], ["MASK_RATE = 'high'", "expected a number"]),
+    (["--gin.xlmeta_jax.mlm.Masking.rate=1.0"], ["Masking.rate: masking rate", "got 1.0"]),
+    (["--gin.xlmeta_jax.mlm.Masking.mask_token_share=0.95"],
+     ["xlmeta_jax.mlm.Masking: mask_token_share=0.95"]),
     (["--gin.phase1/xlmeta_jax.trainer.Phase.task='xlmeta_other'"], ["task='synthetic'"]),
 ]
 
