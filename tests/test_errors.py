@@ -89,6 +89,10 @@ BAD_BINDINGS = [
     (["--gin.xlmeta_jax.trainer.train.sed=1"], ["doesn't have a parameter named 'sed'"]),
     (["--gin.xlmeta_jax.trainer.train.log_every=0"], ["train.log_every = 0", "integer > 0"]),
     (["--gin.BATCH_SIZE=[8"], ["gin config"]),
+    # gin's own text for these is Python's "<ast.Name object at 0x...>" / a bare EOF.
+    (["--gin.META_STEPS=abc"], ["binding 'META_STEPS = abc'", "'abc' is not a value"]),
+    (["--gin.xlmeta_jax.trainer.train.mesh_shape=(8, 1"],
+     ["binding 'xlmeta_jax.trainer.train.mesh_shape = (8, 1'", "never closed"]),
     (["--gin_file=no_such.gin"], ["gin file 'no_such.gin' not found"]),
     (["--frobnicate=1"], ["unknown arguments", "--frobnicate=1"]),
     (["--gin_file"], ["flag --gin_file needs a value"]),
@@ -124,6 +128,21 @@ def test_bad_binding_is_one_line_and_run_untouched(finished, run_gin, capsys, ex
     code, err = _train(train_argv(run_gin, finished, *extra), capsys)
     assert code == errors.EXIT_USER_ERROR, err
     _one_line(err, *parts)
+    assert digest(finished) == before
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("XLING_STEPS = (4\n", ["never closed"]),
+    ("\nXLING_STEPS = four\n", ["line 2", "'four' is not a value"]),
+])
+def test_unparsable_gin_file_is_named(finished, run_gin, tmp_path, capsys, text, parts):
+    bad = tmp_path / "bad.gin"
+    bad.write_text(text)
+    before = digest(finished)
+    code, err = _train([*train_argv(run_gin, finished), f"--gin_file={bad}"], capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, f"gin file {bad}", *parts)
+    assert "ast." not in err
     assert digest(finished) == before
 
 
