@@ -541,3 +541,20 @@ def test_input_errors_are_user_errors(name, capsys):
 
     assert errors.run_command(main, [], prog="x") == errors.EXIT_USER_ERROR
     assert capsys.readouterr().err.strip() == "x: error: the bad thing, named"
+
+
+@pytest.mark.parametrize("content", [b'{"task": "xnli", ', b"\xff\xfe{}", b"[1, 2]"])
+def test_report_of_broken_results_json_names_the_file(tmp_path, capsys, content):
+    from xlmeta_jax.tools import report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_bytes(content)
+    before = digest(run)
+    code = errors.run_command(report.main, [os.fspath(run), "--output",
+                                            os.fspath(tmp_path / "out")],
+                              prog="xlmeta_jax.tools.report")
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and f"{run / 'results.json'}: not a results.json" in err, err
+    assert not (tmp_path / "out").exists() and digest(run) == before
