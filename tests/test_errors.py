@@ -407,7 +407,8 @@ def test_disk_full_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, monkey
     state = step_lib.TrainState(step=np.int32(1), params={"w": np.ones(3, np.float32)},
                                 opt_state=())
     with pytest.raises(errors.NoSpaceError,
-                       match=r"no space left on device while writing checkpoint .*/1 "):
+                       match=r"no space left on device while writing checkpoint .*/1 .*"
+                             r"resumes from the phase's start\)"):
         ckpt.save(1, state, Iterator(), {}, force=True)
         ckpt.wait()
     ckpt.close()
@@ -558,3 +559,15 @@ def test_report_of_broken_results_json_names_the_file(tmp_path, capsys, content)
     assert code == errors.EXIT_USER_ERROR, err
     assert len(err.splitlines()) == 1 and f"{run / 'results.json'}: not a results.json" in err, err
     assert not (tmp_path / "out").exists() and digest(run) == before
+
+
+def test_hf_to_flax_of_a_missing_path_names_it(tmp_path, capsys):
+    from xlmeta_jax import hf
+
+    missing = tmp_path / "missing"
+    code = errors.run_command(hf.main, ["to_flax", f"--hf_path={missing}",
+                                        f"--output={tmp_path / 'out'}"], prog="xlmeta_jax.hf")
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and f"HF model path {missing} does not exist" in err, err
+    assert "config.json" not in err and not (tmp_path / "out").exists()

@@ -266,9 +266,11 @@ class PhaseCheckpoints:
         if steps:
             step = steps[0]
         where = self.step_dir(step) if step is not None else self.directory
+        latest = self.latest_step()
+        resume = "the phase's start" if latest is None else f"step {latest}"
         raise NoSpaceError(
             f"no space left on device while writing checkpoint {where} (the partial "
-            f"checkpoint was removed; the run resumes from step {self.latest_step()})"
+            f"checkpoint was removed; the run resumes from {resume})"
         ) from e
 
     def restore(self, step: int, abstract_state, iterator=None):
