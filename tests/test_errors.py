@@ -474,6 +474,9 @@ def test_utf16_or_utf32_corpus_is_refused_naming_the_file(tmp_path, encoding):
     assert len(message.splitlines()) == 1 and message.startswith(f"{path}: "), message
     assert "UTF-8" in message, message
     assert not (tmp_path / "cache").exists()  # refused before anything was counted
+    # Listing the files refuses it too (a run with given cc100_counts counts nothing).
+    with pytest.raises(mixtures.CorpusError, match=f"^{path}: "):
+        mixtures.list_text_files(os.fspath(path), what="CC-100 language 'en'")
 
 
 def test_utf8_corpus_with_a_byte_order_mark_is_accepted(tmp_path):
@@ -525,6 +528,27 @@ def test_missing_cc100_dir_is_one_line_before_training(data_spm, tmp_path, capsy
     assert code == errors.EXIT_USER_ERROR, err
     assert len(err.splitlines()) == 1 and str(missing) in err, err
     assert not (tmp_path / "run" / "xlmr").exists()
+
+
+def test_utf16_cc100_file_is_one_line_before_training(data_spm, tmp_path, capsys, monkeypatch):
+    # Progress lines go to the stdout of the first in-process run, which an earlier
+    # test's capsys may have closed: this run sets up its own.
+    monkeypatch.setattr(logging.getLogger("xlmeta_jax.train"), "handlers", [])
+    cc100 = tmp_path / "cc100"
+    cc100.mkdir()
+    (cc100 / "en.txt").write_bytes("".join(f"English line {i}\n" for i in range(300))
+                                   .encode("utf-16"))
+    (cc100 / "de.txt").write_text("".join(f"deutsche Zeile {i}\n" for i in range(300)))
+    before = digest(cc100)
+    code, err = _train([
+        "--gin_file=native/xlmr.gin", "--gin_file=models/tiny.gin",
+        f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.VOCAB_PATH='{data_spm}'",
+        f"--gin.CC100_DIR='{cc100}'", "--gin.CC100_LANGUAGES=['en', 'de']",
+        "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.META_STEPS=2",
+        "--gin.XLING_STEPS=2", "--gin.WARMUP_STEPS=1"], capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, f"{cc100 / 'en.txt'}: starts with a UTF-16 byte-order mark")
+    assert not (tmp_path / "run" / "xlmr").exists() and digest(cc100) == before
 
 
 @pytest.mark.parametrize("name", [

@@ -117,8 +117,8 @@ def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
     """Expands paths/globs (any file system TF reads) to a sorted file list.
 
     Raises:
-      CorpusError: if a pattern matches nothing, a file is empty or has an
-        unsupported compression.
+      CorpusError: if a pattern matches nothing, a file is empty, has an
+        unsupported compression or is not UTF-8 (:func:`check_utf8_encoding`).
     """
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -142,6 +142,8 @@ def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
         size, _ = _stat(path)
         if size == 0:
             raise CorpusError(f"{what}: file {path} is empty")
+        # Here too, not only when counting: with given counts (cc100_counts) no file is.
+        check_utf8_encoding(path)
     return files
 
 
