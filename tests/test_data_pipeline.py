@@ -441,7 +441,7 @@ def test_bad_files_fail_with_the_file_named(toy, tmp_path):
     bad.mkdir()
     (bad / "en.txt").write_bytes(b"")
     (bad / "de.txt.xz").write_bytes(b"\xfd7zXZ\x00")
-    (bad / "ru.txt").write_bytes(b"\xff\xfe\n\n\xc3\n")
+    (bad / "ru.txt").write_bytes(b"\xc3\n\n\xff\xfe\n")  # not starting with a UTF-16 mark
     with pytest.raises(mixtures.CorpusError, match="en.txt is empty"):
         _register_toy(toy, cc100_dir=str(bad), languages=["en"])
         _mixture_dataset()

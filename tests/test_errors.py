@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import socket
 
@@ -88,6 +89,10 @@ BAD_BINDINGS = [
     (["--gin.xlmeta_jax.trainer.train.sed=1"], ["doesn't have a parameter named 'sed'"]),
     (["--gin.xlmeta_jax.trainer.train.log_every=0"], ["train.log_every = 0", "integer > 0"]),
     (["--gin.BATCH_SIZE=[8"], ["gin config"]),
+    # gin's own text for these is Python's "<ast.Name object at 0x...>" / a bare EOF.
+    (["--gin.META_STEPS=abc"], ["binding 'META_STEPS = abc'", "'abc' is not a value"]),
+    (["--gin.xlmeta_jax.trainer.train.mesh_shape=(8, 1"],
+     ["binding 'xlmeta_jax.trainer.train.mesh_shape = (8, 1'", "never closed"]),
     (["--gin_file=no_such.gin"], ["gin file 'no_such.gin' not found"]),
     (["--frobnicate=1"], ["unknown arguments", "--frobnicate=1"]),
     (["--gin_file"], ["flag --gin_file needs a value"]),
@@ -105,6 +110,14 @@ BAD_BINDINGS = [
      ["EncoderConfig.num_layers=2", "asks for 3"]),
     (["--gin.SEQUENCE_LENGTH=16"], ["sequence_length=32", "asks for 16"]),
     (["--gin.META_STEPS=2"], ["phase1/4 is at step 4", "num_steps=2"]),
+    # The masking is checked before the finished run is found complete.
+    *[([f"--gin.MASK_RATE={rate}"],
+       ["MASK_RATE: masking rate must be a number in (0, 1)", f"got {rate}"])
+      for rate in ("1.5", "0", "-0.1")],
+    (["--gin.MASK_RATE='high'"], ["MASK_RATE = 'high'", "expected a number"]),
+    (["--gin.xlmeta_jax.mlm.Masking.rate=1.0"], ["Masking.rate: masking rate", "got 1.0"]),
+    (["--gin.xlmeta_jax.mlm.Masking.mask_token_share=0.95"],
+     ["xlmeta_jax.mlm.Masking: mask_token_share=0.95"]),
     (["--gin.phase1/xlmeta_jax.trainer.Phase.task='xlmeta_other'"], ["task='synthetic'"]),
 ]
 
@@ -115,6 +128,21 @@ def test_bad_binding_is_one_line_and_run_untouched(finished, run_gin, capsys, ex
     code, err = _train(train_argv(run_gin, finished, *extra), capsys)
     assert code == errors.EXIT_USER_ERROR, err
     _one_line(err, *parts)
+    assert digest(finished) == before
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("XLING_STEPS = (4\n", ["never closed"]),
+    ("\nXLING_STEPS = four\n", ["line 2", "'four' is not a value"]),
+])
+def test_unparsable_gin_file_is_named(finished, run_gin, tmp_path, capsys, text, parts):
+    bad = tmp_path / "bad.gin"
+    bad.write_text(text)
+    before = digest(finished)
+    code, err = _train([*train_argv(run_gin, finished), f"--gin_file={bad}"], capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, f"gin file {bad}", *parts)
+    assert "ast." not in err
     assert digest(finished) == before
 
 
@@ -172,6 +200,11 @@ def _damage(model_dir, how: str):
         (final / "meta" / "metadata").write_bytes(os.urandom(64) + b"\xff\xfe")
     elif how == "metadata_not_json_object":
         (final / "meta" / "metadata").write_text("[1, 2]")
+    elif how == "corrupt_step_metadata":  # Orbax's own per-step file: not UTF-8
+        (final / "_CHECKPOINT_METADATA").write_bytes(os.urandom(64) + b"\xff\xfe")
+    elif how == "truncated_step_metadata":  # valid UTF-8, not JSON
+        path = final / "_CHECKPOINT_METADATA"
+        path.write_bytes(path.read_bytes()[:10])
     elif how == "delete_state_metadata":
         (final / "state" / "_METADATA").unlink()
     elif how == "phase1_final_truncated":
@@ -189,21 +222,26 @@ def _damage(model_dir, how: str):
     ("truncate_array_files", ["checkpoint", "phase2/4", "is damaged"]),
     ("corrupt_metadata", ["checkpoint metadata", "phase2/4/meta/metadata", "is corrupted"]),
     ("metadata_not_json_object", ["phase2/4/meta/metadata", "is corrupted"]),
+    ("corrupt_step_metadata", ["phase2/4/_CHECKPOINT_METADATA", "is corrupted"]),
+    ("truncated_step_metadata", ["phase2/4/_CHECKPOINT_METADATA", "is corrupted"]),
     ("delete_state_metadata", ["phase2/4", "is damaged"]),
     ("phase1_final_truncated", ["phase1/4", "is damaged"]),
 ])
-def test_damaged_checkpoint_is_one_line(finished, run_gin, tmp_path, capsys, how, parts):
+def test_damaged_checkpoint_is_one_line(finished, run_gin, tmp_path, capsys, caplog, how,
+                                        parts):
     model_dir = copy_run(finished, tmp_path / "run")
     _damage(model_dir, how)
     before = digest(model_dir)
     code, err = _train(train_argv(run_gin, model_dir), capsys)
     assert code == errors.EXIT_USER_ERROR, err
     _one_line(err, *parts)
-    assert "already complete" not in err
+    assert "already complete" not in err + caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert digest(model_dir) == before
 
 
-@pytest.mark.parametrize("how", ["delete_array_file", "corrupt_metadata"])
+@pytest.mark.parametrize("how", ["delete_array_file", "corrupt_metadata",
+                                 "corrupt_step_metadata"])
 def test_hf_export_of_damaged_checkpoint_is_one_line(finished, tmp_path, capsys, how):
     from xlmeta_jax import hf
 
@@ -369,7 +407,8 @@ def test_disk_full_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, monkey
     state = step_lib.TrainState(step=np.int32(1), params={"w": np.ones(3, np.float32)},
                                 opt_state=())
     with pytest.raises(errors.NoSpaceError,
-                       match=r"no space left on device while writing checkpoint .*/1 "):
+                       match=r"no space left on device while writing checkpoint .*/1 .*"
+                             r"resumes from the phase's start\)"):
         ckpt.save(1, state, Iterator(), {}, force=True)
         ckpt.wait()
     ckpt.close()
@@ -420,6 +459,36 @@ def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
     assert stats.lines == 50 and stats.skipped_invalid_utf8 == 1
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+def test_utf16_or_utf32_corpus_is_refused_naming_the_file(tmp_path, encoding):
+    # Split at b"\n", UTF-16 lines decode as "valid" UTF-8 full of NULs: they must not
+    # be trained on. "utf-16"/"utf-32" write a byte-order mark, "-le"/"-be" do not.
+    from xlmeta_jax.data import mixtures
+
+    text = "".join(f"an English sentence number {i}\n" for i in range(200))
+    path = tmp_path / "en.txt"
+    path.write_bytes(text.encode(encoding))
+    with pytest.raises(mixtures.CorpusError) as info:
+        mixtures.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and message.startswith(f"{path}: "), message
+    assert "UTF-8" in message, message
+    assert not (tmp_path / "cache").exists()  # refused before anything was counted
+    # Listing the files refuses it too (a run with given cc100_counts counts nothing).
+    with pytest.raises(mixtures.CorpusError, match=f"^{path}: "):
+        mixtures.list_text_files(os.fspath(path), what="CC-100 language 'en'")
+
+
+def test_utf8_corpus_with_a_byte_order_mark_is_accepted(tmp_path):
+    # A UTF-8 mark is UTF-8 text: it only adds an invisible U+FEFF to the first line.
+    from xlmeta_jax.data import mixtures
+
+    path = tmp_path / "en.txt"
+    path.write_bytes("".join(f"line {i}\n" for i in range(20)).encode("utf-8-sig"))
+    (stats,) = mixtures.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
+    assert stats.lines == 20 and stats.skipped_invalid_utf8 == 0
+
+
 def test_closed_loop_callbacks_of_a_failed_read_are_dropped_and_nothing_else(monkeypatch):
     # A damaged checkpoint's other reads may complete on Orbax's closed event loop; their
     # unraisable RuntimeError would print a bare traceback next to the one line.
@@ -461,6 +530,27 @@ def test_missing_cc100_dir_is_one_line_before_training(data_spm, tmp_path, capsy
     assert not (tmp_path / "run" / "xlmr").exists()
 
 
+def test_utf16_cc100_file_is_one_line_before_training(data_spm, tmp_path, capsys, monkeypatch):
+    # Progress lines go to the stdout of the first in-process run, which an earlier
+    # test's capsys may have closed: this run sets up its own.
+    monkeypatch.setattr(logging.getLogger("xlmeta_jax.train"), "handlers", [])
+    cc100 = tmp_path / "cc100"
+    cc100.mkdir()
+    (cc100 / "en.txt").write_bytes("".join(f"English line {i}\n" for i in range(300))
+                                   .encode("utf-16"))
+    (cc100 / "de.txt").write_text("".join(f"deutsche Zeile {i}\n" for i in range(300)))
+    before = digest(cc100)
+    code, err = _train([
+        "--gin_file=native/xlmr.gin", "--gin_file=models/tiny.gin",
+        f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.VOCAB_PATH='{data_spm}'",
+        f"--gin.CC100_DIR='{cc100}'", "--gin.CC100_LANGUAGES=['en', 'de']",
+        "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.META_STEPS=2",
+        "--gin.XLING_STEPS=2", "--gin.WARMUP_STEPS=1"], capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, f"{cc100 / 'en.txt'}: starts with a UTF-16 byte-order mark")
+    assert not (tmp_path / "run" / "xlmr").exists() and digest(cc100) == before
+
+
 @pytest.mark.parametrize("name", [
     "xlmeta_jax.data.mixtures.CorpusError", "xlmeta_jax.data.vocabulary.VocabularyError",
     "xlmeta_jax.data.languages.UnknownLanguageError", "xlmeta_jax.partitioning.MeshShapeError",
@@ -476,3 +566,32 @@ def test_input_errors_are_user_errors(name, capsys):
 
     assert errors.run_command(main, [], prog="x") == errors.EXIT_USER_ERROR
     assert capsys.readouterr().err.strip() == "x: error: the bad thing, named"
+
+
+@pytest.mark.parametrize("content", [b'{"task": "xnli", ', b"\xff\xfe{}", b"[1, 2]"])
+def test_report_of_broken_results_json_names_the_file(tmp_path, capsys, content):
+    from xlmeta_jax.tools import report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_bytes(content)
+    before = digest(run)
+    code = errors.run_command(report.main, [os.fspath(run), "--output",
+                                            os.fspath(tmp_path / "out")],
+                              prog="xlmeta_jax.tools.report")
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and f"{run / 'results.json'}: not a results.json" in err, err
+    assert not (tmp_path / "out").exists() and digest(run) == before
+
+
+def test_hf_to_flax_of_a_missing_path_names_it(tmp_path, capsys):
+    from xlmeta_jax import hf
+
+    missing = tmp_path / "missing"
+    code = errors.run_command(hf.main, ["to_flax", f"--hf_path={missing}",
+                                        f"--output={tmp_path / 'out'}"], prog="xlmeta_jax.hf")
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and f"HF model path {missing} does not exist" in err, err
+    assert "config.json" not in err and not (tmp_path / "out").exists()

@@ -74,7 +74,7 @@ def test_report_refuses_runs_with_different_data_or_settings(runs, tmp_path):
     (tmp_path / "tfds" / "tydiqa").mkdir(parents=True)
     finetuning.write_results(tmp_path / "tfds" / "tydiqa", res)
     out = tmp_path / "report"
-    with pytest.raises(SystemExit, match=r"tydiqa: runs differ in data or settings.*"
+    with pytest.raises(report.ReportError, match=r"tydiqa: runs differ in data or settings.*"
                        r"data_source='tfds' vs meta 'local'.*learning_rate=5e-05"):
         report.main([str(runs / "meta"), str(tmp_path / "tfds" / "tydiqa"), "--output", str(out)])
     assert not out.exists()

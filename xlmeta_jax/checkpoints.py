@@ -40,6 +40,7 @@ from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_s
 from xlmeta_jax.network import EncoderConfig
 
 STATE, DATA, META = "state", "data", "meta"
+STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax's per-step file (commit time, item names)
 CHECKSUMS = "checksums"  # key of the metadata item: checksums.record() of the saved state
 # `python -m t5x.train` (gin/meta.gin, gin/xlmr.gin) writes <run>/checkpoint_<step>/state with the
 # parameters under "target", and our encoder configuration as <run>/xlmeta_model.json.
@@ -210,6 +211,11 @@ class PhaseCheckpoints:
         self.read_only = read_only
         if not read_only and jax.process_index() == 0:
             discard_partial(self.directory)
+        # Before Orbax lists the steps: it would log two ERROR lines per damaged file.
+        if self.directory.exists():
+            for step_dir in self.directory.iterdir():
+                if step_dir.name.isdigit():
+                    check_step_metadata(step_dir)
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=options,
@@ -260,9 +266,11 @@ class PhaseCheckpoints:
         if steps:
             step = steps[0]
         where = self.step_dir(step) if step is not None else self.directory
+        latest = self.latest_step()
+        resume = "the phase's start" if latest is None else f"step {latest}"
         raise NoSpaceError(
             f"no space left on device while writing checkpoint {where} (the partial "
-            f"checkpoint was removed; the run resumes from step {self.latest_step()})"
+            f"checkpoint was removed; the run resumes from {resume})"
         ) from e
 
     def restore(self, step: int, abstract_state, iterator=None):
@@ -333,21 +341,45 @@ def save_params(phase_dir, cfg: EncoderConfig, params, *, step: int = 0,
     return ckpt.step_dir(step)
 
 
-def read_meta(step_dir) -> dict:
-    """The JSON metadata item of a step directory (Orbax's JsonCheckpointHandler file)."""
-    path = epath.Path(step_dir) / META / "metadata"
-    if not path.exists():
-        raise CheckpointError(f"{step_dir} has no {META}/metadata: not an xlmeta_jax checkpoint")
+def _read_json_object(path: epath.Path) -> dict:
+    """A checkpoint's JSON file that must hold an object; CheckpointError naming it if not."""
     try:
-        meta = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError, OSError) as e:
         raise CheckpointError(
             f"checkpoint metadata {path} is corrupted ({type(e).__name__}); "
             "the checkpoint cannot be used"
         ) from None
-    if not isinstance(meta, dict):
+    if not isinstance(data, dict):
         raise CheckpointError(f"checkpoint metadata {path} is corrupted (not a JSON object)")
-    return meta
+    return data
+
+
+def check_step_metadata(step_dir) -> None:
+    """Refuses a step whose Orbax step metadata (``_CHECKPOINT_METADATA``) is unreadable.
+
+    Orbax itself only logs such a file as an ERROR and goes on using the step, so a
+    damaged final step would pass for a finished phase.
+
+    Raises:
+      CheckpointError: naming the file.
+    """
+    path = epath.Path(step_dir) / STEP_METADATA
+    if path.exists():  # older Orbax versions write none
+        _read_json_object(path)
+
+
+def read_meta(step_dir) -> dict:
+    """The JSON metadata item of a step directory (Orbax's JsonCheckpointHandler file).
+
+    Raises:
+      CheckpointError: this file or the step's Orbax step metadata is missing or corrupted.
+    """
+    path = epath.Path(step_dir) / META / "metadata"
+    if not path.exists():
+        raise CheckpointError(f"{step_dir} has no {META}/metadata: not an xlmeta_jax checkpoint")
+    check_step_metadata(step_dir)
+    return _read_json_object(path)
 
 
 def verify_readable(step_dir, abstract_params=None) -> dict:

@@ -222,10 +222,13 @@ def apply_gin(
     probes = _DropIncludeProbes()
     logging.getLogger().addFilter(probes)
     try:
-        gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+        # One at a time, so that an error gin reports without a place names its file.
+        for path in resolved:
+            _parse(f"gin file {path}", files=[path])
         if check_macros:
             check_macro_bindings(bindings)
-        gin.parse_config_files_and_bindings([], list(bindings), finalize_config=False)
+        for binding in bindings:
+            _parse(f"binding {binding!r}", bindings=[binding])
         check_types(positive)
         if finalize:
             gin.finalize()
@@ -235,6 +238,37 @@ def apply_gin(
         raise GinConfigError(f"gin config: {_gin_message(e)}") from e
     finally:
         logging.getLogger().removeFilter(probes)
+
+
+_BAD_TOKEN = re.compile(r"Failed to parse token '(.*)'")
+
+
+def _parse(what: str, *, files: Sequence[str] = (), bindings: Sequence[str] = ()) -> None:
+    """gin's parse of ``files`` or ``bindings``, its two unclear errors made clear.
+
+    A bare word (an unquoted string) is reported by gin as Python's ``malformed node
+    or string ... <ast.Name object at 0x...>``, and an unclosed bracket as tokenize's
+    ``EOF in multi-line statement`` with no file; both name ``what`` (or gin's file
+    and line) instead.
+
+    Raises:
+      GinConfigError: for those two errors; gin's other errors pass unchanged.
+    """
+    try:
+        gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
+    except tokenize.TokenError:
+        raise GinConfigError(
+            f"gin config: {what}: a '(', '[' or '{{' is never closed"
+        ) from None
+    except SyntaxError as e:
+        token = _BAD_TOKEN.search(str(e))
+        if token is None or not str(e).startswith("malformed node"):
+            raise
+        where = f"gin file {e.filename}, line {e.lineno}" if e.filename else what
+        raise GinConfigError(
+            f"gin config: {where}: {token.group(1)!r} is not a value (quote a string: "
+            f"'{token.group(1)}'; a reference is @name() or %MACRO)"
+        ) from None
 
 
 def _gin_message(e: BaseException) -> str:

@@ -211,6 +211,8 @@ def load_hf(
     from xlmeta_jax import hf_tokenizer
 
     path = pathlib.Path(path)
+    if not path.exists():  # else the message would name <parent>/config.json
+        raise FileNotFoundError(f"HF model path {path} does not exist")
     config_path = (path if path.is_dir() else path.parent) / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"HF config {config_path} does not exist")

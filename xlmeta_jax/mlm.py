@@ -43,8 +43,9 @@ class Masking:
     random_token_share: float = 0.1
 
     def __post_init__(self):
-        if not 0.0 < self.rate < 1.0:
-            raise ValueError(f"masking rate must be in (0, 1), got {self.rate!r}")
+        rate = self.rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 < rate < 1.0:
+            raise ValueError(f"masking rate must be a number in (0, 1), got {rate!r}")
         shares = (self.mask_token_share, self.random_token_share)
         if min(shares) < 0.0 or sum(shares) > 1.0:
             raise ValueError(

@@ -14,6 +14,7 @@ import jax
 from xlmeta_jax import (
     checkpoints,
     configurables,
+    corpus,
     errors,
     gin_cli,
     network,
@@ -51,6 +52,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
         raise ConfigError(f"train.model must be an EncoderConfig, got {type(model).__name__}")
     if not phases:
         raise ConfigError("train.phases is empty")
+    check_masking()
     try:
         shape = partitioning.mesh_shape_for(*mesh_shape, num_devices=num_devices)
     except partitioning.MeshShapeError as e:
@@ -114,6 +116,24 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
                 f"{offset + p.num_steps - total} steps would train at its end learning rate"
             )
     return shape
+
+
+def check_masking() -> None:
+    """The gin-bound masking (``MASK_RATE``) is valid.
+
+    Checked with the rest of the configuration: a finished run would otherwise be
+    reported complete without ever building its masking.
+
+    Raises:
+      ConfigError: naming the binding (the macro, e.g. ``MASK_RATE``) and its value.
+    """
+    try:
+        corpus.Masking()
+    except ValueError as e:
+        source = "xlmeta_jax.mlm.Masking"
+        if "masking rate" in str(e):
+            source = gin_cli.binding_source(f"{source}.rate")
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> None:

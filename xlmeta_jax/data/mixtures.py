@@ -47,6 +47,19 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 # A file with a larger share of lines that are not UTF-8 is refused: it is binary, or
 # in another encoding, and training on its few decodable lines would be meaningless.
 MAX_UNDECODABLE_SHARE = 0.1
+# UTF-8 text has no NUL bytes, while UTF-16/32 text has them in (nearly) every line:
+# split at b"\n" those lines still decode as "valid" UTF-8, so the share of undecodable
+# lines cannot catch them. The head of each file is checked for NULs and for a UTF-16/32
+# byte-order mark instead. A few stray NULs in scraped text stay below this share.
+_ENCODING_SNIFF_BYTES = 64 << 10
+MAX_NUL_SHARE = 0.01
+# Longest first: the UTF-32-LE mark starts with the UTF-16-LE one.
+_FOREIGN_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
 
 
 class CorpusError(errors.UserError, ValueError):
@@ -104,8 +117,8 @@ def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
     """Expands paths/globs (any file system TF reads) to a sorted file list.
 
     Raises:
-      CorpusError: if a pattern matches nothing, a file is empty or has an
-        unsupported compression.
+      CorpusError: if a pattern matches nothing, a file is empty, has an
+        unsupported compression or is not UTF-8 (:func:`check_utf8_encoding`).
     """
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -129,6 +142,8 @@ def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
         size, _ = _stat(path)
         if size == 0:
             raise CorpusError(f"{what}: file {path} is empty")
+        # Here too, not only when counting: with given counts (cc100_counts) no file is.
+        check_utf8_encoding(path)
     return files
 
 
@@ -201,6 +216,31 @@ def iter_paragraphs(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> 
             yield line.decode("utf-8")
         except UnicodeDecodeError:
             continue
+
+
+def check_utf8_encoding(path: str) -> None:
+    """Refuses a file whose head shows it is UTF-16/32 (a byte-order mark, or NULs).
+
+    A UTF-8 byte-order mark is accepted: the file is UTF-8 and the mark only puts an
+    invisible U+FEFF at the start of its first line, as tf.data reads it.
+
+    Raises:
+      CorpusError: naming the file and the encoding it appears to have.
+    """
+    with _open_binary(path) as f:
+        head = f.read(_ENCODING_SNIFF_BYTES)
+    for bom, encoding in _FOREIGN_BOMS:
+        if head.startswith(bom):
+            raise CorpusError(
+                f"{path}: starts with a {encoding} byte-order mark: the corpus must be UTF-8 "
+                f"(convert it, e.g. iconv -f {encoding} -t UTF-8)"
+            )
+    nuls = head.count(0)
+    if head and nuls / len(head) > MAX_NUL_SHARE:
+        raise CorpusError(
+            f"{path}: {100 * nuls / len(head):.0f}% of its first {len(head)} bytes are NUL: "
+            "UTF-16/32 or binary, not UTF-8 text (convert it, e.g. iconv -f UTF-16 -t UTF-8)"
+        )
 
 
 def scan_text_file(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> FileStats:
@@ -301,8 +341,11 @@ def corpus_stats(
     modification time and ``max_line_bytes``; a changed file is counted again.
 
     Raises:
-      CorpusError: if a file has no usable text at all.
+      CorpusError: if a file is not UTF-8 (:func:`check_utf8_encoding`) or has
+        no usable text at all.
     """
+    for path in files:
+        check_utf8_encoding(path)  # before counting: such a file's counts are meaningless
     by_folder: dict[str, list[str]] = {}
     for path in files:
         by_folder.setdefault(os.path.dirname(path) or ".", []).append(path)

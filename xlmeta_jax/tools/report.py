@@ -30,9 +30,15 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from xlmeta_jax import errors
+
 SUMMARY_KEYS = ("average", "average_target", "english", "transfer_gap")
 # Settings that may differ between compared runs (bookkeeping, not protocol).
 _FREE_SETTINGS = ("log_every", "eval_batch_size")
+
+
+class ReportError(errors.UserError, ValueError):
+    """A run argument or results.json the report cannot use (one line, exit 2)."""
 
 
 def _parse_run(arg: str) -> tuple[str | None, pathlib.Path]:
@@ -70,7 +76,12 @@ def gather(runs: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
             raise FileNotFoundError(f"no results.json in {path} or its sub-folders")
         label = label or path.name
         for f in files:
-            results = json.loads(f.read_text())
+            try:
+                results = json.loads(f.read_bytes().decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise ValueError(f"{f}: not a results.json (not valid JSON: {e})") from None
+            if not isinstance(results, dict):
+                raise ValueError(f"{f}: not a results.json (not a JSON object)")
             for key in ("task", "metric", "languages"):
                 if key not in results:
                     raise ValueError(f"{f}: not a results.json (no {key!r})")
@@ -291,7 +302,7 @@ def main(argv: list[str] | None = None) -> pathlib.Path:
     try:
         path = write_report(args.runs, args.output, args.allow_mixed)
     except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"report: {e}") from None
+        raise ReportError(str(e)) from None
     print(path.read_text())
     plots = sorted(p.name for p in path.parent.glob("*.png"))
     print(f"wrote {path}" + (f" and {len(plots)} plots in {path.parent}" if plots else ""))
@@ -299,6 +310,4 @@ def main(argv: list[str] | None = None) -> pathlib.Path:
 
 
 if __name__ == "__main__":
-    from xlmeta_jax import errors
-
     errors.exit_with(main, prog="xlmeta_jax.tools.report")
