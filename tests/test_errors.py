@@ -595,3 +595,29 @@ def test_hf_to_flax_of_a_missing_path_names_it(tmp_path, capsys):
     assert code == errors.EXIT_USER_ERROR, err
     assert len(err.splitlines()) == 1 and f"HF model path {missing} does not exist" in err, err
     assert "config.json" not in err and not (tmp_path / "out").exists()
+
+
+def test_leftover_failed_checkpoint_reads_are_not_logged_as_errors(caplog, capsys):
+    # A damaged checkpoint: Orbax's gather reports one read's error (the command's line)
+    # and asyncio later logs the other failed reads as "Task exception was never
+    # retrieved" ERRORs. Those are dropped; another never-retrieved task is still logged.
+    asyncio_log = logging.getLogger("asyncio")
+
+    def never_retrieved(exc):
+        try:
+            raise exc
+        except ValueError:
+            asyncio_log.error("Task exception was never retrieved\nfuture: <Task ...>",
+                              exc_info=True)
+
+    def main(argv):
+        never_retrieved(ValueError('NOT_FOUND: Error opening "zarr" driver: Error reading '
+                                   '"params.x/.zarray" in OCDBT database'))
+        never_retrieved(ValueError("a bug of someone else's"))
+        raise checkpoints.CheckpointError("checkpoint /x is damaged")
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        assert errors.run_command(main, [], prog="x") == errors.EXIT_USER_ERROR
+    kept = [r for r in caplog.records if r.name == "asyncio"]
+    assert len(kept) == 1 and "someone else" in str(kept[0].exc_info[1])
+    assert capsys.readouterr().err.strip() == "x: error: checkpoint /x is damaged"

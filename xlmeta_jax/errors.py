@@ -10,6 +10,7 @@ traceback of user errors too.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -104,6 +105,29 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 _previous_unraisablehook = sys.unraisablehook
 
 
+class _DropFailedCheckpointReads(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for TensorStore reads.
+
+    When one array of a damaged checkpoint cannot be read, Orbax's gather raises that
+    read's error (the command's one line) and leaves the other reads' tasks, which fail
+    the same way, to be collected later: asyncio then logs each as an ERROR with its
+    traceback. They repeat the line; any other never-retrieved task is still logged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Task exception was never retrieved"):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        text = f"{type(exc).__module__} {exc}" if exc is not None else record.getMessage()
+        return not any(k in text for k in ("tensorstore", "OCDBT", '"zarr" driver'))
+
+
+def _quiet_failed_checkpoint_reads() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _DropFailedCheckpointReads) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_DropFailedCheckpointReads())
+
+
 def debug_requested(argv: Sequence[str]) -> bool:
     return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
@@ -125,6 +149,7 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
     argv = [a for a in argv if a != DEBUG_FLAG]
     if not debug:
         sys.unraisablehook = _drop_closed_loop_callbacks
+        _quiet_failed_checkpoint_reads()
     try:
         result = main(argv)
     except KeyboardInterrupt:
