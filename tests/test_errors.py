@@ -332,15 +332,20 @@ def test_lock_fallback_without_flock_checks_pid(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 
 
+def _write_toy_text(path) -> None:
+    """300 lines of pangram text, the toy vocabularies' training corpus."""
+    path.write_text("\n".join(f"the quick brown fox {i} jumps over {i * 7} lazy dogs, "
+                               f"sphinx of black quartz judge my vow {i % 13}"
+                               for i in range(300)))
+
+
 @pytest.fixture(scope="module")
 def toy_spm(tmp_path_factory):
     import sentencepiece as spm
 
     folder = tmp_path_factory.mktemp("spm")
     text = folder / "t.txt"
-    text.write_text("\n".join(f"the quick brown fox {i} jumps over {i * 7} lazy dogs, "
-                              f"sphinx of black quartz judge my vow {i % 13}"
-                              for i in range(300)))
+    _write_toy_text(text)
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(folder / "v"), vocab_size=60, pad_id=0, eos_id=1,
         unk_id=2, bos_id=-1, num_threads=1,
@@ -508,9 +513,7 @@ def data_spm(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("data_spm")
     text = folder / "en.txt"
-    text.write_text("\n".join(f"the quick brown fox {i} jumps over {i * 7} lazy dogs, "
-                              f"sphinx of black quartz judge my vow {i % 13}"
-                              for i in range(300)))
+    _write_toy_text(text)
     return vocabulary.train_vocabulary({"en": [os.fspath(text)]}, os.fspath(folder / "v"), 400,
                                        alpha=0.3, seed=0, num_threads=1, print_report=False)
 
