@@ -417,7 +417,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             t_log, steps_since_log = time.time(), 0
         if save_now and ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics),
                                   force=done) and run.config_pending:
-            run.config_pending = not gin_cli.write_config(run.model_dir)
+            gin_cli.write_config(run.model_dir)
+            run.config_pending = False
         sync_point = save_now or phase_step % run.log_every == 0
         if not done and run.stop is not None and run.stop.requested(sync_point=sync_point):
             if pending is not None:
