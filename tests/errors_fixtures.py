@@ -15,32 +15,33 @@ STEPS = 4
 # Two phases of the tiny model on the synthetic stream, with the macros a user
 # binds on the command line (as gin/meta.gin has them).
 RUN_GIN = """
-import xlmeta_jax.trainer
+import xlmeta_jax.pretrain.trainer
 MODEL_DIR = %gin.REQUIRED
 META_STEPS = 4
 XLING_STEPS = 4
 BATCH_SIZE = 8
 SEQUENCE_LENGTH = 32
 MASK_RATE = 0.15
-xlmeta_jax.mlm.Masking.rate = %MASK_RATE
-xlmeta_jax.trainer.train.model_dir = %MODEL_DIR
-xlmeta_jax.trainer.train.mesh_shape = (8, 1, 1)
-xlmeta_jax.trainer.train.checkpoint_every = 2
-xlmeta_jax.trainer.train.keep_checkpoints = 2
-xlmeta_jax.trainer.train.log_every = 2
-xlmeta_jax.trainer.train.phases = [
-    @phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
-xlmeta_jax.trainer.Phase.task = 'synthetic'
-xlmeta_jax.trainer.Phase.batch_size = %BATCH_SIZE
-xlmeta_jax.trainer.Phase.sequence_length = %SEQUENCE_LENGTH
-phase1/xlmeta_jax.trainer.Phase.name = 'phase1'
-phase1/xlmeta_jax.trainer.Phase.num_steps = %META_STEPS
-phase1/xlmeta_jax.trainer.Phase.optimizer = @phase1/xlmeta_jax.optimizer.OptimizerConfig()
-phase1/xlmeta_jax.optimizer.OptimizerConfig.total_steps = %META_STEPS
-phase1/xlmeta_jax.optimizer.OptimizerConfig.warmup_steps = 1
-phase2/xlmeta_jax.trainer.Phase.name = 'phase2'
-phase2/xlmeta_jax.trainer.Phase.num_steps = %XLING_STEPS
-phase2/xlmeta_jax.trainer.Phase.init_from = 'phase1'
+xlmeta_jax.model.mlm.Masking.rate = %MASK_RATE
+xlmeta_jax.pretrain.trainer.train.model_dir = %MODEL_DIR
+xlmeta_jax.pretrain.trainer.train.mesh_shape = (8, 1, 1)
+xlmeta_jax.pretrain.trainer.train.checkpoint_every = 2
+xlmeta_jax.pretrain.trainer.train.keep_checkpoints = 2
+xlmeta_jax.pretrain.trainer.train.log_every = 2
+xlmeta_jax.pretrain.trainer.train.phases = [
+    @phase1/xlmeta_jax.pretrain.trainer.Phase(), @phase2/xlmeta_jax.pretrain.trainer.Phase()]
+xlmeta_jax.pretrain.trainer.Phase.task = 'synthetic'
+xlmeta_jax.pretrain.trainer.Phase.batch_size = %BATCH_SIZE
+xlmeta_jax.pretrain.trainer.Phase.sequence_length = %SEQUENCE_LENGTH
+phase1/xlmeta_jax.pretrain.trainer.Phase.name = 'phase1'
+phase1/xlmeta_jax.pretrain.trainer.Phase.num_steps = %META_STEPS
+phase1/xlmeta_jax.pretrain.trainer.Phase.optimizer = \
+    @phase1/xlmeta_jax.model.optimizer.OptimizerConfig()
+phase1/xlmeta_jax.model.optimizer.OptimizerConfig.total_steps = %META_STEPS
+phase1/xlmeta_jax.model.optimizer.OptimizerConfig.warmup_steps = 1
+phase2/xlmeta_jax.pretrain.trainer.Phase.name = 'phase2'
+phase2/xlmeta_jax.pretrain.trainer.Phase.num_steps = %XLING_STEPS
+phase2/xlmeta_jax.pretrain.trainer.Phase.init_from = 'phase1'
 """
 
 

@@ -60,7 +60,7 @@ def corpus_flags(corpus: dict) -> list[str]:
 
 def register_corpus(corpus: dict) -> tuple[str, ...]:
     """Registers the corpus' seqio tasks for in-process use; returns their names."""
-    import tasks
+    from xlmeta_jax.data import tasks
 
     return tasks.register(
         vocab_path=corpus["vocab"], english_files=corpus["english"],

@@ -7,8 +7,10 @@ import importlib.util
 
 import pytest
 
-from xlmeta_jax import errors, mlm, network
-from xlmeta_jax.tools import aot, aot_compile, flops, hardware
+from xlmeta_jax import errors
+from xlmeta_jax.model import mlm, network
+from xlmeta_jax.pretrain import flops, hardware
+from xlmeta_jax.tools import aot, aot_compile
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_libtpu = pytest.mark.skipif(
@@ -49,7 +51,7 @@ def test_search_tries_remat_first_then_bigger_changes():
     assert later[-1] == aot_compile.Variant("none", 64, (-1, 4, 1))
     assert (-1, 4, 1) in [v.mesh_shape for v in later]
     assert aot.change_flags(base, aot_compile.Variant("full", 1, (-1, 1, 1))) == [
-        "--gin.xlmeta_jax.network.get_config.remat_policy=\"'full'\""]
+        "--gin.xlmeta_jax.model.network.get_config.remat_policy=\"'full'\""]
 
 
 def test_search_skips_microbatch_counts_xla_already_rules_out():
@@ -107,7 +109,7 @@ def test_batch_not_divisible_by_the_slice_is_one_line(capsys):
 @pytest.fixture(scope="module")
 def tiny_on_v4_8():
     """gin/demo.gin (tiny encoder, 16 x 64, unrolled layers) compiled for a v4-8."""
-    from xlmeta_jax import gin_cli
+    from xlmeta_jax.cli import flags as gin_cli
 
     gin_cli.apply_gin(["gin/demo.gin"], [], finalize=False)
     run = aot.configured_run()

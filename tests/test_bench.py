@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from xlmeta_jax import mlm
-from xlmeta_jax.network import get_config
-from xlmeta_jax.tools import bench, flops
+from xlmeta_jax.model import mlm
+from xlmeta_jax.model.network import get_config
+from xlmeta_jax.pretrain import flops
+from xlmeta_jax.tools import bench
 
 
 def _positive(x):
@@ -23,8 +24,8 @@ def test_bench_tiny_with_hf_comparison(tmp_path, capsys):
     pytest.importorskip("transformers")
     out = tmp_path / "bench.json"
     report = bench.main([
-        "--gin_file=models/tiny.gin", "--gin.xlmeta_jax.network.get_config.dropout_rate=0.0",
-        "--gin.xlmeta_jax.network.get_config.attention_dropout_rate=0.0", "--batch=4",
+        "--gin_file=models/tiny.gin", "--gin.xlmeta_jax.model.network.get_config.dropout_rate=0.0",
+        "--gin.xlmeta_jax.model.network.get_config.attention_dropout_rate=0.0", "--batch=4",
         "--length=16", "--num_devices=1", "--steps=2", "--warmup=1", "--hf=on",
         f"--json_out={out}",
     ])
@@ -99,7 +100,7 @@ def test_variants_and_bad_options():
 def test_bench_and_network_import_without_tensorflow_seqio_torch_gin():
     # Accelerator hosts may have none of these; the bench and profiler must still run.
     code = (
-        "import sys, xlmeta_jax.tools.bench, xlmeta_jax.hf, xlmeta_jax.step\n"
+        "import sys, xlmeta_jax.tools.bench, xlmeta_jax.hf, xlmeta_jax.pretrain.step\n"
         "bad = [m for m in ('tensorflow', 'seqio', 'torch', 'transformers', 'gin')\n"
         "       if m in sys.modules]\n"
         "assert not bad, bad\n"

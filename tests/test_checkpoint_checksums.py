@@ -16,8 +16,9 @@ import orbax.checkpoint as ocp
 import pytest
 from errors_fixtures import STEPS, array_files, copy_run, digest, train_argv, write_gin
 
-from xlmeta_jax import checkpoints, checksums, errors
-from xlmeta_jax import train as train_cli
+from xlmeta_jax import errors
+from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.pretrain import checkpoints, checksums
 
 ZSTD_MAGIC = bytes([0x28, 0xB5, 0x2F, 0xFD])
 
@@ -150,7 +151,7 @@ def _one_line(err: str, prog: str, *parts: str) -> None:
 
 def test_flip_refused_by_every_reader(finished, tmp_path, capsys):
     """The completeness check, export, fine-tuning's loader and a restore name the array."""
-    from xlmeta_jax import hf
+    from xlmeta_jax.cli import hf
 
     model_dir = copy_run(finished[0], tmp_path / "run")
     step_dir = model_dir / "phase2" / str(STEPS)

@@ -11,10 +11,15 @@ seqio = pytest.importorskip("seqio")
 import tensorflow as tf  # noqa: E402
 from data_toy import train_toy_vocabulary, write_cc100_dir  # noqa: E402
 
-import tasks  # noqa: E402
-from tasks import names  # noqa: E402
-from xlmeta_jax import mlm, partitioning  # noqa: E402
-from xlmeta_jax.data import english_pd, feeding, mixtures, vocabulary  # noqa: E402
+from xlmeta_jax.data import (  # noqa: E402
+    english_pd,
+    feeding,
+    tasks,  # noqa: E402
+    vocabulary,
+)
+from xlmeta_jax.data import task_names as names  # noqa: E402
+from xlmeta_jax.data import text_files as mixtures  # noqa: E402
+from xlmeta_jax.model import mlm, partitioning  # noqa: E402
 from xlmeta_jax.tools import caching, throughput  # noqa: E402
 
 LANGUAGES = ("en", "de", "sw")

@@ -19,11 +19,15 @@ from data_toy import (  # noqa: E402
     VOCAB_SIZE,
 )
 
-import tasks  # noqa: E402
-from tasks import names  # noqa: E402
-from xlmeta_jax import mlm  # noqa: E402
-from xlmeta_jax.data import mixtures, providers, vocabulary  # noqa: E402
+from xlmeta_jax.data import (  # noqa: E402
+    providers,
+    tasks,  # noqa: E402
+    vocabulary,
+)
+from xlmeta_jax.data import task_names as names  # noqa: E402
+from xlmeta_jax.data import text_files as mixtures  # noqa: E402
 from xlmeta_jax.data.languages import UnknownLanguageError  # noqa: E402
+from xlmeta_jax.model import mlm  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -384,7 +388,8 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
     """What gin files (ours and t5x's) do: bind Corpora, then @registered()."""
     import gin
 
-    from xlmeta_jax import corpus, gin_cli
+    from xlmeta_jax.cli import configurables as corpus
+    from xlmeta_jax.cli import flags as gin_cli
 
     gin.clear_config(clear_constants=True)
     try:
@@ -392,8 +397,8 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
             ["data/cc100.gin"],
             [f"VOCAB_PATH = '{toy['vocab']}'", f"CC100_DIR = '{toy['cc_dir']}'",
              "CC100_LANGUAGES = ['en', 'ja']", "ALPHA = 1.0", "CC100_COUNT_UNIT = 'lines'",
-             "xlmeta_jax.mlm.Masking.rate = 0.25",
-             "xlmeta_jax.corpus.registered.name = 'xlmeta_cc100'"],
+             "xlmeta_jax.model.mlm.Masking.rate = 0.25",
+             "xlmeta_jax.cli.configurables.registered.name = 'xlmeta_cc100'"],
             finalize=False,
         )
         assert corpus.registered() == names.CC100_MIXTURE

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from xlmeta_jax.data import languages, mixtures
+from xlmeta_jax.data import languages
+from xlmeta_jax.data import text_files as mixtures
 
 
 def test_language_list_is_xlmr_100():

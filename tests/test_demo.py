@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from xlmeta_jax import checkpoints
+from xlmeta_jax.pretrain import checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ def test_demo_runs_both_phases_and_hands_off(tmp_path):
         f"--gin.MODEL_DIR='{os.path.relpath(model_dir, REPO)}'",
         "--gin.META_STEPS=6", "--gin.XLING_STEPS=6",
         "--gin.WARMUP_STEPS=2",
-        "--gin.xlmeta_jax.trainer.train.checkpoint_every=3",
-        "--gin.xlmeta_jax.trainer.train.log_every=3",
+        "--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every=3",
+        "--gin.xlmeta_jax.pretrain.trainer.train.log_every=3",
     ]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

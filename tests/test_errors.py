@@ -25,9 +25,11 @@ from errors_fixtures import (
     write_gin,
 )
 
-from xlmeta_jax import checkpoints, errors, gin_cli, run_dir
-from xlmeta_jax import train as train_cli
-from xlmeta_jax import trainer as train
+from xlmeta_jax import errors
+from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.pretrain import checkpoints, run_dir
+from xlmeta_jax.pretrain import trainer as train
 
 PROG = "xlmeta_jax.train"
 
@@ -84,29 +86,30 @@ BAD_BINDINGS = [
     (["--gin.META_STEPS=0"], ["META_STEPS = 0", "must be an integer > 0"]),
     (["--gin.XLING_STEPS=-3"], ["XLING_STEPS = -3", "must be an integer > 0"]),
     (["--gin.BATCH_SIZE='sixteen'"], ["BATCH_SIZE = 'sixteen'", "integer > 0"]),
-    (["--gin.xlmeta_jax.trainer.train.seed='zero'"],
+    (["--gin.xlmeta_jax.pretrain.trainer.train.seed='zero'"],
      ["train.seed = 'zero'", "expected an integer"]),
-    (["--gin.xlmeta_jax.trainer.train.sed=1"], ["doesn't have a parameter named 'sed'"]),
-    (["--gin.xlmeta_jax.trainer.train.log_every=0"], ["train.log_every = 0", "integer > 0"]),
+    (["--gin.xlmeta_jax.pretrain.trainer.train.sed=1"], ["doesn't have a parameter named 'sed'"]),
+    (["--gin.xlmeta_jax.pretrain.trainer.train.log_every=0"],
+     ["train.log_every = 0", "integer > 0"]),
     (["--gin.BATCH_SIZE=[8"], ["gin config"]),
     # gin's own text for these is Python's "<ast.Name object at 0x...>" / a bare EOF.
     (["--gin.META_STEPS=abc"], ["binding 'META_STEPS = abc'", "'abc' is not a value"]),
-    (["--gin.xlmeta_jax.trainer.train.mesh_shape=(8, 1"],
-     ["binding 'xlmeta_jax.trainer.train.mesh_shape = (8, 1'", "never closed"]),
+    (["--gin.xlmeta_jax.pretrain.trainer.train.mesh_shape=(8, 1"],
+     ["binding 'xlmeta_jax.pretrain.trainer.train.mesh_shape = (8, 1'", "never closed"]),
     (["--gin_file=no_such.gin"], ["gin file 'no_such.gin' not found"]),
     (["--frobnicate=1"], ["unknown arguments", "--frobnicate=1"]),
     (["--gin_file"], ["flag --gin_file needs a value"]),
-    (["--gin.xlmeta_jax.trainer.train.mesh_shape=(3, 1, 1)"], ["mesh_shape", "(3, 1, 1)"]),
+    (["--gin.xlmeta_jax.pretrain.trainer.train.mesh_shape=(3, 1, 1)"], ["mesh_shape", "(3, 1, 1)"]),
     (["--gin.BATCH_SIZE=12"], ["batch_size=12 is not divisible"]),
     (["--gin.SEQUENCE_LENGTH=4096"], ["sequence_length=4096 exceeds"]),
-    (["--gin.xlmeta_jax.trainer.train.rng_impl='philox'"], ["rng_impl='philox'"]),
+    (["--gin.xlmeta_jax.pretrain.trainer.train.rng_impl='philox'"], ["rng_impl='philox'"]),
     # A run whose stored config differs: named field, not Orbax's "strict=False" dump.
-    (["--gin.xlmeta_jax.network.get_config.hidden_size=32"],
+    (["--gin.xlmeta_jax.model.network.get_config.hidden_size=32"],
      ["EncoderConfig.hidden_size=64", "asks for 32"]),
-    (["--gin.xlmeta_jax.network.get_config.hidden_size=32", "--gin.XLING_STEPS=8"],
+    (["--gin.xlmeta_jax.model.network.get_config.hidden_size=32", "--gin.XLING_STEPS=8"],
      ["EncoderConfig.hidden_size=64", "asks for 32"]),
-    (["--gin.xlmeta_jax.network.get_config.num_layers=3", "--gin.META_STEPS=8",
-      "--gin.phase1/xlmeta_jax.optimizer.OptimizerConfig.total_steps=8"],
+    (["--gin.xlmeta_jax.model.network.get_config.num_layers=3", "--gin.META_STEPS=8",
+      "--gin.phase1/xlmeta_jax.model.optimizer.OptimizerConfig.total_steps=8"],
      ["EncoderConfig.num_layers=2", "asks for 3"]),
     (["--gin.SEQUENCE_LENGTH=16"], ["sequence_length=32", "asks for 16"]),
     (["--gin.META_STEPS=2"], ["phase1/4 is at step 4", "num_steps=2"]),
@@ -115,10 +118,10 @@ BAD_BINDINGS = [
        ["MASK_RATE: masking rate must be a number in (0, 1)", f"got {rate}"])
       for rate in ("1.5", "0", "-0.1")],
     (["--gin.MASK_RATE='high'"], ["MASK_RATE = 'high'", "expected a number"]),
-    (["--gin.xlmeta_jax.mlm.Masking.rate=1.0"], ["Masking.rate: masking rate", "got 1.0"]),
-    (["--gin.xlmeta_jax.mlm.Masking.mask_token_share=0.95"],
-     ["xlmeta_jax.mlm.Masking: mask_token_share=0.95"]),
-    (["--gin.phase1/xlmeta_jax.trainer.Phase.task='xlmeta_other'"], ["task='synthetic'"]),
+    (["--gin.xlmeta_jax.model.mlm.Masking.rate=1.0"], ["Masking.rate: masking rate", "got 1.0"]),
+    (["--gin.xlmeta_jax.model.mlm.Masking.mask_token_share=0.95"],
+     ["xlmeta_jax.model.mlm.Masking: mask_token_share=0.95"]),
+    (["--gin.phase1/xlmeta_jax.pretrain.trainer.Phase.task='xlmeta_other'"], ["task='synthetic'"]),
 ]
 
 
@@ -243,7 +246,7 @@ def test_damaged_checkpoint_is_one_line(finished, run_gin, tmp_path, capsys, cap
 @pytest.mark.parametrize("how", ["delete_array_file", "corrupt_metadata",
                                  "corrupt_step_metadata"])
 def test_hf_export_of_damaged_checkpoint_is_one_line(finished, tmp_path, capsys, how):
-    from xlmeta_jax import hf
+    from xlmeta_jax.cli import hf
 
     model_dir = copy_run(finished, tmp_path / "run")
     _damage(model_dir, how)
@@ -258,7 +261,7 @@ def test_hf_export_of_damaged_checkpoint_is_one_line(finished, tmp_path, capsys,
 @pytest.mark.parametrize("task", ["xnli", "tatoeba"])
 def test_finetune_of_damaged_checkpoint_leaves_no_run(finished, shared_data, tmp_path, capsys,
                                                      task):
-    from xlmeta_jax import finetune as finetune_cli
+    from xlmeta_jax.cli import finetune as finetune_cli
 
     model_dir = copy_run(finished, tmp_path / "run")
     _damage(model_dir, "truncate_array_files")
@@ -354,7 +357,7 @@ def toy_spm(tmp_path_factory):
 
 
 def _tiny(**kw):
-    from xlmeta_jax import network
+    from xlmeta_jax.model import network
 
     kw.setdefault("pad_token_id", 0)
     return network.get_config("tiny", **kw)
@@ -378,7 +381,7 @@ def test_vocab_larger_than_embedding_and_pad_mismatch(toy_spm):
 
 
 def test_schedule_must_cover_carried_step_count(tmp_path):
-    from xlmeta_jax.optimizer import OptimizerConfig
+    from xlmeta_jax.model.optimizer import OptimizerConfig
 
     p1 = train.Phase("phase1", "synthetic", 4, 8, 32)
     p2 = train.Phase("phase2", "synthetic", 4, 8, 32, init_from="phase1", reset_schedule=False,
@@ -400,7 +403,7 @@ def test_schedule_must_cover_carried_step_count(tmp_path):
 def test_disk_full_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
     import numpy as np
 
-    from xlmeta_jax import step as step_lib
+    from xlmeta_jax.pretrain import step as step_lib
 
     class Iterator:
         def save(self, filename):
@@ -450,7 +453,7 @@ def test_vocabulary_refuses_an_unknown_language(tmp_path, capsys):
 def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
     import random
 
-    from xlmeta_jax.data import mixtures
+    from xlmeta_jax.data import text_files as mixtures
 
     rng = random.Random(0)
     binary = tmp_path / "en.txt"
@@ -468,7 +471,7 @@ def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
 def test_utf16_or_utf32_corpus_is_refused_naming_the_file(tmp_path, encoding):
     # Split at b"\n", UTF-16 lines decode as "valid" UTF-8 full of NULs: they must not
     # be trained on. "utf-16"/"utf-32" write a byte-order mark, "-le"/"-be" do not.
-    from xlmeta_jax.data import mixtures
+    from xlmeta_jax.data import text_files as mixtures
 
     text = "".join(f"an English sentence number {i}\n" for i in range(200))
     path = tmp_path / "en.txt"
@@ -486,7 +489,7 @@ def test_utf16_or_utf32_corpus_is_refused_naming_the_file(tmp_path, encoding):
 
 def test_utf8_corpus_with_a_byte_order_mark_is_accepted(tmp_path):
     # A UTF-8 mark is UTF-8 text: it only adds an invisible U+FEFF to the first line.
-    from xlmeta_jax.data import mixtures
+    from xlmeta_jax.data import text_files as mixtures
 
     path = tmp_path / "en.txt"
     path.write_bytes("".join(f"line {i}\n" for i in range(20)).encode("utf-8-sig"))
@@ -555,9 +558,10 @@ def test_utf16_cc100_file_is_one_line_before_training(data_spm, tmp_path, capsys
 
 
 @pytest.mark.parametrize("name", [
-    "xlmeta_jax.data.mixtures.CorpusError", "xlmeta_jax.data.vocabulary.VocabularyError",
-    "xlmeta_jax.data.languages.UnknownLanguageError", "xlmeta_jax.partitioning.MeshShapeError",
-    "xlmeta_jax.experiment.arms.ArmError", "xlmeta_jax.hf_tokenizer.VocabularyLayoutError"])
+    "xlmeta_jax.data.text_files.CorpusError", "xlmeta_jax.data.vocabulary.VocabularyError",
+    "xlmeta_jax.data.languages.UnknownLanguageError",
+    "xlmeta_jax.model.partitioning.MeshShapeError",
+    "xlmeta_jax.experiment.arms.ArmError", "xlmeta_jax.interop.hf.tokenizer.VocabularyLayoutError"])
 def test_input_errors_are_user_errors(name, capsys):
     import importlib
 
@@ -589,7 +593,7 @@ def test_report_of_broken_results_json_names_the_file(tmp_path, capsys, content)
 
 
 def test_hf_to_flax_of_a_missing_path_names_it(tmp_path, capsys):
-    from xlmeta_jax import hf
+    from xlmeta_jax.cli import hf
 
     missing = tmp_path / "missing"
     code = errors.run_command(hf.main, ["to_flax", f"--hf_path={missing}",

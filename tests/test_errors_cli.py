@@ -23,7 +23,8 @@ from errors_fixtures import (
     write_gin,
 )
 
-from xlmeta_jax import errors, run_dir
+from xlmeta_jax import errors
+from xlmeta_jax.pretrain import run_dir
 
 # Every test here starts the real commands in subprocesses (TensorFlow and JAX start-up
 # each time): end-to-end runs, left out of the `-m "not slow"` loop; test_errors.py holds
@@ -86,7 +87,7 @@ def test_rerun_of_finished_run_is_quiet_and_changes_nothing(finished, run_gin):
     (["--gin.BATCH_SIZ=8"], ["unknown gin macro 'BATCH_SIZ'", "did you mean BATCH_SIZE"]),
     (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "integer > 0"]),
     # Changed model size with more steps: the differing field, not Orbax's dump.
-    (["--gin.xlmeta_jax.network.get_config.hidden_size=32", "--gin.XLING_STEPS=8"],
+    (["--gin.xlmeta_jax.model.network.get_config.hidden_size=32", "--gin.XLING_STEPS=8"],
      ["EncoderConfig.hidden_size=64", "asks for 32"]),
 ])
 def test_bad_input_on_the_command_line(finished, run_gin, extra, parts):
@@ -157,7 +158,7 @@ def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
     import jax
     import numpy as np
 
-    from xlmeta_jax import checkpoints
+    from xlmeta_jax.pretrain import checkpoints
 
     steps = ["--gin.META_STEPS=30", "--gin.XLING_STEPS=2"]
     ref = tmp_path / "ref"

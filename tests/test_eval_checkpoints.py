@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import checkpoints, gin_cli, network
+from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.model import network
+from xlmeta_jax.pretrain import checkpoints
 
 
 def _run_dir(tmp_path, gin_file, steps):

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import finetune as finetune_cli
+from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.evaluation import encoders, finetuning, tokenization, training
-from xlmeta_jax.network import XLMRForMaskedLM, get_config
+from xlmeta_jax.model.network import XLMRForMaskedLM, get_config
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def _random_params(cfg):
 
 
 def test_hugging_face_checkpoint_is_accepted(english_lines, tmp_path):
-    hf = pytest.importorskip("xlmeta_jax.hf")
+    hf = pytest.importorskip("xlmeta_jax.interop.hf.convert")
     # XLM-R's SentencePiece specials; fairseq ids put pad at 1.
     spm_path = tokenization.train_sentencepiece(
         english_lines[:3000], tmp_path / "spm", 500, pad_id=-1, eos_id=2, unk_id=0, bos_id=1,
@@ -142,7 +142,7 @@ def test_pretrained_encoder_params_are_used_and_checked():
 
 
 def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
-    from xlmeta_jax import checkpoints
+    from xlmeta_jax.pretrain import checkpoints
 
     cfg = get_config("tiny", vocab_size=1024, pad_token_id=0)
     params = _random_params(cfg)
@@ -240,7 +240,7 @@ def test_xnli_large_encoder_uses_xtreme_large_learning_rate():
     """train_xnli.sh: LR=3e-5 for xlm-roberta-large (24 layers), 2e-5 otherwise."""
     import gin
 
-    from xlmeta_jax import gin_cli
+    from xlmeta_jax.cli import flags as gin_cli
 
     gin_cli.apply_gin(["finetune/xnli.gin"], [
         "MODEL_DIR = '/tmp/unused_model_dir'", "INITIAL_CHECKPOINT_PATH = '/tmp/unused_ckpt'",

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import finetune as finetune_cli
+from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.evaluation import retrieval, scorers, tokenization
-from xlmeta_jax.network import Encoder, get_config
+from xlmeta_jax.model.network import Encoder, get_config
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from xlmeta_jax import network
 from xlmeta_jax.experiment import arms, plan, runner
-from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.model import network
+from xlmeta_jax.model.optimizer import OptimizerConfig
 
 BUDGET = arms.Budget(meta_steps=300, xling_steps=900, batch_size=32, sequence_length=128)
 OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=60)
@@ -70,8 +70,8 @@ def test_joint_mixture_gives_english_the_meta_share_of_the_tokens(toy_cc100, sha
     """tasks.register's xlmeta_joint: English at META / (META + XLING) of the blocks (every
     block is full, so of the tokens), the languages at their alpha rates in the rest."""
     seqio = pytest.importorskip("seqio")
-    import tasks
-    from tasks import names
+    from xlmeta_jax.data import task_names as names
+    from xlmeta_jax.data import tasks
 
     english = tmp_path / "english.txt"
     text = (shared_data / "english_pd" / "tinyshakespeare" / "input.txt").read_text()
@@ -107,8 +107,8 @@ def test_joint_mixture_gives_english_the_meta_share_of_the_tokens(toy_cc100, sha
 
 def test_joint_mixture_needs_both_corpora(toy_cc100):
     pytest.importorskip("seqio")
-    import tasks
-    from xlmeta_jax.data import mixtures
+    from xlmeta_jax.data import tasks
+    from xlmeta_jax.data import text_files as mixtures
 
     with pytest.raises(mixtures.CorpusError, match="needs exactly one English corpus"):
         tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],

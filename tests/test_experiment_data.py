@@ -7,11 +7,11 @@ import pathlib
 import numpy as np
 import pytest
 
-from xlmeta_jax.data import mixtures
+from xlmeta_jax.data import text_files as mixtures
 
 seqio = pytest.importorskip("seqio")
-import tasks  # noqa: E402
-from tasks import names  # noqa: E402
+from xlmeta_jax.data import task_names as names  # noqa: E402
+from xlmeta_jax.data import tasks  # noqa: E402
 
 
 def _write(path, lines):
@@ -130,8 +130,8 @@ def test_corpus_preparation_appears_whole_or_not_at_all(shared_data, tmp_path, m
     # A failure after the text is written (here: in vocabulary training) must leave neither
     # MODEL_DIR/corpus nor a temporary folder, so the next run does not take half-written
     # files for a prepared corpus.
+    from xlmeta_jax.data import experiment_corpus as corpus
     from xlmeta_jax.data import vocabulary
-    from xlmeta_jax.experiment import corpus
 
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
@@ -144,7 +144,7 @@ def test_corpus_preparation_appears_whole_or_not_at_all(shared_data, tmp_path, m
 
 
 def test_built_whole_replaces_a_folder_only_on_success(tmp_path):
-    from xlmeta_jax import run_dir
+    from xlmeta_jax.pretrain import run_dir
 
     folder = tmp_path / "corpus"
     folder.mkdir()

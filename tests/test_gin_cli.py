@@ -5,7 +5,7 @@ import pathlib
 import gin
 import pytest
 
-from xlmeta_jax import gin_cli
+from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.evaluation import finetuning, readers, retrieval  # noqa: F401 (configurables)
 
 FINETUNE_GIN = sorted((gin_cli.REPO_GIN_DIR / "finetune").glob("*.gin"))

@@ -7,7 +7,7 @@ import pathlib
 import gin
 import pytest
 
-from xlmeta_jax import gin_cli
+from xlmeta_jax.cli import flags as gin_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
@@ -55,7 +55,7 @@ def test_gin_file_parses_with_header(name):
 
 def _evaluated_train_args(monkeypatch, gin_file, bindings=()):
     """Runs trainer.train up to (not including) compilation; returns its validated args."""
-    from xlmeta_jax import trainer
+    from xlmeta_jax.pretrain import trainer
 
     seen = {}
 
@@ -110,7 +110,7 @@ def test_xlmr_baseline_has_equal_compute(monkeypatch, tmp_path):
 
 
 def test_meta_gin_base_is_xlmr_exact_and_sizes_come_from_network(monkeypatch, tmp_path):
-    from xlmeta_jax import network
+    from xlmeta_jax.model import network
 
     seen = _evaluated_train_args(
         monkeypatch, "native/meta.gin", [f"MODEL_DIR = '{tmp_path}'", "BATCH_SIZE = 64"])
@@ -124,7 +124,7 @@ def test_meta_gin_base_is_xlmr_exact_and_sizes_come_from_network(monkeypatch, tm
 
 
 def test_large_after_meta_and_phase2_learning_rate(monkeypatch, tmp_path):
-    from xlmeta_jax import network
+    from xlmeta_jax.model import network
 
     seen = _evaluated_train_args(
         monkeypatch, "native/meta.gin",
@@ -152,7 +152,7 @@ def test_phase2_learning_rate_follows_phase1_by_default(monkeypatch, tmp_path):
 
 
 def test_unknown_model_field_is_named():
-    from xlmeta_jax import network
+    from xlmeta_jax.model import network
 
     with pytest.raises(ValueError, match=r"\['dtyp'\] are not EncoderConfig fields"):
         network.get_config("tiny", dtyp="float32")

@@ -10,8 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from xlmeta_jax import hf  # noqa: E402
-from xlmeta_jax.network import XLMRForMaskedLM  # noqa: E402
+from xlmeta_jax.cli import hf as hf_cli  # noqa: E402
+from xlmeta_jax.interop.hf import convert as hf  # noqa: E402
+from xlmeta_jax.interop.hf import layout as hf_layout  # noqa: E402
+from xlmeta_jax.model.network import XLMRForMaskedLM  # noqa: E402
 
 PAD = 1
 TOL = 1e-4
@@ -162,7 +164,7 @@ def test_state_dict_round_trip_is_exact(hf_model, hf_state, scan):
     cfg = hf.config_from_hf(hf_model.config, scan_layers=scan)
     params = hf.params_from_hf_state_dict(hf_state, cfg)
     back = hf.hf_state_dict_from_params(params, cfg)
-    assert list(back) == hf.hf_keys(cfg)
+    assert list(back) == hf_layout.hf_keys(cfg)
     assert set(back) == set(hf_state)
     for key, value in hf_state.items():
         assert back[key].dtype == value.dtype, key
@@ -295,20 +297,20 @@ def test_hf_config_round_trip():
 
 def test_command_line_round_trip(hf_model, hf_state, tmp_path):
     hf_model.save_pretrained(tmp_path / "hf_in")
-    assert hf.main([
+    assert hf_cli.main([
         "to_flax", f"--hf_path={tmp_path / 'hf_in'}", f"--output={tmp_path / 'flax'}",
         "--scan_layers",
     ]) == 0
     # The trainer's own checkpoint format: a phase directory with step 0.
-    from xlmeta_jax import checkpoints
+    from xlmeta_jax.pretrain import checkpoints
 
     assert checkpoints.find_step_dir(tmp_path / "flax") == tmp_path / "flax" / "0"
     cfg, params, vocab = checkpoints.load_pretrained(tmp_path / "flax")
     assert cfg.scan_layers and params["encoder"]["layers"]["wi"]["kernel"].shape[0] == 2
     assert vocab is None  # the HF directory has no sentencepiece.bpe.model
     with pytest.raises(hf.ConversionError, match="is not empty"):
-        hf.main(["to_flax", f"--hf_path={tmp_path / 'hf_in'}", f"--output={tmp_path / 'flax'}"])
-    assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'flax'}",
+        hf_cli.main(["to_flax", f"--hf_path={tmp_path / 'hf_in'}", f"--output={tmp_path / 'flax'}"])
+    assert hf_cli.main(["to_hf", f"--checkpoint={tmp_path / 'flax'}",
                     f"--output={tmp_path / 'hf_out'}"]) == 0
     loaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "hf_out")
     for key, value in loaded.state_dict().items():
@@ -319,8 +321,8 @@ def test_to_hf_exports_a_pretraining_checkpoint(hf_model, hf_state, tmp_path):
     """A training run's checkpoint (TrainState + meta) exports to a loadable HF model."""
     import dataclasses
 
-    from xlmeta_jax import checkpoints
-    from xlmeta_jax.step import TrainState
+    from xlmeta_jax.pretrain import checkpoints
+    from xlmeta_jax.pretrain.step import TrainState
 
     cfg = hf.config_from_hf(hf_model.config, scan_layers=True)
     params = hf.params_from_hf_state_dict(hf_state, cfg)
@@ -331,7 +333,7 @@ def test_to_hf_exports_a_pretraining_checkpoint(hf_model, hf_state, tmp_path):
     ckpts.save(7, state, None, {"model_config": dataclasses.asdict(cfg)}, force=True)
     ckpts.close()
     # The phase directory: MODEL_DIR itself resolves through the run's config.gin.
-    assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'run' / 'phase1'}",
+    assert hf_cli.main(["to_hf", f"--checkpoint={tmp_path / 'run' / 'phase1'}",
                     f"--output={tmp_path / 'hf_out'}"]) == 0
     loaded = transformers.XLMRobertaForMaskedLM.from_pretrained(tmp_path / "hf_out")
     for key, value in loaded.state_dict().items():

@@ -15,10 +15,13 @@ import sentencepiece as spm
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from xlmeta_jax import checkpoints, hf, hf_tokenizer  # noqa: E402
+from xlmeta_jax.cli import hf as hf_cli  # noqa: E402
 from xlmeta_jax.evaluation import encoders  # noqa: E402
-from xlmeta_jax.network import EncoderConfig, XLMRForMaskedLM  # noqa: E402
-from xlmeta_jax.step import TrainState  # noqa: E402
+from xlmeta_jax.interop.hf import convert as hf  # noqa: E402
+from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer  # noqa: E402
+from xlmeta_jax.model.network import EncoderConfig, XLMRForMaskedLM  # noqa: E402
+from xlmeta_jax.pretrain import checkpoints  # noqa: E402
+from xlmeta_jax.pretrain.step import TrainState  # noqa: E402
 
 # The vocabulary is trained on these (UDHR sample texts shipped by gflanguages) ...
 TRAIN_LANGUAGES = ("en_Latn", "fr_Latn", "de_Latn", "ru_Cyrl", "el_Grek", "ar_Arab",
@@ -100,7 +103,7 @@ def export(model, vocab, tmp_path_factory):
     ckpts.close()
     old_umask = os.umask(0o022)
     try:
-        assert hf.main(["to_hf", f"--checkpoint={root / 'run' / 'phase2'}",
+        assert hf_cli.main(["to_hf", f"--checkpoint={root / 'run' / 'phase2'}",
                         f"--output={root / 'hf'}"]) == 0
     finally:
         os.umask(old_umask)
@@ -221,7 +224,7 @@ def test_fill_mask_predictions_equal_ours(export, model, vocab):
 
 def test_to_flax_undoes_the_export(export, model, vocab, tmp_path, texts):
     cfg, params = model
-    assert hf.main(["to_flax", f"--hf_path={export}", f"--output={tmp_path / 'flax'}"]) == 0
+    assert hf_cli.main(["to_flax", f"--hf_path={export}", f"--output={tmp_path / 'flax'}"]) == 0
     cfg2, params2, vocab2 = checkpoints.load_pretrained(tmp_path / "flax")
     assert cfg2 == cfg
     jax.tree.map(np.testing.assert_array_equal, params2, params)
@@ -234,7 +237,7 @@ def test_to_flax_undoes_the_export(export, model, vocab, tmp_path, texts):
     for text in texts:
         assert back.encode(text) == ours.encode(text)
     # The restored directory exports to the same files again.
-    assert hf.main(["to_hf", f"--checkpoint={tmp_path / 'flax'}",
+    assert hf_cli.main(["to_hf", f"--checkpoint={tmp_path / 'flax'}",
                     f"--output={tmp_path / 'again'}"]) == 0
     for p in export.iterdir():
         assert (tmp_path / "again" / p.name).read_bytes() == p.read_bytes(), p.name
@@ -283,7 +286,7 @@ def test_fine_tuning_command_runs_on_the_export(export, shared_data, tmp_path):
     other checkpoint flag (no vocabulary, no id convention)."""
     import gin
 
-    from xlmeta_jax import finetune
+    from xlmeta_jax.cli import finetune
 
     gin.clear_config()
     results = finetune.main([

@@ -3,7 +3,7 @@
 * In process: two input shards of the toy mixture (different host seeds) still
   partition the documents, draw different language sequences and mask positions, and
   their pooled blocks follow the alpha-sampling rates q_l; phases get their own seeds
-  and arms reading the same source the same ones (``xlmeta_jax.seeds``).
+  and arms reading the same source the same ones (``xlmeta_jax.data.seeds``).
 * Two processes (the pod case, ``tests/multihost.py``): the same, read through each
   process's own ``jax.process_index``; and ``python -m xlmeta_jax.train`` on the mixture,
   stopped in both processes and restarted, ends with the parameters of the
@@ -26,10 +26,14 @@ from multihost import gloo_timed_out, port, two_processes
 
 seqio = pytest.importorskip("seqio")
 
-import tasks  # noqa: E402
-from tasks import names  # noqa: E402
-from xlmeta_jax import checkpoints, seeds  # noqa: E402
-from xlmeta_jax.data import feeding, providers  # noqa: E402
+from xlmeta_jax.data import (  # noqa: E402
+    feeding,
+    providers,
+    seeds,
+    tasks,  # noqa: E402
+)
+from xlmeta_jax.data import task_names as names  # noqa: E402
+from xlmeta_jax.pretrain import checkpoints  # noqa: E402
 
 LANGUAGES = ("en", "de", "ru", "sw", "af")
 ALPHA = 0.3
@@ -128,7 +132,7 @@ def test_phase_seeds_pair_arms_and_separate_phases():
 
 STREAMS = textwrap.dedent("""
     import json, sys
-    from xlmeta_jax import train
+    from xlmeta_jax.cli import train
     rest = train.initialize_distributed(sys.argv[3:])
     import jax, tasks
     sys.path.insert(0, sys.argv[2])
@@ -178,20 +182,20 @@ def test_two_processes_draw_independent_streams(toy, tmp_path):
 
 
 RUN_GIN = """
-import xlmeta_jax.trainer
+import xlmeta_jax.pretrain.trainer
 include 'pretrain.gin'
 include 'native/run.gin'
 include 'data/cc100.gin'
 MODEL_DIR = %gin.REQUIRED
-xlmeta_jax.trainer.train.mesh_shape = (-1, 1, 1)
-xlmeta_jax.trainer.train.checkpoint_every = 2
-xlmeta_jax.trainer.train.log_every = 1
-xlmeta_jax.trainer.train.phases = [@xlmeta_jax.trainer.Phase()]
-xlmeta_jax.trainer.Phase.name = 'xlmr'
-xlmeta_jax.trainer.Phase.task = 'xlmeta_cc100'
-xlmeta_jax.trainer.Phase.num_steps = 8
-xlmeta_jax.trainer.Phase.batch_size = 16
-xlmeta_jax.trainer.Phase.sequence_length = 32
+xlmeta_jax.pretrain.trainer.train.mesh_shape = (-1, 1, 1)
+xlmeta_jax.pretrain.trainer.train.checkpoint_every = 2
+xlmeta_jax.pretrain.trainer.train.log_every = 1
+xlmeta_jax.pretrain.trainer.train.phases = [@xlmeta_jax.pretrain.trainer.Phase()]
+xlmeta_jax.pretrain.trainer.Phase.name = 'xlmr'
+xlmeta_jax.pretrain.trainer.Phase.task = 'xlmeta_cc100'
+xlmeta_jax.pretrain.trainer.Phase.num_steps = 8
+xlmeta_jax.pretrain.trainer.Phase.batch_size = 16
+xlmeta_jax.pretrain.trainer.Phase.sequence_length = 32
 LEARNING_RATE = 1e-3
 WARMUP_STEPS = 2
 """
@@ -207,7 +211,7 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path):
                 f"--gin_file={gin_path}", f"--gin.MODEL_DIR='{model_dir}'",
                 f"--gin.VOCAB_PATH='{toy['vocab']}'", f"--gin.CC100_DIR='{toy['cc_dir']}'",
                 f"--gin.CC100_LANGUAGES={list(LANGUAGES)!r}", f"--gin.ALPHA={ALPHA}",
-                "--gin.xlmeta_jax.trainer.train.keep_checkpoints=None"]
+                "--gin.xlmeta_jax.pretrain.trainer.train.keep_checkpoints=None"]
 
     reference = tmp_path / "reference"
     codes, outs = _run_two(cmd(reference), salt=211)
@@ -243,7 +247,7 @@ def test_experiment_arms_that_read_the_mixture_from_its_start_share_its_stream(t
     # read the mixture from its start, so for one seed they get the same seed, hence the
     # same batches (drawn here) and dropout; meta's phase 1 and phase 2 differ.
     from xlmeta_jax.experiment import arms
-    from xlmeta_jax.optimizer import OptimizerConfig
+    from xlmeta_jax.model.optimizer import OptimizerConfig
 
     budget = arms.Budget(meta_steps=4, xling_steps=8, batch_size=8, sequence_length=LENGTH)
     phase_seeds = {

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import losses, network, synthetic
-from xlmeta_jax.tools import flops
+from xlmeta_jax.model import losses, network
+from xlmeta_jax.pretrain import flops, synthetic
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 

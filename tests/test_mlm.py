@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from xlmeta_jax import mlm, synthetic
+from xlmeta_jax.model import mlm
+from xlmeta_jax.pretrain import synthetic
 
 
 def test_max_predictions():
@@ -65,7 +66,7 @@ def test_a_higher_masking_rate_is_never_capped_by_the_slots():
 def test_synthetic_stream_sends_what_the_step_reads():
     import jax
 
-    from xlmeta_jax import partitioning
+    from xlmeta_jax.model import partitioning
 
     mesh = partitioning.create_mesh(data=-1, devices=jax.devices()[:1])
     it = synthetic.SyntheticMLMIterator(

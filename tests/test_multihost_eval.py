@@ -19,8 +19,8 @@ from errors_fixtures import digest
 from xlmeta_jax import errors, hosts
 from xlmeta_jax.evaluation import finetuning
 from xlmeta_jax.experiment import runner
-from xlmeta_jax.network import EncoderConfig
-from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.model.network import EncoderConfig
+from xlmeta_jax.model.optimizer import OptimizerConfig
 
 FINETUNE = [sys.executable, "-m", "xlmeta_jax.finetune", "--gin_file=finetune/pawsx.gin",
             "--gin_file=finetune/demo.gin", "--gin.INITIAL_CHECKPOINT_PATH='init:tiny'"]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from xlmeta_jax import network
-from xlmeta_jax.network import XLMRForMaskedLM, get_config
+from xlmeta_jax.model import network
+from xlmeta_jax.model.network import XLMRForMaskedLM, get_config
 
 # ---------------------------------------------------------------------------
 # Dropout masks of fewer random bits: same statistics, nn.Dropout at 32 bits.

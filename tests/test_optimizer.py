@@ -15,8 +15,8 @@ import numpy as np
 import optax
 import pytest
 
-from xlmeta_jax import network, optimizer
-from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.model import network, optimizer
+from xlmeta_jax.model.optimizer import OptimizerConfig
 
 # Every parameter of the tiny (non-scanned) model and whether it is decayed:
 # kernels and embedding tables yes; biases and LayerNorm scale/bias no.

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from xlmeta_jax import network, partitioning, step
-from xlmeta_jax.optimizer import OptimizerConfig
-from xlmeta_jax.partitioning import MeshShapeError
+from xlmeta_jax.model import network, partitioning
+from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.model.partitioning import MeshShapeError
+from xlmeta_jax.pretrain import step
 
 # Every parameter of the tiny model (non-scanned layout) -> its mesh PartitionSpec
 # on mesh (data, fsdp, tensor) = (2, 2, 2).

@@ -7,8 +7,9 @@ import shutil
 import gin
 from errors_fixtures import STEPS, copy_run, train_argv, write_gin
 
-from xlmeta_jax import checkpoints, errors
-from xlmeta_jax import train as train_cli
+from xlmeta_jax import errors
+from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.pretrain import checkpoints
 
 
 def _train(argv) -> int:
@@ -31,7 +32,7 @@ def test_failed_rerun_keeps_config_gin(tmp_path, fast_compiles, monkeypatch):
     # The rerun diverges: its first checkpoint is refused as non-finite.
     monkeypatch.setattr(checkpoints, "all_finite", lambda tree: False)
     code = _train(train_argv(run_gin, model_dir,
-                             "--gin.xlmeta_jax.optimizer.OptimizerConfig.learning_rate=1e6"))
+                             "--gin.xlmeta_jax.model.optimizer.OptimizerConfig.learning_rate=1e6"))
     assert code != 0
     assert not (model_dir / "phase2" / str(STEPS)).exists()
     assert (model_dir / "config.gin").read_bytes() == config

@@ -18,8 +18,8 @@ def test_three_kills_end_bit_identical(tmp_path):
 def test_compare_names_a_differing_parameter(tmp_path):
     import numpy as np
 
-    from xlmeta_jax import checkpoints
-    from xlmeta_jax import step as step_lib
+    from xlmeta_jax.pretrain import checkpoints
+    from xlmeta_jax.pretrain import step as step_lib
 
     for name, value in (("a", 1.0), ("b", 1.0), ("c", 2.0)):
         ckpt = checkpoints.PhaseCheckpoints(str(tmp_path / name / "phase1"),

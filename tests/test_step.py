@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xlmeta_jax import losses, mlm, network, partitioning, step, synthetic
-from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.model import losses, mlm, network, partitioning
+from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import step, synthetic
 
 # (2, 2, 2) splits every axis and is in the quick loop; the others are slow-marked variants.
 MESHES = [
@@ -57,8 +58,9 @@ _REMAT_PROBE = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from xlmeta_jax import network, partitioning, step, synthetic
-from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.model import network, partitioning
+from xlmeta_jax.pretrain import step, synthetic
+from xlmeta_jax.model.optimizer import OptimizerConfig
 
 jax.config.update("jax_disable_most_optimizations", True)
 mesh = partitioning.create_mesh(2, 2, 2)

@@ -16,7 +16,9 @@ from t5x_toy import corpus_flags, require_t5x, write_corpus
 
 require_t5x()
 
-from xlmeta_jax import errors, run_dir, t5x_checks  # noqa: E402
+from xlmeta_jax import errors  # noqa: E402
+from xlmeta_jax.interop.t5x import checks as t5x_checks  # noqa: E402
+from xlmeta_jax.pretrain import run_dir  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -50,9 +52,9 @@ def _assert_refused(out, *parts):
 
 @pytest.mark.parametrize("extra, parts", [
     # The toy vocabulary has 1000 pieces.
-    (["--gin.xlmeta_jax.network.get_config.vocab_size=512"],
+    (["--gin.xlmeta_jax.model.network.get_config.vocab_size=512"],
      ["EncoderConfig.vocab_size=512 does not cover the 1000 pieces of VOCAB_PATH"]),
-    (["--gin.xlmeta_jax.network.get_config.pad_token_id=3"],
+    (["--gin.xlmeta_jax.model.network.get_config.pad_token_id=3"],
      ["EncoderConfig.pad_token_id=3 differs from the pad id"]),
     (["--gin.WARMUP_STEPS=10000"], ["warmup_steps=10000 must be in [0, total_steps=4]"]),
     (["--gin.CC100_LANGUAGES=['en', 'af']"], ["CC-100 language 'af': no file matches"]),

@@ -18,7 +18,11 @@ require_t5x()
 import t5x.train as t5x_train  # noqa: E402
 from t5x import optimizers as t5x_optimizers  # noqa: E402
 
-from xlmeta_jax import network, seeds, t5x_checks, t5x_model, t5x_phases  # noqa: E402
+from xlmeta_jax.data import seeds  # noqa: E402
+from xlmeta_jax.interop.t5x import checks as t5x_checks  # noqa: E402
+from xlmeta_jax.interop.t5x import model as t5x_model  # noqa: E402
+from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
+from xlmeta_jax.model import network  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
@@ -64,7 +68,7 @@ def _model():
 
 def _task(args) -> str:
     """The task name the dataset config registers, without registering (no corpus here)."""
-    return _evaluate(gin.query_parameter("xlmeta_jax.corpus.registered.name"))
+    return _evaluate(gin.query_parameter("xlmeta_jax.cli.configurables.registered.name"))
 
 
 def test_every_t5x_gin_file_has_a_header_naming_its_command():
@@ -90,7 +94,7 @@ def test_meta_gin_phase_1(tmp_path):
     assert _evaluate(args["model_dir"]) == str(tmp_path / "phase1")
     assert _evaluate(args["total_steps"]) == 100000
     assert _task(args) == "xlmeta_english_text"
-    # train's model passes our trainer's checks first (xlmeta_jax/t5x_checks.py).
+    # train's model passes our trainer's checks first (xlmeta_jax/interop/t5x/checks.py).
     assert args["model"].configurable.wrapped is t5x_checks.checked_model
     model = _model()
     assert isinstance(model, t5x_model.MaskedLMModel)

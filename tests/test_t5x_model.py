@@ -1,4 +1,4 @@
-"""Our encoder under t5x (xlmeta_jax/t5x_model.py), in process on 8 fake CPU devices:
+"""Our encoder under t5x (xlmeta_jax/interop/t5x/model.py), in process on 8 fake CPU devices:
 partitioning through t5x's rules, the feature converter on a real task, one t5x trainer
 step against one step of our trainer, fill-mask and scoring."""
 
@@ -19,10 +19,12 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from t5x import trainer as t5x_trainer  # noqa: E402
 from t5x import utils as t5x_utils  # noqa: E402
 
-from tasks import names  # noqa: E402
-from xlmeta_jax import losses, mlm, network, partitioning, step, t5x_model  # noqa: E402
+from xlmeta_jax.data import task_names as names  # noqa: E402
 from xlmeta_jax.data.vocabulary import MASK_ID  # noqa: E402
-from xlmeta_jax.optimizer import OptimizerConfig  # noqa: E402
+from xlmeta_jax.interop.t5x import model as t5x_model  # noqa: E402
+from xlmeta_jax.model import losses, mlm, network, partitioning  # noqa: E402
+from xlmeta_jax.model.optimizer import OptimizerConfig  # noqa: E402
+from xlmeta_jax.pretrain import step  # noqa: E402
 
 LENGTH, BATCH = 32, 8
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -220,7 +222,7 @@ def test_microbatched_t5x_trainer_equals_one_batch():
     # num_microbatches=4 through MaskedLMTrainer against t5x's own step without
     # microbatches, on the same 32 rows: the same loss (normalised over the whole
     # batch's predictions, not a mean of microbatch means) and the same update.
-    from xlmeta_jax import synthetic
+    from xlmeta_jax.pretrain import synthetic
 
     cfg = network.get_config("tiny", dropout_rate=0.0, attention_dropout_rate=0.0)
     model, opt = _model(cfg)
@@ -263,8 +265,8 @@ def test_t5x_hosts_draw_the_streams_our_trainer_draws(corpus):
     # gin/t5x/run.gin's get_dataset_fn: input shard i of a phase on task T is seeded as
     # our trainer seeds host i of a phase on T, so the two trainers read the same
     # batches, and two shards draw different masks (t5x's own function seeds all alike).
-    from xlmeta_jax import seeds, t5x_phases
-    from xlmeta_jax.data import feeding
+    from xlmeta_jax.data import feeding, seeds
+    from xlmeta_jax.interop.t5x import phases as t5x_phases
 
     register_corpus(corpus)
     cfg = _dataset_config(names.CC100_MIXTURE, seed=3)

@@ -19,7 +19,8 @@ from t5x_toy import corpus_flags, require_t5x, write_corpus
 
 require_t5x()
 
-from xlmeta_jax import checkpoints, t5x_phases  # noqa: E402
+from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
+from xlmeta_jax.pretrain import checkpoints  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 META_GIN = "gin/meta.gin"
@@ -153,8 +154,8 @@ def test_phase2_before_phase1_names_the_missing_checkpoint(tmp_path):
 def _check_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):
     import gin
 
-    from xlmeta_jax import finetune as finetune_cli
-    from xlmeta_jax import hf
+    from xlmeta_jax.cli import finetune as finetune_cli
+    from xlmeta_jax.interop.hf import convert as hf
 
     model_dir = runs["sharded"]
     cfg, params, vocab_path = checkpoints.load_pretrained(model_dir)

@@ -17,31 +17,34 @@ import multihost
 import numpy as np
 import pytest
 
-from xlmeta_jax import checkpoints, network, train, trainer, validation
+from xlmeta_jax.cli import train
+from xlmeta_jax.model import network
+from xlmeta_jax.pretrain import checkpoints, trainer
+from xlmeta_jax.pretrain import checks as validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 STEPS = 40  # per phase: long enough that a kill lands mid-run
 
 RUN_GIN = """
-import xlmeta_jax.trainer
+import xlmeta_jax.pretrain.trainer
 MODEL_DIR = %gin.REQUIRED
-xlmeta_jax.trainer.train.model_dir = %MODEL_DIR
-xlmeta_jax.trainer.train.mesh_shape = (2, 2, 2)
-xlmeta_jax.trainer.train.checkpoint_every = 5
-xlmeta_jax.trainer.train.keep_checkpoints = 2
-xlmeta_jax.trainer.train.log_every = 10
+xlmeta_jax.pretrain.trainer.train.model_dir = %MODEL_DIR
+xlmeta_jax.pretrain.trainer.train.mesh_shape = (2, 2, 2)
+xlmeta_jax.pretrain.trainer.train.checkpoint_every = 5
+xlmeta_jax.pretrain.trainer.train.keep_checkpoints = 2
+xlmeta_jax.pretrain.trainer.train.log_every = 10
 # Gradient accumulation on: the kill-and-resume tests then cover the accumulated step.
-xlmeta_jax.trainer.train.microbatches = 2
-xlmeta_jax.trainer.train.phases = [
-    @phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
-xlmeta_jax.trainer.Phase.task = 'synthetic'
-xlmeta_jax.trainer.Phase.num_steps = {steps}
-xlmeta_jax.trainer.Phase.batch_size = 8
-xlmeta_jax.trainer.Phase.sequence_length = 32
-phase1/xlmeta_jax.trainer.Phase.name = 'phase1'
-phase2/xlmeta_jax.trainer.Phase.name = 'phase2'
-phase2/xlmeta_jax.trainer.Phase.init_from = 'phase1'
+xlmeta_jax.pretrain.trainer.train.microbatches = 2
+xlmeta_jax.pretrain.trainer.train.phases = [
+    @phase1/xlmeta_jax.pretrain.trainer.Phase(), @phase2/xlmeta_jax.pretrain.trainer.Phase()]
+xlmeta_jax.pretrain.trainer.Phase.task = 'synthetic'
+xlmeta_jax.pretrain.trainer.Phase.num_steps = {steps}
+xlmeta_jax.pretrain.trainer.Phase.batch_size = 8
+xlmeta_jax.pretrain.trainer.Phase.sequence_length = 32
+phase1/xlmeta_jax.pretrain.trainer.Phase.name = 'phase1'
+phase2/xlmeta_jax.pretrain.trainer.Phase.name = 'phase2'
+phase2/xlmeta_jax.pretrain.trainer.Phase.init_from = 'phase1'
 """
 
 
@@ -151,7 +154,7 @@ def _tiny(**kw):
 
 
 def test_nan_loss_stops_naming_step_and_never_checkpoints_nan(tmp_path):
-    from xlmeta_jax.optimizer import OptimizerConfig
+    from xlmeta_jax.model.optimizer import OptimizerConfig
 
     # An absurd learning rate makes the parameters overflow after the first update.
     opt = OptimizerConfig(learning_rate=1e38, warmup_steps=0, total_steps=10, max_grad_norm=0)
@@ -167,7 +170,7 @@ def test_nan_loss_stops_naming_step_and_never_checkpoints_nan(tmp_path):
 
 
 def test_checkpoint_refuses_non_finite_params(tmp_path):
-    from xlmeta_jax import step as step_lib
+    from xlmeta_jax.pretrain import step as step_lib
 
     ckpt = checkpoints.PhaseCheckpoints(os.fspath(tmp_path), save_interval_steps=1,
                                         max_to_keep=None, async_save=False)
@@ -196,7 +199,7 @@ def test_checkpoint_refuses_non_finite_params(tmp_path):
     ],
 )
 def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, match):
-    from xlmeta_jax import step as step_lib
+    from xlmeta_jax.pretrain import step as step_lib
 
     def no_compile(*a, **k):
         raise AssertionError("compiled before validating")
@@ -210,7 +213,7 @@ def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, ma
 
 
 def test_unwritable_model_dir(tmp_path, monkeypatch):
-    from xlmeta_jax import step as step_lib
+    from xlmeta_jax.pretrain import step as step_lib
 
     monkeypatch.setattr(step_lib, "make_step_functions", None)
     blocker = tmp_path / "file"
@@ -238,7 +241,7 @@ def test_missing_macro_names_it(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "xlmeta_jax.train", "--gin_file=models/tiny.gin",
          "--gin_bindings=MODEL_DIR = %gin.REQUIRED",
-         "--gin_bindings=xlmeta_jax.trainer.train.model_dir = %MODEL_DIR"],
+         "--gin_bindings=xlmeta_jax.pretrain.trainer.train.model_dir = %MODEL_DIR"],
         env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode != 0
@@ -254,7 +257,9 @@ def test_unknown_gin_file_is_named():
 MULTIHOST = textwrap.dedent("""
     import sys
     import jax
-    from xlmeta_jax import network, train, trainer
+    from xlmeta_jax.model import network
+    from xlmeta_jax.cli import train
+    from xlmeta_jax.pretrain import trainer
     rest = train.initialize_distributed(sys.argv[2:])
     assert jax.device_count() == 8, jax.device_count()
     trainer.train(model_dir=sys.argv[1], model=network.get_config("tiny", pad_token_id=0),
@@ -292,7 +297,10 @@ def test_two_processes_match_one(tmp_path):
 MULTIHOST_STOP = textwrap.dedent("""
     import sys
     import jax
-    from xlmeta_jax import errors, network, train, trainer
+    from xlmeta_jax import errors
+    from xlmeta_jax.model import network
+    from xlmeta_jax.cli import train
+    from xlmeta_jax.pretrain import trainer
     rest = train.initialize_distributed(sys.argv[2:])
     train.setup_logging()
     try:
@@ -359,9 +367,9 @@ def phase1_run(tmp_path_factory):
 
 
 def _handoff(step_dir, monkeypatch, **flags):
-    from xlmeta_jax import partitioning
-    from xlmeta_jax import step as step_lib
-    from xlmeta_jax.optimizer import OptimizerConfig
+    from xlmeta_jax.model import partitioning
+    from xlmeta_jax.model.optimizer import OptimizerConfig
+    from xlmeta_jax.pretrain import step as step_lib
 
     fns = step_lib.make_step_functions(
         _tiny(), OptimizerConfig(total_steps=10, warmup_steps=1),

@@ -1,18 +1,22 @@
-"""The pretraining data pipeline: vocabulary, corpora, seqio preprocessing, feeding.
+"""The data: languages, the vocabulary, the pretraining corpora and their seqio tasks.
 
 Modules (TensorFlow/seqio are imported only by the pipeline modules, never by
-the network, train step or benchmark; none uses gin):
+the model, train step or benchmark; none uses gin):
 
 * ``languages``      — the 100 XLM-R/CC-100 language codes (no heavy imports);
-* ``mixtures``       — alpha sampling rates and the cached corpus counts (no TF);
-* ``vocabulary``     — SentencePiece training command, special ids, fertility;
+* ``text_files``     — reading and scanning text files, alpha sampling rates and the
+  cached corpus counts (no TF);
+* ``vocabulary``     — the one SentencePiece trainer, special ids, fertility;
 * ``corpora``        — the corpus settings (``Corpora``) and file listing (no TF);
+* ``seeds``          — the seeds of a run's data streams (phase and host);
 * ``providers``      — seqio data sources of text files and TFDS documents;
 * ``preprocessors``  — tokenize, pack and mask inside tf.data;
+* ``task_names``, ``tasks`` — the seqio tasks and mixtures and their registration
+  (``tasks.register``; the top-level ``tasks`` package re-exports them);
 * ``feeding``        — ``make_mlm_iterator``: sharded global batches, save/restore;
-* ``english_pd``     — the shared public-domain English as text files.
+* ``english_pd``, ``demo_corpus``, ``experiment_corpus`` — corpus builders: the shared
+  public-domain English as text files, the demo's corpus, the CPU experiment's corpus.
 
-The tasks and mixtures are registered by ``tasks.register`` (names in
-``tasks/names.py``); the batch contract is :mod:`xlmeta_jax.mlm`; the throughput
-and offline-cache commands live in :mod:`xlmeta_jax.tools`. See docs/data.md.
+The batch contract is :mod:`xlmeta_jax.model.mlm`; the throughput and offline-cache
+commands live in :mod:`xlmeta_jax.tools`. See docs/data.md.
 """

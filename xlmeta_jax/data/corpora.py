@@ -1,8 +1,8 @@
 """Where the pretraining text lives: the corpus settings :func:`tasks.register` takes.
 
 :class:`Corpora` names every corpus of a run (plain values, no gin; gin binds them
-through ``xlmeta_jax.corpus.Corpora``, see ``gin/data/*.gin``). Which tasks and
-mixtures a setting registers (names in ``tasks/names.py``):
+through ``xlmeta_jax.data.corpora.Corpora``, see ``gin/data/*.gin``). Which tasks and
+mixtures a setting registers (names in ``xlmeta_jax/data/task_names.py``):
 
 =========================  ==========================================================
 task / mixture             setting(s)
@@ -25,9 +25,9 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from xlmeta_jax import mlm
-from xlmeta_jax.data import mixtures
+from xlmeta_jax.data import text_files as mixtures
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
+from xlmeta_jax.model import mlm
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from xlmeta_jax import mlm, partitioning, seeds
-from xlmeta_jax.data import mixtures
+from xlmeta_jax.data import seeds
+from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.model import mlm, partitioning
 
 
 class MLMIterator:

@@ -5,7 +5,7 @@ The pretraining tasks run, in order::
   tokenize_documents        {"text", "ends_document"} -> {"tokens"}  (eos after each document)
   seqio.CacheDatasetPlaceholder()                      (offline cache of tokens, optional)
   pack_blocks               {"tokens"} -> {"targets": [L]}  contiguous full blocks
-  mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.mlm)
+  mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.model.mlm)
   add_language              + {"language": string}  (tasks of a language mixture)
 
 seqio repeats the dataset between the cache placeholder and ``pack_blocks``, so
@@ -20,7 +20,7 @@ and XLM-R instead fill a block with whole sentences, across documents, and leave
 the rest of the block empty (``complete``): their blocks never begin or end
 mid-sentence, ours do, and ours have no padding.
 
-Masking (:class:`xlmeta_jax.mlm.Masking`, default 15% and 80/10/10), per block
+Masking (:class:`xlmeta_jax.model.mlm.Masking`, default 15% and 80/10/10), per block
 of length L with ``n`` candidate positions (every id >= NUM_SPECIAL_TOKENS:
 ``<pad>``, ``</s>``, ``<unk>``, ``<s>`` and ``<mask>`` are never selected —
 ``<unk>`` because it carries nothing to predict): select exactly
@@ -41,8 +41,8 @@ from collections.abc import Mapping
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax import mlm
 from xlmeta_jax.data.vocabulary import BOS_ID, EOS_ID, MASK_ID, NUM_SPECIAL_TOKENS
+from xlmeta_jax.model import mlm
 
 # Documents tokenized per SentencePiece call (sources of one document per element).
 _TOKENIZE_BATCH = 64

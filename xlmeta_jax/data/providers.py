@@ -7,7 +7,7 @@ the tokenizer appends ``eos`` after each text whose ``ends_document`` is true.
 Text files follow CC-100's layout: one paragraph per line, a blank line between
 documents; each file ends a document. A line that is not valid UTF-8 or that is
 longer than ``max_line_bytes`` is skipped (counted beforehand by
-:func:`xlmeta_jax.data.mixtures.corpus_stats`, which applies the same rules).
+:func:`xlmeta_jax.data.text_files.corpus_stats`, which applies the same rules).
 Text files are read LINES_PER_ELEMENT lines per element (``text`` and
 ``ends_document`` are then vectors); TFDS sources yield one document per element.
 """
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax.data import mixtures
+from xlmeta_jax.data import text_files as mixtures
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from xlmeta_jax import errors
-from xlmeta_jax.data import mixtures
+from xlmeta_jax.data import text_files as mixtures
 from xlmeta_jax.data.languages import UNSPACED_LANGUAGES, XLMR_LANGUAGE_NAMES
 
 PAD_ID = 0

@@ -4,10 +4,10 @@ Accepted values:
 
 * a pretraining checkpoint of ``xlmeta_jax.train`` (``MODEL_DIR``, ``MODEL_DIR/phaseN``
   or a step directory) or a directory written by ``python -m xlmeta_jax.hf to_flax``
-  (the same format), read with ``xlmeta_jax.checkpoints.load_pretrained``; the
+  (the same format), read with ``xlmeta_jax.pretrain.checkpoints.load_pretrained``; the
   vocabulary is the one recorded in the checkpoint (or ``vocab_path``);
 * a Hugging Face XLM-R ``save_pretrained`` directory (it holds ``config.json``),
-  converted with ``xlmeta_jax.hf.load_hf``; the tokenizer is its
+  converted with ``xlmeta_jax.interop.hf.convert.load_hf``; the tokenizer is its
   ``sentencepiece.bpe.model`` with fairseq ids;
 * ``init:<size>`` (``init:tiny``, ...): a freshly initialised encoder of that size — for
   demos and tests only; needs ``vocab_path``.
@@ -21,7 +21,7 @@ import pathlib
 from typing import Any
 
 from xlmeta_jax.evaluation.tokenization import Tokenizer
-from xlmeta_jax.network import EncoderConfig, get_config
+from xlmeta_jax.model.network import EncoderConfig, get_config
 
 HF_SPM_NAME = "sentencepiece.bpe.model"
 
@@ -71,7 +71,7 @@ def load_encoder(
     if not p.exists():
         raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} does not exist")
     if (p / "config.json").is_file():
-        from xlmeta_jax import hf
+        from xlmeta_jax.interop.hf import convert as hf
 
         cfg, params = hf.load_hf(p, allow_pickle=allow_pickle)
         vocab = vocab_path or os.fspath(p / HF_SPM_NAME)
@@ -81,7 +81,7 @@ def load_encoder(
             )
         tokenizer, source = Tokenizer(vocab, "fairseq"), "hf"
     else:
-        from xlmeta_jax import checkpoints
+        from xlmeta_jax.pretrain import checkpoints
 
         cfg, params, recorded_vocab = checkpoints.load_pretrained(path)
         vocab = vocab_path or recorded_vocab

@@ -40,7 +40,7 @@ import gin
 import jax
 import numpy as np
 
-from xlmeta_jax import errors, files, hosts, partitioning
+from xlmeta_jax import errors, files, hosts
 from xlmeta_jax.evaluation import (
     encoders,
     features,
@@ -51,6 +51,7 @@ from xlmeta_jax.evaluation import (
     training,
 )
 from xlmeta_jax.evaluation.models import FineTuneModel
+from xlmeta_jax.model import partitioning
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Fine-tuning heads on :class:`xlmeta_jax.network.Encoder`.
+"""Fine-tuning heads on :class:`xlmeta_jax.model.network.Encoder`.
 
 Parameters are ``{"encoder": <the pretrained encoder's params>, "head": {...}}``, so a
 pretraining checkpoint (``{"encoder", "lm_head"}``) or a converted Hugging Face model
@@ -18,7 +18,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from xlmeta_jax.network import Encoder, EncoderConfig
+from xlmeta_jax.model.network import Encoder, EncoderConfig
 
 
 def _dense(cfg: EncoderConfig, features: int, name: str) -> nn.Dense:

@@ -51,7 +51,7 @@ import numpy as np
 from xlmeta_jax.evaluation import encoders, readers, scorers
 from xlmeta_jax.evaluation.finetuning import write_results
 from xlmeta_jax.evaluation.tokenization import Tokenizer
-from xlmeta_jax.network import Encoder, EncoderConfig
+from xlmeta_jax.model.network import Encoder, EncoderConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from xlmeta_jax import partitioning
 from xlmeta_jax.evaluation.models import FineTuneModel, TaskHead
-from xlmeta_jax.optimizer import decay_mask
+from xlmeta_jax.model import partitioning
+from xlmeta_jax.model.optimizer import decay_mask
 
 
 def hf_linear_schedule(
@@ -27,7 +27,7 @@ def hf_linear_schedule(
 ) -> optax.Schedule:
     """``get_linear_schedule_with_warmup`` as a function of the update count.
 
-    Unlike :func:`xlmeta_jax.optimizer.linear_warmup_linear_decay`, a warm-up longer
+    Unlike :func:`xlmeta_jax.model.optimizer.linear_warmup_linear_decay`, a warm-up longer
     than training is allowed (XTREME's QA recipe warms up over 500 steps whatever the
     training length; the rate then never reaches its peak). ``offset`` = 1 reproduces
     ``run_tag.py``, which steps the scheduler before the optimizer.

@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from xlmeta_jax import errors, trainer
-from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax import errors
+from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import trainer
 
 ARMS = ("meta", "xlmr", "joint", "xling_only")
 
@@ -95,7 +96,7 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
     if arm == "joint":
         # tasks.register adds it when Corpora.joint_english_share is set (the experiment
         # sets budget.english_share). Imported here: ``tasks`` pulls in seqio.
-        from tasks import names
+        from xlmeta_jax.data import task_names as names
 
         return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import gin
 
-from xlmeta_jax import gin_cli
+from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.experiment.arms import phase_tokens
 from xlmeta_jax.experiment.runner import (
     Experiment,
@@ -30,7 +30,7 @@ from xlmeta_jax.experiment.runner import (
 
 def _train_setting(name: str, default):
     try:
-        return gin.query_parameter(f"xlmeta_jax.trainer.train.{name}")
+        return gin.query_parameter(f"xlmeta_jax.pretrain.trainer.train.{name}")
     except ValueError:
         return default
 
@@ -45,9 +45,9 @@ def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float,
     """
     import jax
 
-    from xlmeta_jax import partitioning
-    from xlmeta_jax import step as step_lib
-    from xlmeta_jax.synthetic import SyntheticMLMIterator
+    from xlmeta_jax.model import partitioning
+    from xlmeta_jax.pretrain import step as step_lib
+    from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
     mesh = partitioning.create_mesh(*_train_setting("mesh_shape", (-1, 1, 1)))
     fns = step_lib.make_step_functions(exp.model, exp.phases(exp.arms[0])[0].optimizer_config(),
@@ -91,7 +91,7 @@ def _rates_from_runs(exp: Experiment) -> tuple[float, float] | None:
 
 def _phase_progress(exp: Experiment, arm: str, seed: int) -> list[int]:
     """Steps already checkpointed per phase of one run (0 where none)."""
-    from xlmeta_jax import checkpoints
+    from xlmeta_jax.pretrain import checkpoints
 
     if pretraining_done(exp, arm, seed) is not None:
         return [p.num_steps for p in exp.phases(arm)]

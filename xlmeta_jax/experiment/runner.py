@@ -1,7 +1,7 @@
 """The experiment's configuration, the state of its folder and its stages.
 
 :func:`experiment` is the gin entry point (gin/experiments/*.gin); :func:`run`
-prepares the corpus, pretrains every arm x seed with :func:`xlmeta_jax.trainer.train`,
+prepares the corpus, pretrains every arm x seed with :func:`xlmeta_jax.pretrain.trainer.train`,
 evaluates every final checkpoint with the fine-tune command
 (:mod:`xlmeta_jax.finetune`) and writes ``results.json`` and the report. Each stage
 first looks at what MODEL_DIR already holds, so a rerun resumes.
@@ -25,9 +25,12 @@ from typing import Any
 import gin
 import jax
 
-from xlmeta_jax import errors, files, gin_cli, network, trainer
+from xlmeta_jax import errors, files
+from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
-from xlmeta_jax.optimizer import OptimizerConfig
+from xlmeta_jax.model import network
+from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import trainer
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -116,7 +119,7 @@ def experiment(
       xling_steps: multilingual steps of the meta arm (XLING_STEPS).
       batch_size: global batch of every phase.
       sequence_length: packed sequence length of every phase.
-      model: the encoder, e.g. ``@xlmeta_jax.network.get_config()``.
+      model: the encoder, e.g. ``@xlmeta_jax.model.network.get_config()``.
       optimizer: AdamW settings of every phase (its total_steps is set per phase).
       english_task: seqio task of the English phase.
       xling_mixture: seqio mixture of the multilingual phases.
@@ -145,11 +148,11 @@ def experiment(
         raise ExperimentError(f"experiment.finetune_seeds={finetune_seeds!r}: expected an "
                               "integer >= 1")
     if not isinstance(model, network.EncoderConfig):
-        raise ExperimentError("experiment.model must be an EncoderConfig "
-                              f"(@xlmeta_jax.network.get_config()), got {type(model).__name__}")
+        raise ExperimentError("experiment.model must be an EncoderConfig (@xlmeta_jax.model."
+                              f"network.get_config()), got {type(model).__name__}")
     if not isinstance(optimizer, OptimizerConfig):
         raise ExperimentError("experiment.optimizer must be an OptimizerConfig "
-                              f"(@xlmeta_jax.optimizer.OptimizerConfig()), got "
+                              f"(@xlmeta_jax.model.optimizer.OptimizerConfig()), got "
                               f"{type(optimizer).__name__}")
     tasks = tuple(tasks)
     from xlmeta_jax.evaluation import readers
@@ -289,7 +292,7 @@ def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
     if done is not None:
         log.info("[%s seed %d] %s evaluated earlier", arm, seed, task)
         return done
-    from xlmeta_jax import finetune as finetune_cli
+    from xlmeta_jax.cli import finetune as finetune_cli
 
     argv = finetune_argv(exp, arm, seed, task)
     log.info("[%s seed %d] %s: python -m xlmeta_jax.finetune %s", arm, seed, task,
@@ -441,7 +444,7 @@ def run(exp: Experiment, command: str = "") -> dict:
     # The joint arm's mixture takes the meta arm's English share (tasks.register adds
     # xlmeta_joint with it when the trainer registers the corpora).
     with gin.unlock_config():
-        gin.bind_parameter("xlmeta_jax.corpus.Corpora.joint_english_share",
+        gin.bind_parameter("xlmeta_jax.data.corpora.Corpora.joint_english_share",
                            exp.budget.english_share)
     for arm in exp.arms:
         for seed in exp.seeds:

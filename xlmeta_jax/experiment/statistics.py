@@ -2,7 +2,7 @@
 
 The experiment is paired by seed: for one seed every arm starts from the same
 parameters (``train.seed``), reads the same mixture stream where it reads the mixture
-from its start (``xlmeta_jax.seeds``), and is fine-tuned with the same seed and
+from its start (``xlmeta_jax.data.seeds``), and is fine-tuned with the same seed and
 subsample. So the unit of comparison is the per-seed difference ``d_s = meta_s -
 baseline_s``, not two independent samples. For each task, baseline and score
 (English, target-language average) the report gives:

@@ -24,8 +24,11 @@ from collections.abc import Callable, Sequence
 import gin
 import jax
 
-from xlmeta_jax import errors, gin_cli, logs, mlm, network, partitioning
-from xlmeta_jax.tools import flops
+from xlmeta_jax import errors, logs
+from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.model import mlm, network, partitioning
+from xlmeta_jax.pretrain import flops
+from xlmeta_jax.pretrain.hardware import TpuSlice, UnknownSliceError, tpu_slice
 from xlmeta_jax.tools.aot_compile import (
     Compiled,
     Variant,
@@ -35,7 +38,6 @@ from xlmeta_jax.tools.aot_compile import (
     compile_step,
     topology_devices,
 )
-from xlmeta_jax.tools.hardware import TpuSlice, UnknownSliceError, tpu_slice
 
 PROG = "xlmeta_jax.tools.aot"
 GiB = 2**30
@@ -84,15 +86,15 @@ def _bound(name: str, default):
 
 def configured_run() -> RunConfig:
     """The run the parsed gin config describes: ``trainer.train`` or an experiment."""
-    mask_rate = _bound("xlmeta_jax.mlm.Masking.rate", mlm.Masking().rate)
-    rng_impl = _bound("xlmeta_jax.trainer.train.rng_impl", "threefry2x32")
-    mesh_shape = tuple(_bound("xlmeta_jax.trainer.train.mesh_shape", (-1, 1, 1)))
-    microbatches = _bound("xlmeta_jax.trainer.train.microbatches", 1)
-    phases = _bound("xlmeta_jax.trainer.train.phases", None)
+    mask_rate = _bound("xlmeta_jax.model.mlm.Masking.rate", mlm.Masking().rate)
+    rng_impl = _bound("xlmeta_jax.pretrain.trainer.train.rng_impl", "threefry2x32")
+    mesh_shape = tuple(_bound("xlmeta_jax.pretrain.trainer.train.mesh_shape", (-1, 1, 1)))
+    microbatches = _bound("xlmeta_jax.pretrain.trainer.train.microbatches", 1)
+    phases = _bound("xlmeta_jax.pretrain.trainer.train.phases", None)
     if phases is not None:
-        model = _bound("xlmeta_jax.trainer.train.model", None)
+        model = _bound("xlmeta_jax.pretrain.trainer.train.model", None)
         if model is None:
-            from xlmeta_jax.validation import configured_model
+            from xlmeta_jax.pretrain.checks import configured_model
 
             model = configured_model()
         total = sum(p.num_steps for p in phases)
@@ -101,7 +103,7 @@ def configured_run() -> RunConfig:
         exp = _bound("xlmeta_jax.experiment.experiment.batch_size", None)
         if exp is None:
             raise AotError("the gin files configure no run: bind "
-                           "xlmeta_jax.trainer.train.phases (gin/native/*.gin) or an "
+                           "xlmeta_jax.pretrain.trainer.train.phases (gin/native/*.gin) or an "
                            "experiment (gin/experiments/*.gin)")
         phases, model, total, note = _experiment_run()
     shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
@@ -227,7 +229,7 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
     n = tpu.num_devices
     if run.trainer_phases:
         # The trainer's checks (sequence length vs positions, schedule, mesh) for this slice.
-        from xlmeta_jax.validation import ConfigError, validate
+        from xlmeta_jax.pretrain.checks import ConfigError, validate
 
         try:
             validate("unused", run.model, run.trainer_phases, run.mesh_shape, n)
@@ -288,7 +290,7 @@ def report(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult]) -> str
     out = [f"{tpu.name}: {tpu.chips} x TPU {chip.generation}, {tpu.num_devices} devices "
            f"(one per {tpu.device_word}); per device {_gib(chip.device_hbm_bytes)} HBM at "
            f"{chip.device_hbm_bandwidth / 1e9:.0f} GB/s, {chip.device_peak_flops / 1e12:.1f} "
-           "TFLOP/s bf16 peak (datasheet, xlmeta_jax/tools/hardware.py)"]
+           "TFLOP/s bf16 peak (datasheet, xlmeta_jax/pretrain/hardware.py)"]
     step_s = 0.0
     for r in results:
         p = r.phases[0]
@@ -423,7 +425,7 @@ def main(argv: Sequence[str]) -> int:
     # Experiment files import the evaluation code, which starts TensorFlow: started now,
     # without its start-up lines (as the train command does).
     logs.quiet_start(import_tensorflow=True)
-    from xlmeta_jax.train import POSITIVE_PARAMETERS
+    from xlmeta_jax.cli.train import POSITIVE_PARAMETERS
 
     # Not finalized: gin's finalize refuses unset required macros (MODEL_DIR, VOCAB_PATH,
     # the corpora), which the compile never reads.

@@ -2,7 +2,7 @@
 
 libtpu (the ``aot`` extra) compiles for *abstract* TPU devices of a named topology
 (:func:`jax.experimental.topologies.get_topology_desc`); the train step of
-:func:`xlmeta_jax.step.make_step_functions` is lowered on a mesh of them with abstract
+:func:`xlmeta_jax.pretrain.step.make_step_functions` is lowered on a mesh of them with abstract
 state and batch, so nothing is allocated. The compiled program's memory analysis is the
 memory one device needs; XLA refuses (RESOURCE_EXHAUSTED) what does not fit its HBM.
 The changes the search tries, in order, are here too; the command line: :mod:`.aot`.
@@ -21,8 +21,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from xlmeta_jax import errors, mlm, partitioning, step
-from xlmeta_jax.tools.hardware import TpuSlice
+from xlmeta_jax import errors
+from xlmeta_jax.model import mlm, partitioning
+from xlmeta_jax.pretrain import step
+from xlmeta_jax.pretrain.hardware import TpuSlice
 
 # Rematerialisation policies from least to most recomputation (and least activation
 # memory): 'dots' keeps every matmul output, 'dots_no_batch' drops the attention
@@ -320,11 +322,11 @@ def change_flags(base: Variant, found: Variant) -> list[str]:
     """The ``--gin.`` flags that turn ``base`` into ``found``."""
     flags = []
     if found.remat_policy != base.remat_policy:
-        flags.append(f"--gin.xlmeta_jax.network.get_config.remat_policy=\"'"
+        flags.append(f"--gin.xlmeta_jax.model.network.get_config.remat_policy=\"'"
                      f"{found.remat_policy}'\"")
     if found.microbatches != base.microbatches:
         flags.append(f"--gin.MICROBATCHES={found.microbatches}")
     if found.mesh_shape != base.mesh_shape:
-        flags.append("--gin.xlmeta_jax.trainer.train.mesh_shape="
+        flags.append("--gin.xlmeta_jax.pretrain.trainer.train.mesh_shape="
                      f"\"{tuple(found.mesh_shape)}\"".replace(" ", ""))
     return flags

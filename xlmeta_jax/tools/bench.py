@@ -1,6 +1,6 @@
 """Training-step benchmark: tokens/s, step time, model TFLOP/s, MFU, memory; HF reference.
 
-Times the real sharded train step of :func:`xlmeta_jax.step.make_step_functions`
+Times the real sharded train step of :func:`xlmeta_jax.pretrain.step.make_step_functions`
 (masked LM head, AdamW, donated state) on a fixed synthetic MLM batch: the first
 call (trace + compile + one step) is reported separately, then ``--warmup`` steps
 are run and ``--steps`` steps are timed together, ending with
@@ -9,11 +9,11 @@ Hugging Face's ``XLMRobertaForMaskedLM`` training step (:mod:`.bench_hf`) in the
 same process and prints the ratio of tokens/s, ours over HF.
 
 The model is the trainer's: a model file of ``gin/models/`` and any ``--gin.``
-override of :class:`xlmeta_jax.network.EncoderConfig`'s fields (through
+override of :class:`xlmeta_jax.model.network.EncoderConfig`'s fields (through
 ``network.get_config``). Examples::
 
     python -m xlmeta_jax.tools.bench --gin_file=models/small.gin \
-        --gin.xlmeta_jax.network.get_config.dtype="'float32'" --batch=8 --length=128
+        --gin.xlmeta_jax.model.network.get_config.dtype="'float32'" --batch=8 --length=128
     python -m xlmeta_jax.tools.bench --gin_file=models/base.gin --batch=32 --length=512 \
         --json_out=/tmp/bench_base.json
     # Several variants in one process (EncoderConfig or bench fields), ratios against
@@ -22,7 +22,7 @@ override of :class:`xlmeta_jax.network.EncoderConfig`'s fields (through
         --variants="default;full_head=true;scan_layers=false;remat_policy=full"
 
 FLOPs are model FLOPs (matmuls only, forward + backward = 3x forward) from
-:func:`xlmeta_jax.tools.flops.mlm_flops_per_token`; the LM head is counted only at the
+:func:`xlmeta_jax.pretrain.flops.mlm_flops_per_token`; the LM head is counted only at the
 masked slots, since that is all our step computes. Importing this module imports
 neither TensorFlow, seqio, gin nor torch: the library entry points
 (:func:`run_ours`, :func:`run`) take an ``EncoderConfig``; the command line reads
@@ -43,16 +43,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from xlmeta_jax import mlm, partitioning, synthetic
-from xlmeta_jax.network import EncoderConfig, resolve_attention_impl
-from xlmeta_jax.optimizer import OptimizerConfig
-from xlmeta_jax.step import RNG_IMPLS, make_step_functions
-from xlmeta_jax.tools import flops, hardware, profiling, timing
+from xlmeta_jax.model import mlm, partitioning
+from xlmeta_jax.model.network import EncoderConfig, resolve_attention_impl
+from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import flops, hardware, synthetic
+from xlmeta_jax.pretrain.step import RNG_IMPLS, make_step_functions
+from xlmeta_jax.tools import profiling, timing
 from xlmeta_jax.tools.bench_hf import HFRun, hf_available
 
 PEAK_SOURCE = (
     "vendor datasheets, bf16 dense: NVIDIA H100/H200 SXM 989.4 TFLOP/s, A100 312; "
-    "Google Cloud TPU docs: v4 275, v5e 197, v5p 459, v6e 918 (xlmeta_jax/tools/hardware.py)"
+    "Google Cloud TPU docs: v4 275, v5e 197, v5p 459, v6e 918 (xlmeta_jax/pretrain/hardware.py)"
 )
 # EncoderConfig fields Hugging Face's model has no counterpart for: variants that differ
 # from the first only in these are still compared with the HF run.
@@ -473,7 +474,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m xlmeta_jax.tools.bench",
         description="Time the MLM training step (and Hugging Face's, for reference). The "
                     "model: --gin_file=models/<size>.gin and --gin.NAME=VALUE overrides, "
-                    "e.g. --gin.xlmeta_jax.network.get_config.dtype=\"'float32'\".",
+                    "e.g. --gin.xlmeta_jax.model.network.get_config.dtype=\"'float32'\".",
         epilog="gin files it takes: models/tiny.gin, models/small.gin, models/base.gin, "
                "models/large.gin.  example: python -m xlmeta_jax.tools.bench "
                "--gin_file=models/small.gin --batch=8 --length=128 --hf=off",
@@ -512,7 +513,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _gin_cli():
     try:
-        from xlmeta_jax import gin_cli
+        from xlmeta_jax.cli import flags as gin_cli
     except ImportError as e:
         raise ImportError("bench: the command line reads gin/models/*.gin and needs "
                           "gin-config (pip install gin-config)") from e
@@ -530,11 +531,11 @@ def model_from_gin(gin_files, bindings, search_paths=()) -> EncoderConfig:
     gin.clear_config()
     gin_cli.apply_gin(gin_files, bindings, search_paths, finalize=False)
     try:
-        gin.query_parameter("xlmeta_jax.network.get_config.size")
+        gin.query_parameter("xlmeta_jax.model.network.get_config.size")
     except ValueError:
         raise ValueError("bench: no model size; give a model file, e.g. "
                          "--gin_file=models/small.gin") from None
-    return gin.get_configurable("xlmeta_jax.network.get_config")()
+    return gin.get_configurable("xlmeta_jax.model.network.get_config")()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

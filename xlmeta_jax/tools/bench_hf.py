@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from xlmeta_jax import synthetic
-from xlmeta_jax.network import EncoderConfig
-from xlmeta_jax.tools import flops, timing
+from xlmeta_jax.model.network import EncoderConfig
+from xlmeta_jax.pretrain import flops, synthetic
+from xlmeta_jax.tools import timing
 
 
 def hf_available() -> bool:
@@ -39,7 +39,7 @@ class HFRun(timing.TimedRun):
         import torch
         import transformers
 
-        from xlmeta_jax import hf
+        from xlmeta_jax.interop.hf import convert as hf
 
         self.cfg, self.batch, self.length = cfg, batch, length
         self.compile, self.attn = compile, attn_implementation

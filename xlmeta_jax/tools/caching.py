@@ -17,7 +17,7 @@ Command::
       --gin.VOCAB_PATH="'/data/vocab.model'" --gin.ENGLISH_FILES="['/data/en/*.txt']" \\
       --task=xlmeta_english_text --cache_dir=/data/seqio_cache --num_shards=16
 
-The gin files name the corpora (``xlmeta_jax.corpus.Corpora``); the tasks are
+The gin files name the corpora (``xlmeta_jax.data.corpora.Corpora``); the tasks are
 registered with them (``tasks.register``) before caching.
 """
 
@@ -120,7 +120,8 @@ def cache_task(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m xlmeta_jax.tools.caching`` (see the module docstring)."""
-    from xlmeta_jax import corpus, gin_cli
+    from xlmeta_jax.cli import configurables as corpus
+    from xlmeta_jax.cli import flags as gin_cli
 
     flags = gin_cli.parse_gin_flags(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(

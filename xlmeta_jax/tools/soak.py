@@ -34,25 +34,25 @@ import time
 from collections.abc import Sequence
 
 SOAK_GIN = """
-import xlmeta_jax.trainer
+import xlmeta_jax.pretrain.trainer
 include 'models/tiny.gin'
 MODEL_DIR = %gin.REQUIRED
-xlmeta_jax.trainer.train.model_dir = %MODEL_DIR
-xlmeta_jax.trainer.train.mesh_shape = (2, 2, 2)
-xlmeta_jax.trainer.train.checkpoint_every = 3
-xlmeta_jax.trainer.train.keep_checkpoints = 2
-xlmeta_jax.trainer.train.async_checkpointing = True
-xlmeta_jax.trainer.train.log_every = 5
-xlmeta_jax.trainer.train.phases = [
-    @phase1/xlmeta_jax.trainer.Phase(), @phase2/xlmeta_jax.trainer.Phase()]
-xlmeta_jax.trainer.Phase.task = 'synthetic'
-xlmeta_jax.trainer.Phase.batch_size = 8
-xlmeta_jax.trainer.Phase.sequence_length = 32
-phase1/xlmeta_jax.trainer.Phase.name = 'phase1'
-phase1/xlmeta_jax.trainer.Phase.num_steps = {steps}
-phase2/xlmeta_jax.trainer.Phase.name = 'phase2'
-phase2/xlmeta_jax.trainer.Phase.num_steps = {steps}
-phase2/xlmeta_jax.trainer.Phase.init_from = 'phase1'
+xlmeta_jax.pretrain.trainer.train.model_dir = %MODEL_DIR
+xlmeta_jax.pretrain.trainer.train.mesh_shape = (2, 2, 2)
+xlmeta_jax.pretrain.trainer.train.checkpoint_every = 3
+xlmeta_jax.pretrain.trainer.train.keep_checkpoints = 2
+xlmeta_jax.pretrain.trainer.train.async_checkpointing = True
+xlmeta_jax.pretrain.trainer.train.log_every = 5
+xlmeta_jax.pretrain.trainer.train.phases = [
+    @phase1/xlmeta_jax.pretrain.trainer.Phase(), @phase2/xlmeta_jax.pretrain.trainer.Phase()]
+xlmeta_jax.pretrain.trainer.Phase.task = 'synthetic'
+xlmeta_jax.pretrain.trainer.Phase.batch_size = 8
+xlmeta_jax.pretrain.trainer.Phase.sequence_length = 32
+phase1/xlmeta_jax.pretrain.trainer.Phase.name = 'phase1'
+phase1/xlmeta_jax.pretrain.trainer.Phase.num_steps = {steps}
+phase2/xlmeta_jax.pretrain.trainer.Phase.name = 'phase2'
+phase2/xlmeta_jax.pretrain.trainer.Phase.num_steps = {steps}
+phase2/xlmeta_jax.pretrain.trainer.Phase.init_from = 'phase1'
 """
 
 
@@ -154,7 +154,7 @@ def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, atte
 
 
 def _final_state(model_dir: pathlib.Path):
-    from xlmeta_jax import checkpoints
+    from xlmeta_jax.pretrain import checkpoints
 
     out = {}
     for phase_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and

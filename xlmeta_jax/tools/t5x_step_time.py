@@ -29,8 +29,10 @@ def measure(size: str, batch: int, length: int, steps: int, rounds: int,
     from t5x import trainer as t5x_trainer
     from t5x import utils as t5x_utils
 
-    from xlmeta_jax import mlm, network, partitioning, step, synthetic, t5x_model
-    from xlmeta_jax.optimizer import OptimizerConfig
+    from xlmeta_jax.interop.t5x import model as t5x_model
+    from xlmeta_jax.model import mlm, network, partitioning
+    from xlmeta_jax.model.optimizer import OptimizerConfig
+    from xlmeta_jax.pretrain import step, synthetic
 
     overrides = {"dtype": dtype} if dtype else {}
     cfg = network.get_config(size, pad_token_id=0, **overrides)

@@ -70,11 +70,10 @@ def run(
     import jax
     import seqio
 
-    import tasks
-    from tasks import names
-    from xlmeta_jax import partitioning
     from xlmeta_jax.data import english_pd as english_pd_lib
-    from xlmeta_jax.data import feeding, vocabulary
+    from xlmeta_jax.data import feeding, tasks, vocabulary
+    from xlmeta_jax.data import task_names as names
+    from xlmeta_jax.model import partitioning
     from xlmeta_jax.tools import caching
 
     files = english_pd_lib.english_text_files(os.path.join(work_dir, "text"), english_pd)

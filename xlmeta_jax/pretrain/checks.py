@@ -11,20 +11,15 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from xlmeta_jax import (
-    checkpoints,
-    configurables,
-    corpus,
-    errors,
-    gin_cli,
-    network,
-    partitioning,
-    run_dir,
-    step,
-)
+from xlmeta_jax import errors
+from xlmeta_jax.cli import configurables
+from xlmeta_jax.cli import configurables as corpus
+from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.model import network, partitioning
+from xlmeta_jax.pretrain import checkpoints, run_dir, step
 
 if TYPE_CHECKING:
-    from xlmeta_jax import trainer
+    from xlmeta_jax.pretrain import trainer
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -61,7 +56,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
     try:
         step.check_microbatches(microbatches)
     except ValueError as e:
-        source = gin_cli.binding_source("xlmeta_jax.trainer.train.microbatches")
+        source = gin_cli.binding_source("xlmeta_jax.pretrain.trainer.train.microbatches")
         raise ConfigError(f"{e} ({source})") from None
     seen = set()
     schedule_offset = {}
@@ -70,7 +65,8 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
         for field in ("num_steps", "batch_size", "sequence_length"):
             value = getattr(p, field)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                source = gin_cli.binding_source(f"{p.name}/xlmeta_jax.trainer.Phase.{field}")
+                source = gin_cli.binding_source(
+                    f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.{field}")
                 raise ConfigError(f"{where}: {field} ({source}) must be an integer > 0, "
                                   f"got {value!r}")
         if p.name in seen:
@@ -109,7 +105,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
         total = p.optimizer_config().total_steps
         if total < offset + p.num_steps:
             source = gin_cli.binding_source(
-                f"{p.name}/xlmeta_jax.optimizer.OptimizerConfig.total_steps")
+                f"{p.name}/xlmeta_jax.model.optimizer.OptimizerConfig.total_steps")
             raise ConfigError(
                 f"{where}: optimizer total_steps={total} ({source}) < step_offset {offset} + "
                 f"num_steps {p.num_steps}; the schedule would end early and the last "
@@ -130,7 +126,7 @@ def check_masking() -> None:
     try:
         corpus.Masking()
     except ValueError as e:
-        source = "xlmeta_jax.mlm.Masking"
+        source = "xlmeta_jax.model.mlm.Masking"
         if "masking rate" in str(e):
             source = gin_cli.binding_source(f"{source}.rate")
         raise ConfigError(f"{source}: {e}") from None
@@ -199,5 +195,5 @@ def configured_model() -> network.EncoderConfig:
     except TypeError as e:
         raise ConfigError(
             "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
-            f"xlmeta_jax.network.get_config.size ({e})"
+            f"xlmeta_jax.model.network.get_config.size ({e})"
         ) from None

@@ -1,7 +1,7 @@
 """Synthetic MLM batches: one random batch, and a deterministic stream of them.
 
 Used by smoke runs, the multi-process test and benchmarks on machines without
-TensorFlow. Batches follow :mod:`xlmeta_jax.mlm`: the masking rate sets the
+TensorFlow. Batches follow :mod:`xlmeta_jax.model.mlm`: the masking rate sets the
 selected share and the prediction slots. Batch ``i`` of the stream is a pure
 function of ``(seed, i)``, and each process materialises only its rows of the
 global batch, so the stream is identical whatever the number of processes.
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from xlmeta_jax import mlm, partitioning
+from xlmeta_jax.model import mlm, partitioning
 
 
 def mlm_batch(

@@ -34,7 +34,10 @@ from absl import logging
 from t5x import gin_utils as t5x_gin_utils
 from t5x import utils as t5x_utils
 
-from xlmeta_jax import checkpoints, errors, network, seeds
+from xlmeta_jax import errors
+from xlmeta_jax.data import seeds
+from xlmeta_jax.model import network
+from xlmeta_jax.pretrain import checkpoints
 
 # Written next to t5x's checkpoints: the encoder configuration and vocabulary.
 MODEL_INFO = checkpoints.T5X_MODEL_INFO

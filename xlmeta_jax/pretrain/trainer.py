@@ -22,22 +22,15 @@ from typing import Any
 import gin
 import jax
 
-from xlmeta_jax import (
-    checkpoints,
-    corpus,
-    errors,
-    files,
-    gin_cli,
-    interrupts,
-    network,
-    partitioning,
-    run_dir,
-    seeds,
-    step,
-)
-from xlmeta_jax.optimizer import OptimizerConfig
-from xlmeta_jax.tools import flops, hardware
-from xlmeta_jax.validation import (
+from xlmeta_jax import errors, files
+from xlmeta_jax.cli import configurables as corpus
+from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.data import seeds
+from xlmeta_jax.model import network, partitioning
+from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import checkpoints, flops, hardware, run_dir, step
+from xlmeta_jax.pretrain import signals as interrupts
+from xlmeta_jax.pretrain.checks import (
     ConfigError,
     check_model_dir,
     check_vocabulary,
@@ -51,7 +44,7 @@ log = logging.getLogger("xlmeta_jax.train")
 SYNTHETIC = "synthetic"
 
 
-@gin.configurable(module="xlmeta_jax.trainer")
+@gin.configurable(module="xlmeta_jax.pretrain.trainer")
 @dataclasses.dataclass
 class Phase:
     """One pretraining phase. Meta-pretraining has two; the XLM-R baseline one."""
@@ -83,7 +76,7 @@ class Phase:
         )
 
 
-@gin.configurable(module="xlmeta_jax.trainer")
+@gin.configurable(module="xlmeta_jax.pretrain.trainer")
 def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
     """Sum of step counts (gin: the baseline's budget = META_STEPS + XLING_STEPS)."""
     return int(sum(steps))
@@ -91,7 +84,7 @@ def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
 
 def _make_iterator(phase: Phase, model: network.EncoderConfig, mesh, seed: int):
     if phase.task == SYNTHETIC:
-        from xlmeta_jax.synthetic import SyntheticMLMIterator
+        from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
         return SyntheticMLMIterator(
             sequence_length=phase.sequence_length,
@@ -220,7 +213,7 @@ def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimiz
 def _initial_params(path: str, model: network.EncoderConfig):
     """Params from INITIAL_CHECKPOINT_PATH: an xlmeta_jax checkpoint or an HF directory."""
     if os.path.isfile(os.path.join(path, "config.json")):
-        from xlmeta_jax import hf
+        from xlmeta_jax.interop.hf import convert as hf
 
         cfg, params = hf.load_hf(path)
     else:
@@ -359,7 +352,7 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
 
     # ---------------------------------------------------------- train loop
     writer = _Writer(os.path.join(phase_dir, "train"))
-    # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.mlm).
+    # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.model.mlm).
     slots = iterator.element_spec["mlm_positions"].shape[-1]
     flops_per_token = flops.mlm_flops_per_token(model, phase.sequence_length, slots)
     tokens_per_step = phase.batch_size * phase.sequence_length
@@ -481,7 +474,7 @@ def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> 
 # ============================================================================
 
 
-@gin.configurable(module="xlmeta_jax.trainer")
+@gin.configurable(module="xlmeta_jax.pretrain.trainer")
 def train(
     *,
     model_dir: str = gin.REQUIRED,

@@ -27,7 +27,9 @@ import numpy as np
 from absl import app
 from t5x import trainer as t5x_trainer
 
-from xlmeta_jax import errors, logs, run_dir, validation
+from xlmeta_jax import errors, logs
+from xlmeta_jax.pretrain import checks as validation
+from xlmeta_jax.pretrain import run_dir
 
 PROG = "t5x.train"
 # Held for the life of the process: one writer per MODEL_DIR, as in our trainer.

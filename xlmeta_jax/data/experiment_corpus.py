@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 
 import gin
 
-from xlmeta_jax import run_dir
+from xlmeta_jax.pretrain import run_dir
 
 log = logging.getLogger("xlmeta_jax.train")
 

@@ -1,19 +1,25 @@
-"""gin's view of the input side of a run: corpus settings, masking, feeder options.
+"""gin's view of a run: every function and class the gin files configure.
 
-The data modules and ``tasks`` know no gin; this entry-point module makes their
-settings gin-configurable (gin/data/*.gin, gin/pretrain.gin) and registers the
-seqio tasks with them:
+The library modules know no gin; this module registers what the gin files bind,
+under the name of the object's own module, so a binding names where the code is:
 
-* ``xlmeta_jax.corpus.Corpora.*`` — :class:`xlmeta_jax.data.corpora.Corpora`
+* ``xlmeta_jax.model.network.get_config`` — the encoder (gin/models/*.gin): always
+  ``network.get_config(size, field=...)``; a binding of ``EncoderConfig`` itself
+  would be a second, silently ignored way to configure it;
+* ``xlmeta_jax.model.optimizer.OptimizerConfig`` — the optimizer (gin/pretrain.gin);
+* ``xlmeta_jax.data.corpora.Corpora.*`` — :class:`xlmeta_jax.data.corpora.Corpora`
   (vocabulary, English files / TFDS, CC-100 / mC4, languages, alpha);
-* ``xlmeta_jax.mlm.Masking.*`` — :class:`xlmeta_jax.mlm.Masking`, the one place of the
+* ``xlmeta_jax.model.mlm.Masking.*`` — :class:`xlmeta_jax.model.mlm.Masking`, the one place of the
   masking rate (gin/pretrain.gin: ``MASK_RATE``): the registered tasks and the trainer's
   synthetic stream both take it from here (``Corpora.masking`` is not a gin binding);
 * ``xlmeta_jax.data.feeding.make_mlm_iterator.*`` — the feeder's options;
-* ``@xlmeta_jax.corpus.registered()`` — registers the configured corpora
+* ``@xlmeta_jax.cli.configurables.registered()`` — registers the configured corpora
   (:func:`tasks.register`) and returns ``registered.name``, for configs that name a
-  task, e.g. t5x's ``mixture_or_task_name = @xlmeta_jax.corpus.registered()``.
+  task, e.g. t5x's ``mixture_or_task_name = @xlmeta_jax.cli.configurables.registered()``.
 
+Both entry points read them — our trainer (``python -m xlmeta_jax.train``) and t5x's
+(``python -m t5x.train``). A t5x config that imports this module gets no second
+``train`` next to t5x's own (``--gin.train.X`` stays unambiguous).
 Importing this module imports neither TensorFlow nor seqio.
 """
 
@@ -21,13 +27,21 @@ from __future__ import annotations
 
 import gin
 
-from xlmeta_jax import mlm
-from xlmeta_jax.data import corpora, feeding, mixtures
+from xlmeta_jax.data import corpora, feeding
+from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.model import mlm, network
+from xlmeta_jax.model.optimizer import OptimizerConfig
+
+get_config = gin.external_configurable(
+    network.get_config, name="get_config", module="xlmeta_jax.model.network"
+)
+OptimizerConfig = gin.external_configurable(OptimizerConfig, module="xlmeta_jax.model.optimizer")
+
 
 Corpora = gin.external_configurable(
-    corpora.Corpora, module="xlmeta_jax.corpus", denylist=["masking"]
+    corpora.Corpora, module="xlmeta_jax.data.corpora", denylist=["masking"]
 )
-Masking = gin.external_configurable(mlm.Masking, module="xlmeta_jax.mlm")
+Masking = gin.external_configurable(mlm.Masking, module="xlmeta_jax.model.mlm")
 make_mlm_iterator = gin.external_configurable(
     feeding.make_mlm_iterator, module="xlmeta_jax.data.feeding"
 )
@@ -52,19 +66,19 @@ def register(settings: corpora.Corpora | None = None) -> tuple[str, ...]:
     Returns:
       The registered names (see :func:`tasks.register`).
     """
-    import tasks  # noqa: PLC0415 - seqio and TensorFlow only where data is read
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow only where data is read
 
     if settings is None:
         settings = Corpora(masking=Masking())
     return tasks.register(settings)
 
 
-@gin.configurable(module="xlmeta_jax.corpus")
+@gin.configurable(module="xlmeta_jax.cli.configurables")
 def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None) -> str:
     """Registers the configured corpora and returns ``name``, checked to be registered.
 
     Args:
-      name: a task or mixture name (tasks/names.py), e.g. ``'xlmeta_cc100'``.
+      name: a task or mixture name (xlmeta_jax/data/task_names.py), e.g. ``'xlmeta_cc100'``.
       settings: the corpus settings (default: the gin-bound ones, see :func:`register`).
 
     Raises:

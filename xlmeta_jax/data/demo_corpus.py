@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import gin
 
-from xlmeta_jax import run_dir
+from xlmeta_jax.pretrain import run_dir
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -44,7 +44,7 @@ ENGLISH_DIR, XLING_DIR, VOCAB_PREFIX = "english", "xling", "spm"
 _announced: set[str] = set()
 
 
-@gin.configurable(module="xlmeta_jax.demo")
+@gin.configurable(module="xlmeta_jax.data.demo_corpus")
 def demo_path(model_dir: str = gin.REQUIRED, name: str = gin.REQUIRED) -> str:
     """``MODEL_DIR/demo_data/<name>`` (gin: corpus and vocabulary locations)."""
     return os.path.join(model_dir, "demo_data", name)
@@ -88,7 +88,7 @@ def _write_documents(path: str, paragraphs: Sequence[str], per_document: int = 8
             f.write("\n".join(paragraphs[i : i + per_document]) + "\n\n")
 
 
-@gin.configurable(module="xlmeta_jax.demo")
+@gin.configurable(module="xlmeta_jax.data.demo_corpus")
 def prepare_demo(
     model_dir: str = gin.REQUIRED,
     languages: Sequence[str] = DEMO_LANGUAGES,

@@ -11,7 +11,7 @@ published weights load (see ``xlmeta_jax.hf``):
 
 Every parameter and the main activations carry t5x logical axis names
 (``batch, length, embed, mlp, heads, kv, vocab``, plus ``layers`` for scanned
-stacks and ``abspos`` for position tables); ``xlmeta_jax.partitioning`` maps them
+stacks and ``abspos`` for position tables); ``xlmeta_jax.model.partitioning`` maps them
 to mesh axes. The network never imports TensorFlow or seqio.
 """
 

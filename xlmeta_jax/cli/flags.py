@@ -28,7 +28,7 @@ import gin
 from xlmeta_jax import files
 from xlmeta_jax.errors import UserError
 
-REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
 
 
 class GinConfigError(UserError, ValueError):

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from xlmeta_jax import losses, mlm, partitioning
-from xlmeta_jax.network import EncoderConfig, XLMRForMaskedLM
-from xlmeta_jax.optimizer import (
+from xlmeta_jax.model import losses, mlm, partitioning
+from xlmeta_jax.model.network import EncoderConfig, XLMRForMaskedLM
+from xlmeta_jax.model.optimizer import (
     OptimizerConfig,
     global_norm,
     linear_warmup_linear_decay,

@@ -1,8 +1,8 @@
 r"""Our encoder and masked-LM loss as a t5x model, for ``python -m t5x.train``.
 
 t5x's trainer, partitioner and checkpointer drive the same network
-(:class:`xlmeta_jax.network.XLMRForMaskedLM`), loss (:mod:`xlmeta_jax.losses`),
-optimizer (:mod:`xlmeta_jax.optimizer`) and seqio tasks (``tasks``) as our own
+(:class:`xlmeta_jax.model.network.XLMRForMaskedLM`), loss (:mod:`xlmeta_jax.model.losses`),
+optimizer (:mod:`xlmeta_jax.model.optimizer`) and seqio tasks (``tasks``) as our own
 trainer; gin/meta.gin and gin/xlmr.gin wire them up:
 
   python -m t5x.train --gin_file=gin/meta.gin --gin.MODEL_DIR="'/runs/meta'" ...
@@ -45,8 +45,9 @@ from t5x import optimizers as t5x_optimizers
 from t5x import partitioning as t5x_partitioning
 from t5x import trainer as t5x_trainer
 
-from xlmeta_jax import losses, mlm, network, optimizer, partitioning, step
 from xlmeta_jax.data.vocabulary import MASK_ID
+from xlmeta_jax.model import losses, mlm, network, optimizer, partitioning
+from xlmeta_jax.pretrain import step
 
 # Logical names of our network that t5x's standard rules do not name (position tables).
 ADDITIONAL_LOGICAL_AXIS_RULES = (("abspos", None),)
@@ -99,7 +100,7 @@ class MLMFeatureConverter(seqio.FeatureConverter):
         if missing:
             raise ValueError(
                 f"MLMFeatureConverter: the dataset has no {missing}; it must come from an "
-                "MLM task (tasks/names.py) whose last preprocessor masks the blocks"
+                "MLM task (xlmeta_jax/data/task_names.py) whose last preprocessor masks the blocks"
             )
         self.slots = int(ds.element_spec["mlm_positions"].shape[-1])
         return ds.map(

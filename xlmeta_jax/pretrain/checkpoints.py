@@ -16,7 +16,7 @@ so an interrupted save never looks like a checkpoint. A failed save (disk full,
 Ctrl-C twice) removes its temporary directory; the next run's manager removes
 any left by a kill -9. Damaged checkpoints (unreadable metadata, missing or
 truncated array files) raise :class:`CheckpointError` naming the directory, and an
-array that differs from its checksum recorded at save time (:mod:`xlmeta_jax.checksums`).
+array that differs from its checksum recorded at save time (:mod:`xlmeta_jax.pretrain.checksums`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from xlmeta_jax import checksums
 from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_space
-from xlmeta_jax.network import EncoderConfig
+from xlmeta_jax.model.network import EncoderConfig
+from xlmeta_jax.pretrain import checksums
 
 STATE, DATA, META = "state", "data", "meta"
 STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax's per-step file (commit time, item names)
@@ -414,7 +414,7 @@ def restore_items(step_dir, abstract: dict) -> dict:
     Args:
       step_dir: ``.../phaseN/<step>``.
       abstract: ``{entry: pytree of ShapeDtypeStructs with shardings}``, entries of
-        :class:`xlmeta_jax.step.TrainState` (``params``, ``step``, ``opt_state``).
+        :class:`xlmeta_jax.pretrain.step.TrainState` (``params``, ``step``, ``opt_state``).
 
     Returns:
       ``{entry: restored pytree}`` placed on the given shardings.

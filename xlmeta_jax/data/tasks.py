@@ -5,7 +5,7 @@ checks every file (counted once, cached next to the data), computes the alpha
 sampling rates and then adds, through ``seqio.TaskRegistry.add`` and
 ``seqio.MixtureRegistry.add``, one task per configured corpus and language and one
 mixture per multilingual corpus (names in :mod:`tasks.names`). Every task yields
-packed, masked blocks in the batch format of :mod:`xlmeta_jax.mlm`; call
+packed, masked blocks in the batch format of :mod:`xlmeta_jax.model.mlm`; call
 ``get_dataset`` with ``sequence_length={"inputs": L, "targets": L}``.
 """
 
@@ -19,9 +19,10 @@ import math
 import seqio
 import tensorflow as tf
 
-from tasks import names
 from xlmeta_jax.data import corpora as corpora_lib
-from xlmeta_jax.data import mixtures, preprocessors, providers, vocabulary
+from xlmeta_jax.data import preprocessors, providers, vocabulary
+from xlmeta_jax.data import task_names as names
+from xlmeta_jax.data import text_files as mixtures
 from xlmeta_jax.data.languages import mc4_split_name
 
 log = logging.getLogger(__name__)

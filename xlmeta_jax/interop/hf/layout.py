@@ -1,6 +1,6 @@
 """Hugging Face's XLM-R layout <-> ours: config fields, weight names, shapes, ties.
 
-Our parameters (``xlmeta_jax.network.XLMRForMaskedLM``) are
+Our parameters (``xlmeta_jax.model.network.XLMRForMaskedLM``) are
 ``{'encoder': ..., 'lm_head': ...}`` with per-layer subtrees ``layers_{i}``, or one
 ``layers`` subtree whose leaves carry a leading layer axis when
 ``EncoderConfig.scan_layers`` is set. Hugging Face names the same weights
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from xlmeta_jax.errors import UserError
-from xlmeta_jax.network import EncoderConfig
+from xlmeta_jax.model.network import EncoderConfig
 
 # Keys that may appear in HF checkpoints but have no counterpart in the MLM network:
 # the position-id / token-type-id buffers (persistent in transformers < 4.31) and

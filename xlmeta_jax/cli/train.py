@@ -1,0 +1,132 @@
+r"""Command line of the pretraining trainer (the loop itself: :mod:`xlmeta_jax.pretrain.trainer`).
+
+Meta-pretraining (phase 1 on English, phase 2 on the 100-language mixture from
+phase 1's final parameters) or the single-phase XLM-R baseline, as gin config:
+
+  python -m xlmeta_jax.train \
+    --gin_file=gin/native/meta.gin \
+    --gin.MODEL_DIR="'/path/run'" \
+    --gin.VOCAB_PATH="'/path/spm.model'"
+
+Rerunning the same command after an interruption resumes where it stopped.
+See gin/native/meta.gin, gin/native/xlmr.gin and gin/demo.gin (t5x's own trainer runs
+the same experiment from gin/meta.gin: xlmeta_jax/interop/t5x/model.py). Several hosts:
+``--coordinator_address=HOST:PORT --process_count=N --process_index=I``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import jax
+
+from xlmeta_jax import errors, hosts, logs
+from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.pretrain import trainer
+
+# The trainer's logger: its progress lines are what this command prints.
+log = logging.getLogger("xlmeta_jax.train")
+
+
+def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
+    """Connects processes with ``jax.distributed`` (t5x-like flags); returns other args.
+
+    Flags: ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``.
+    On Cloud TPU VMs with several hosts, ``jax.distributed.initialize()`` needs no flags.
+    """
+    args, rest = hosts.parse_distributed_flags(argv_rest, prog="xlmeta_jax.train")
+    if args.coordinator_address:
+        if args.process_count is None or args.process_index is None:
+            raise trainer.ConfigError(
+                "--coordinator_address needs --process_count and --process_index")
+        if args.process_count > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator_address,
+            num_processes=args.process_count,
+            process_id=args.process_index,
+        )
+    elif hosts.tpu_pod_hosts():
+        jax.distributed.initialize()
+    return rest
+
+
+def setup_logging() -> None:
+    """Progress lines on stdout (independent of absl's root-logger setup)."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    logs.quiet_save_waits()
+
+
+# Parameters that must be integers > 0 whatever scope binds them; a bad value is
+# reported under the macro it comes from (META_STEPS, not OptimizerConfig.total_steps).
+POSITIVE_PARAMETERS = (
+    "xlmeta_jax.pretrain.trainer.Phase.num_steps",
+    "xlmeta_jax.pretrain.trainer.Phase.batch_size",
+    "xlmeta_jax.pretrain.trainer.Phase.sequence_length",
+    "xlmeta_jax.model.optimizer.OptimizerConfig.total_steps",
+    "xlmeta_jax.pretrain.trainer.train.checkpoint_every",
+    "xlmeta_jax.pretrain.trainer.train.log_every",
+)
+
+HELP_FLAGS = (
+    ("--coordinator_address=HOST:PORT", "jax.distributed coordinator (multi-process runs; "
+     "with --process_count and --process_index)"),
+    ("--process_count=N", "number of processes"),
+    ("--process_index=I", "this process's index"),
+    ("--cpu_collectives=gloo", "collectives of multi-process CPU runs"),
+)
+
+
+def help_text() -> str:
+    return gin_cli.help_text(
+        "xlmeta_jax.train",
+        "Pretrains the encoder: every phase of the run the gin files describe (meta-"
+        "pretraining: English, then the 100-language mixture from phase 1's parameters; "
+        "the XLM-R baseline: one phase). Rerunning the same command resumes where it "
+        "stopped; Ctrl-C stops at a step boundary with a checkpoint.",
+        gin_files=("*.gin", "models/*.gin", "data/*.gin"),
+        example="python -m xlmeta_jax.train --gin_file=gin/demo.gin "
+                "--gin.MODEL_DIR=\"'runs/demo'\"",
+        flags=HELP_FLAGS,
+    )
+
+
+def main(argv: Sequence[str]) -> dict:
+    """Parses gin flags and runs :func:`xlmeta_jax.pretrain.trainer.train`; returns its summary."""
+    if gin_cli.wants_help(argv):
+        print(help_text())
+        return {}
+    setup_logging()
+    try:
+        flags = gin_cli.parse_gin_flags(argv)
+    except ValueError as e:
+        raise trainer.ConfigError(str(e)) from None
+    rest = initialize_distributed(flags.remaining)
+    if rest:
+        raise trainer.ConfigError(f"unknown arguments: {rest} (see --help)")
+    if not flags.gin_files:
+        raise trainer.ConfigError("give at least one --gin_file (e.g. --gin_file=gin/demo.gin)")
+    # TensorFlow (the input pipeline's tf.data) imported now, without its start-up lines.
+    logs.quiet_start(import_tensorflow=True)
+    # The input pipeline's gin configurables (xlmeta_jax.cli.configurables) come with the
+    # trainer and need no TensorFlow; hosts without it can still train on the synthetic stream.
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths,
+                      check_macros=True, positive=POSITIVE_PARAMETERS)
+    return trainer.train()
+
+
+def run() -> None:
+    """Console entry point (``python -m xlmeta_jax.train`` / ``xlmeta-train``)."""
+    errors.exit_with(main, prog="xlmeta_jax.train")
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,1 @@
+"""Hugging Face interop: parameter layout, tokenizer files, weight conversion."""
