@@ -18,7 +18,7 @@ from errors_fixtures import STEPS, array_files, copy_run, digest, train_argv, wr
 
 from xlmeta_jax import errors
 from xlmeta_jax.cli import train as train_cli
-from xlmeta_jax.pretrain import checkpoints, checksums
+from xlmeta_jax.pretrain import checkpoints, checksums, loading
 
 ZSTD_MAGIC = bytes([0x28, 0xB5, 0x2F, 0xFD])
 
@@ -176,7 +176,7 @@ def test_flip_refused_by_every_reader(finished, tmp_path, capsys):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
     with pytest.raises(checkpoints.CheckpointError, match=f"array {name}"):
-        checkpoints.load_pretrained(model_dir)
+        loading.load_pretrained(model_dir)
     with pytest.raises(checkpoints.CheckpointError, match=f"array {name}"):
         checkpoints.restore_items(step_dir, _abstract(step_dir))
     assert digest(model_dir) == before

@@ -21,6 +21,7 @@ from data_toy import (  # noqa: E402
 
 from xlmeta_jax.data import (  # noqa: E402
     providers,
+    rates,
     tasks,  # noqa: E402
     vocabulary,
 )
@@ -72,7 +73,7 @@ def test_vocabulary_special_ids_and_fertility_report(toy):
     assert sorted(r[0] for r in rows[1:]) == sorted(TOY_LANGUAGES)
     q = {r[0]: float(r[2]) for r in rows[1:]}
     # alpha = 0.3 sampling of the vocabulary text: small languages up-sampled.
-    expected = mixtures.alpha_probabilities(TOY_LINES, 0.3)
+    expected = rates.alpha_probabilities(TOY_LINES, 0.3)
     for lang in TOY_LANGUAGES:
         assert q[lang] == pytest.approx(expected[lang], abs=1e-4)
     for r in rows[1:]:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from xlmeta_jax.data import languages
+from xlmeta_jax.data import languages, rates
 from xlmeta_jax.data import text_files as mixtures
 
 
@@ -43,11 +43,11 @@ def test_unknown_language_is_rejected(langs, message):
 
 def test_alpha_probabilities():
     counts = {"en": 1_000_000, "sw": 1_000, "is": 10}
-    prop = mixtures.alpha_probabilities(counts, 1.0)
+    prop = rates.alpha_probabilities(counts, 1.0)
     total = sum(counts.values())
     for lang, n in counts.items():
         assert prop[lang] == pytest.approx(n / total, rel=1e-12)
-    q = mixtures.alpha_probabilities(counts, 0.3)
+    q = rates.alpha_probabilities(counts, 0.3)
     z = sum(n**0.3 for n in counts.values())
     for lang, n in counts.items():
         assert q[lang] == pytest.approx(n**0.3 / z, rel=1e-12)
@@ -59,19 +59,19 @@ def test_alpha_probabilities():
 @pytest.mark.parametrize("alpha", [0, 0.0, -0.3, 1.5, math.nan, "x", None])
 def test_alpha_outside_unit_interval_is_rejected(alpha):
     with pytest.raises(mixtures.CorpusError, match="alpha"):
-        mixtures.alpha_probabilities({"en": 10, "de": 5}, alpha)
+        rates.alpha_probabilities({"en": 10, "de": 5}, alpha)
 
 
 def test_counts_must_be_positive():
     with pytest.raises(mixtures.CorpusError, match="'de'"):
-        mixtures.alpha_probabilities({"en": 10, "de": 0}, 0.3)
+        rates.alpha_probabilities({"en": 10, "de": 0}, 0.3)
     with pytest.raises(mixtures.CorpusError, match="no languages"):
-        mixtures.alpha_probabilities({}, 0.3)
+        rates.alpha_probabilities({}, 0.3)
 
 
 def test_sample_counts_add_up():
-    q = mixtures.alpha_probabilities({"en": 1000, "de": 100, "is": 1}, 0.3)
-    draws = mixtures.sample_counts(q, 1001)
+    q = rates.alpha_probabilities({"en": 1000, "de": 100, "is": 1}, 0.3)
+    draws = rates.sample_counts(q, 1001)
     assert sum(draws.values()) == 1001
     for lang in q:
         assert abs(draws[lang] - q[lang] * 1001) <= 1

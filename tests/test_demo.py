@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from xlmeta_jax.pretrain import checkpoints
+from xlmeta_jax.pretrain import loading
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def test_demo_runs_both_phases_and_hands_off(tmp_path):
     assert [p["task"] for p in summary["phases"]] == ["xlmeta_english_text", "xlmeta_cc100"]
 
     # What fine-tuning loads: phase 2's final params, its config and the demo vocabulary.
-    cfg, params, vocab_path = checkpoints.load_pretrained(model_dir)
+    cfg, params, vocab_path = loading.load_pretrained(model_dir)
     assert vocab_path == os.fspath(data / "spm.model")
     assert cfg.vocab_size == 2000 and cfg.pad_token_id == 0
     assert params["encoder"]["embeddings"]["word_embeddings"].shape == (2000, cfg.hidden_size)

@@ -28,7 +28,7 @@ from errors_fixtures import (
 from xlmeta_jax import errors
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
-from xlmeta_jax.pretrain import checkpoints, run_dir
+from xlmeta_jax.pretrain import checkpoints, loading, run_dir
 from xlmeta_jax.pretrain import trainer as train
 
 PROG = "xlmeta_jax.train"
@@ -284,7 +284,7 @@ def test_load_pretrained_names_damage(finished, tmp_path):
     model_dir = copy_run(finished, tmp_path / "run")
     _damage(model_dir, "truncate_array_files")
     with pytest.raises(checkpoints.CheckpointError, match=r"phase2/4 is damaged"):
-        checkpoints.load_pretrained(model_dir)
+        loading.load_pretrained(model_dir)
 
 
 # ---------------------------------------------------------------------------

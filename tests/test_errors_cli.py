@@ -158,7 +158,7 @@ def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
     import jax
     import numpy as np
 
-    from xlmeta_jax.pretrain import checkpoints
+    from xlmeta_jax.pretrain import checkpoints, loading
 
     steps = ["--gin.META_STEPS=30", "--gin.XLING_STEPS=2"]
     ref = tmp_path / "ref"
@@ -190,7 +190,7 @@ def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
     assert f"resuming from {stopped_at}" in out.stdout
     assert not _foreign_lines(out.stderr), out.stderr  # no absl/Orbax notices on resume
     for phase in ("phase1", "phase2"):
-        a = checkpoints.restore_params(checkpoints.find_step_dir(ref / phase))
-        b = checkpoints.restore_params(checkpoints.find_step_dir(model_dir / phase))
+        a = checkpoints.restore_params(loading.find_step_dir(ref / phase))
+        b = checkpoints.restore_params(loading.find_step_dir(model_dir / phase))
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

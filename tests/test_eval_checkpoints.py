@@ -13,62 +13,70 @@ import pytest
 
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.model import network
-from xlmeta_jax.pretrain import checkpoints
+from xlmeta_jax.pretrain import checkpoints, loading
 
 
-def _run_dir(tmp_path, gin_file, steps):
-    """A run directory as the trainer leaves it: config.gin and, per phase, step dirs with
-    a state item and the metadata the trainer writes (no parameters needed here)."""
+def _run_dir(tmp_path, gin_file, steps, *, record_phases=True):
+    """A run directory as the trainer leaves it: per phase, step dirs with a state item and
+    the metadata the trainer writes, naming the run's phases as the gin file configures
+    them (no parameters needed here)."""
+    import xlmeta_jax.cli.configurables  # noqa: F401 - registers the gin file's names
+
     gin.clear_config(clear_constants=True)
     try:
         gin_cli.apply_gin([gin_file], [
             "MODEL_DIR = '/tmp/unused'", "VOCAB_PATH = '/tmp/unused.model'",
             "INITIAL_CHECKPOINT_PATH = None",
         ], finalize=False)
-        gin_cli.write_config(str(tmp_path))
+        phases = [p.name for p in gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", [])]
     finally:
         gin.clear_config(clear_constants=True)
     for phase, (done, total) in steps.items():
         step_dir = tmp_path / phase / str(done)
         (step_dir / checkpoints.STATE).mkdir(parents=True)
         (step_dir / checkpoints.META).mkdir()
-        (step_dir / checkpoints.META / "metadata").write_text(
-            json.dumps({"phase": phase, "phase_step": done, "num_steps": total}))
+        meta = {"phase": phase, "phase_step": done, "num_steps": total}
+        if record_phases:
+            meta["run_phases"] = phases
+        (step_dir / checkpoints.META / "metadata").write_text(json.dumps(meta))
     return tmp_path
 
 
 def test_xlmr_baseline_run_resolves_to_its_only_phase(tmp_path):
     # The old rule looked for directories named phase*: the baseline's "xlmr" was missed.
     run = _run_dir(tmp_path, "native/xlmr.gin", {"xlmr": (500, 500)})
-    assert checkpoints.configured_phases(run) == ["xlmr"]
-    assert checkpoints.find_step_dir(run) == run / "xlmr" / "500"
+    assert loading.recorded_phases(run) == ["xlmr"]
+    assert loading.find_step_dir(run) == run / "xlmr" / "500"
 
 
-def test_meta_run_resolves_to_the_last_configured_phase_and_refuses_it_unfinished(tmp_path):
+def test_meta_run_resolves_to_the_last_recorded_phase_and_refuses_it_unfinished(tmp_path):
     run = _run_dir(tmp_path, "native/meta.gin", {"phase1": (100, 100), "phase2": (40, 80)})
-    assert checkpoints.configured_phases(run) == ["phase1", "phase2"]
+    assert loading.recorded_phases(run) == ["phase1", "phase2"]
     # The old rule returned phase2's latest (unfinished) step without a word.
     with pytest.raises(checkpoints.CheckpointError, match=r"'phase2' is not finished .*step 40 "
                        r"of 80.*name the step directory"):
-        checkpoints.find_step_dir(run)
+        loading.find_step_dir(run)
     with pytest.raises(checkpoints.CheckpointError, match="not finished"):
-        checkpoints.find_step_dir(run / "phase2")
+        loading.find_step_dir(run / "phase2")
     # Named explicitly, an unfinished step is taken; a finished phase resolves itself.
-    assert checkpoints.find_step_dir(run / "phase2" / "40") == run / "phase2" / "40"
-    assert checkpoints.find_step_dir(run / "phase1") == run / "phase1" / "100"
+    assert loading.find_step_dir(run / "phase2" / "40") == run / "phase2" / "40"
+    assert loading.find_step_dir(run / "phase1") == run / "phase1" / "100"
 
 
 def test_meta_run_whose_last_phase_has_not_started_is_refused(tmp_path):
-    run = _run_dir(tmp_path, "native/meta.gin", {"phase1": (100, 100)})
+    # Phase 1's checkpoint names phase 2, which has not started.
+    run = _run_dir(tmp_path / "a", "native/meta.gin", {"phase1": (100, 100)})
     with pytest.raises(checkpoints.CheckpointError, match="'phase2' of .* has not started"):
-        checkpoints.find_step_dir(run)
-    # Without config.gin the phase order is unknown: one phase resolves, two are refused.
-    (run / "config.gin").unlink()
-    assert checkpoints.find_step_dir(run) == run / "phase1" / "100"
-    (run / "phase2" / "5" / checkpoints.STATE).mkdir(parents=True)
+        loading.find_step_dir(run)
+    # Checkpoints that do not record the run's phases: one phase resolves, two are refused.
+    old = _run_dir(tmp_path / "b", "native/meta.gin", {"phase1": (100, 100)},
+                   record_phases=False)
+    assert loading.find_step_dir(old) == old / "phase1" / "100"
+    (old / "phase2" / "5" / checkpoints.STATE).mkdir(parents=True)
     with pytest.raises(checkpoints.CheckpointError,
-                       match=r"no config.gin .* holds phases \['phase1', 'phase2'\]"):
-        checkpoints.find_step_dir(run)
+                       match=r"no checkpoint naming its run's phases .* holds phases "
+                             r"\['phase1', 'phase2'\]"):
+        loading.find_step_dir(old)
 
 
 def _t5x_run(tmp_path, phases):
@@ -85,15 +93,15 @@ def test_t5x_run_resolves_like_ours(tmp_path):
     run = _t5x_run(tmp_path / "a", {"phase1": ((0, 50, 100), 100), "phase2": ((0, 40), 80)})
     with pytest.raises(checkpoints.CheckpointError, match=r"'phase2' is not finished .*step 40 "
                        r"of 80.*checkpoint_40"):
-        checkpoints.find_step_dir(run)
-    assert checkpoints.find_step_dir(run / "phase1") == run / "phase1" / "checkpoint_100"
+        loading.find_step_dir(run)
+    assert loading.find_step_dir(run / "phase1") == run / "phase1" / "checkpoint_100"
     named = run / "phase2" / "checkpoint_40"
-    assert checkpoints.find_step_dir(named) == named
+    assert loading.find_step_dir(named) == named
     (run / "phase2" / "checkpoint_80" / checkpoints.STATE).mkdir(parents=True)
-    assert checkpoints.find_step_dir(run) == run / "phase2" / "checkpoint_80"
+    assert loading.find_step_dir(run) == run / "phase2" / "checkpoint_80"
     only_phase1 = _t5x_run(tmp_path / "b", {"phase1": ((100,), 100)})
     with pytest.raises(checkpoints.CheckpointError, match="'phase2' of .* has not started"):
-        checkpoints.find_step_dir(only_phase1)
+        loading.find_step_dir(only_phase1)
 
 
 @pytest.mark.parametrize(

@@ -99,7 +99,7 @@ def _random_params(cfg):
 
 
 def test_hugging_face_checkpoint_is_accepted(english_lines, tmp_path):
-    hf = pytest.importorskip("xlmeta_jax.interop.hf.convert")
+    hf = pytest.importorskip("xlmeta_jax.interop.hf.weights")
     # XLM-R's SentencePiece specials; fairseq ids put pad at 1.
     spm_path = tokenization.train_sentencepiece(
         english_lines[:3000], tmp_path / "spm", 500, pad_id=-1, eos_id=2, unk_id=0, bos_id=1,

@@ -7,6 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from xlmeta_jax.data import rates
 from xlmeta_jax.data import text_files as mixtures
 
 seqio = pytest.importorskip("seqio")
@@ -71,7 +72,7 @@ def test_sampling_weights_follow_tokens_and_lines_stay_an_option(toy_cc100, shar
 
     tasks.register(**settings)  # tokens: the default
     by_tokens = tasks.language_probabilities(names.CC100_MIXTURE)
-    want = mixtures.alpha_probabilities(exact, 0.3)
+    want = rates.alpha_probabilities(exact, 0.3)
     assert by_tokens["ru"] == pytest.approx(want["ru"], abs=0.005)
     assert by_tokens["ru"] / by_tokens["de"] == pytest.approx(
         (exact["ru"] / exact["de"]) ** 0.3, rel=0.02)
@@ -144,18 +145,18 @@ def test_corpus_preparation_appears_whole_or_not_at_all(shared_data, tmp_path, m
 
 
 def test_built_whole_replaces_a_folder_only_on_success(tmp_path):
-    from xlmeta_jax.pretrain import run_dir
+    from xlmeta_jax import files
 
     folder = tmp_path / "corpus"
     folder.mkdir()
     (folder / "old.txt").write_text("old")
     with pytest.raises(RuntimeError):
-        with run_dir.built_whole(str(folder)) as tmp:
+        with files.built_whole(str(folder)) as tmp:
             (pathlib.Path(tmp) / "new.txt").write_text("new")
             raise RuntimeError("interrupted")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
     assert [p.name for p in folder.iterdir()] == ["old.txt"]
-    with run_dir.built_whole(str(folder) + "/") as tmp:
+    with files.built_whole(str(folder) + "/") as tmp:
         (pathlib.Path(tmp) / "new.txt").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
     assert [p.name for p in folder.iterdir()] == ["new.txt"]

@@ -23,7 +23,7 @@ def _cmd(model_dir, shared_data):
         "--gin_file=gin/experiments/tiny.gin",
         f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.SHARED_DATA_DIR='{shared_data}'",
-        "--gin.xlmeta_jax.experiment.experiment.arms=['meta', 'joint']",
+        "--gin.xlmeta_jax.experiment.runner.experiment.arms=['meta', 'joint']",
         "--gin.SEEDS=[0]",
     ]
 

@@ -55,6 +55,7 @@ def test_gin_file_parses_with_header(name):
 
 def _evaluated_train_args(monkeypatch, gin_file, bindings=()):
     """Runs trainer.train up to (not including) compilation; returns its validated args."""
+    from xlmeta_jax.cli import train as train_cli
     from xlmeta_jax.pretrain import trainer
 
     seen = {}
@@ -62,9 +63,9 @@ def _evaluated_train_args(monkeypatch, gin_file, bindings=()):
     class Stop(Exception):
         pass
 
-    def fake_iterator(phase, model, mesh, seed):
+    def fake_iterator(run, phase, seed):
         seen.setdefault("phases", []).append(phase)
-        seen["model"] = model
+        seen["model"] = run.model
         return None
 
     def stop(*args, **kwargs):
@@ -72,12 +73,12 @@ def _evaluated_train_args(monkeypatch, gin_file, bindings=()):
 
     monkeypatch.setattr(trainer, "_make_iterator", fake_iterator)
     monkeypatch.setattr(trainer, "_train_phase", stop)
-    monkeypatch.setattr(trainer.gin_cli, "write_config", lambda d: None)
+    monkeypatch.setattr(trainer, "_write_config", lambda run: None)
     # VOCAB_PATH is a placeholder here (the vocabulary check has its own tests).
     monkeypatch.setattr(trainer, "check_vocabulary", lambda *args: None)
     gin_cli.apply_gin([gin_file], [*_REQUIRED[:2], *bindings])
     with pytest.raises(Stop):
-        trainer.train()
+        train_cli.run_configured()
     return seen
 
 

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from xlmeta_jax.cli import hf as hf_cli  # noqa: E402
-from xlmeta_jax.interop.hf import convert as hf  # noqa: E402
 from xlmeta_jax.interop.hf import layout as hf_layout  # noqa: E402
+from xlmeta_jax.interop.hf import weights as hf  # noqa: E402
 from xlmeta_jax.model.network import XLMRForMaskedLM  # noqa: E402
 
 PAD = 1
@@ -302,10 +302,10 @@ def test_command_line_round_trip(hf_model, hf_state, tmp_path):
         "--scan_layers",
     ]) == 0
     # The trainer's own checkpoint format: a phase directory with step 0.
-    from xlmeta_jax.pretrain import checkpoints
+    from xlmeta_jax.pretrain import loading
 
-    assert checkpoints.find_step_dir(tmp_path / "flax") == tmp_path / "flax" / "0"
-    cfg, params, vocab = checkpoints.load_pretrained(tmp_path / "flax")
+    assert loading.find_step_dir(tmp_path / "flax") == tmp_path / "flax" / "0"
+    cfg, params, vocab = loading.load_pretrained(tmp_path / "flax")
     assert cfg.scan_layers and params["encoder"]["layers"]["wi"]["kernel"].shape[0] == 2
     assert vocab is None  # the HF directory has no sentencepiece.bpe.model
     with pytest.raises(hf.ConversionError, match="is not empty"):

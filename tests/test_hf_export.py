@@ -17,10 +17,11 @@ transformers = pytest.importorskip("transformers")
 
 from xlmeta_jax.cli import hf as hf_cli  # noqa: E402
 from xlmeta_jax.evaluation import encoders  # noqa: E402
-from xlmeta_jax.interop.hf import convert as hf  # noqa: E402
+from xlmeta_jax.interop.hf import convert  # noqa: E402
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer  # noqa: E402
+from xlmeta_jax.interop.hf import weights as hf  # noqa: E402
 from xlmeta_jax.model.network import EncoderConfig, XLMRForMaskedLM  # noqa: E402
-from xlmeta_jax.pretrain import checkpoints  # noqa: E402
+from xlmeta_jax.pretrain import checkpoints, loading  # noqa: E402
 from xlmeta_jax.pretrain.step import TrainState  # noqa: E402
 
 # The vocabulary is trained on these (UDHR sample texts shipped by gflanguages) ...
@@ -225,7 +226,7 @@ def test_fill_mask_predictions_equal_ours(export, model, vocab):
 def test_to_flax_undoes_the_export(export, model, vocab, tmp_path, texts):
     cfg, params = model
     assert hf_cli.main(["to_flax", f"--hf_path={export}", f"--output={tmp_path / 'flax'}"]) == 0
-    cfg2, params2, vocab2 = checkpoints.load_pretrained(tmp_path / "flax")
+    cfg2, params2, vocab2 = loading.load_pretrained(tmp_path / "flax")
     assert cfg2 == cfg
     jax.tree.map(np.testing.assert_array_equal, params2, params)
     assert vocab2 == str(tmp_path / "flax" / hf.FLAX_VOCAB_NAME)
@@ -268,7 +269,7 @@ def test_fine_tuning_loads_the_export_as_is(export, model, vocab, texts):
 def test_bad_exports_are_refused_before_writing(export, model, vocab, tmp_path):
     cfg, params = model
     with pytest.raises(hf.ConversionError, match="already holds"):
-        hf.to_hf(str(export.parent / "run" / "phase2"), str(export))
+        convert.to_hf(str(export.parent / "run" / "phase2"), str(export))
     with pytest.raises(hf.ConversionError, match="vocab_path"):
         hf.save_hf(tmp_path / "no_vocab", cfg, params)
     assert not (tmp_path / "no_vocab").exists()

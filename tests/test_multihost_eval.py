@@ -139,6 +139,6 @@ def test_experiment_on_two_processes_stops_before_pretraining(tmp_path):
         assert "Traceback" not in out, out
         assert (f"xlmeta_jax.experiment: error: the experiment's evaluations run on one host: "
                 f"this is process {i} of 2; pretrain on the pod with "
-                "--gin.xlmeta_jax.experiment.experiment.tasks=[] and rerun the command "
+                "--gin.xlmeta_jax.experiment.runner.experiment.tasks=[] and rerun the command "
                 "without it on one host (one VM) to evaluate") in out, out
     assert not model_dir.exists()

@@ -20,7 +20,7 @@ from t5x_toy import corpus_flags, require_t5x, write_corpus
 require_t5x()
 
 from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
-from xlmeta_jax.pretrain import checkpoints  # noqa: E402
+from xlmeta_jax.pretrain import loading  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 META_GIN = "gin/meta.gin"
@@ -158,7 +158,7 @@ def _check_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):
     from xlmeta_jax.interop.hf import convert as hf
 
     model_dir = runs["sharded"]
-    cfg, params, vocab_path = checkpoints.load_pretrained(model_dir)
+    cfg, params, vocab_path = loading.load_pretrained(model_dir)
     assert cfg.hidden_size == 64 and vocab_path == runs["corpus"]["vocab"]
     final = _t5x_state(model_dir / "phase2" / f"checkpoint_{XLING_STEPS}")["target"]
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final)):

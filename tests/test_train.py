@@ -19,7 +19,7 @@ import pytest
 
 from xlmeta_jax.cli import train
 from xlmeta_jax.model import network
-from xlmeta_jax.pretrain import checkpoints, trainer
+from xlmeta_jax.pretrain import checkpoints, handoff, loading, trainer
 from xlmeta_jax.pretrain import checks as validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def _cmd(gin_path, model_dir, *extra):
 
 
 def _final_params(model_dir, phase="phase2"):
-    step_dir = checkpoints.find_step_dir(os.path.join(model_dir, phase))
+    step_dir = loading.find_step_dir(os.path.join(model_dir, phase))
     return checkpoints.restore_params(step_dir), checkpoints.read_meta(step_dir)
 
 
@@ -353,7 +353,7 @@ def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
     codes, outs = multihost.two_processes([sys.executable, script, model_dir], port + 1)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert f"resuming from {model_dir / 'phase1' / step} (step {step}/60)" in outs[0], outs[0]
-    assert checkpoints.find_step_dir(model_dir / "phase1").name == "60"
+    assert loading.find_step_dir(model_dir / "phase1").name == "60"
 
 
 @pytest.fixture(scope="module")
@@ -380,17 +380,17 @@ def _handoff(step_dir, monkeypatch, **flags):
             raise AssertionError("restored the earlier phase's whole state")
 
         monkeypatch.setattr(checkpoints.PhaseCheckpoints, "restore", whole_state)
-    return fns, trainer.handoff_state(fns, step_dir, seed=0, **flags)
+    return fns, handoff.handoff_state(fns, step_dir, seed=0, **flags)
 
 
 def _counts(opt_state):
     return [int(x) for path, x in jax.tree_util.tree_leaves_with_path(opt_state)
-            if trainer._is_count(path)]
+            if handoff.is_count(path)]
 
 
 def _moments(opt_state):
     return [np.asarray(x) for path, x in jax.tree_util.tree_leaves_with_path(opt_state)
-            if not trainer._is_count(path)]
+            if not handoff.is_count(path)]
 
 
 @pytest.mark.parametrize("reset_schedule", [True, False])

@@ -1,12 +1,15 @@
-"""Files written whole: a reader (or a rerun after a crash) sees the old content or the
-new, never a half-written file. Results, reports, configs and the "done" markers of runs
-and experiments are written this way."""
+"""Files and folders written whole: a reader (or a rerun after a crash) sees the old
+content or the new, never a half-written one. Results, reports, configs and the "done"
+markers of runs and experiments are written this way (:func:`write_atomic`), and so are
+the folders prepared once for a run, such as the demo's corpus (:func:`built_whole`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 
 
 def write_atomic(path: str | os.PathLike, content: str | bytes | None = None, *,
@@ -36,3 +39,28 @@ def write_atomic(path: str | os.PathLike, content: str | bytes | None = None, *,
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+
+
+@contextlib.contextmanager
+def built_whole(folder: str) -> Iterator[str]:
+    """Yields a temporary sibling of ``folder`` to build in, renamed to ``folder`` at the end.
+
+    An interrupted or failed build removes the temporary folder and leaves ``folder`` as
+    it was, so a rerun never mistakes half-written files for a prepared folder; a
+    successful one replaces ``folder`` whole (the rename is atomic on one file system).
+
+    Args:
+      folder: the folder to create, e.g. ``MODEL_DIR/corpus``.
+    """
+    folder = os.path.normpath(folder)
+    parent = os.path.dirname(folder) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    try:
+        yield tmp
+        if os.path.exists(folder):
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)

@@ -1,43 +1,52 @@
-"""gin's view of a run: every function and class the gin files configure.
+"""gin's view of the project: every function and class the gin files configure.
 
-The library modules know no gin; this module registers what the gin files bind,
-under the name of the object's own module, so a binding names where the code is:
+The library knows no gin. This module registers what the gin files bind, under the
+name of the module the object lives in, so a binding names where its code is
+(``xlmeta_jax.pretrain.trainer.train.log_every`` is ``train``'s ``log_every`` in
+xlmeta_jax/pretrain/trainer.py):
 
 * ``xlmeta_jax.model.network.get_config`` — the encoder (gin/models/*.gin): always
-  ``network.get_config(size, field=...)``; a binding of ``EncoderConfig`` itself
-  would be a second, silently ignored way to configure it;
+  ``network.get_config(size, field=...)``; a binding of ``EncoderConfig`` itself would
+  be a second, silently ignored way to configure it;
 * ``xlmeta_jax.model.optimizer.OptimizerConfig`` — the optimizer (gin/pretrain.gin);
-* ``xlmeta_jax.data.corpora.Corpora.*`` — :class:`xlmeta_jax.data.corpora.Corpora`
-  (vocabulary, English files / TFDS, CC-100 / mC4, languages, alpha);
-* ``xlmeta_jax.model.mlm.Masking.*`` — :class:`xlmeta_jax.model.mlm.Masking`, the one place of the
-  masking rate (gin/pretrain.gin: ``MASK_RATE``): the registered tasks and the trainer's
-  synthetic stream both take it from here (``Corpora.masking`` is not a gin binding);
-* ``xlmeta_jax.data.feeding.make_mlm_iterator.*`` — the feeder's options;
-* ``@xlmeta_jax.cli.configurables.registered()`` — registers the configured corpora
-  (:func:`tasks.register`) and returns ``registered.name``, for configs that name a
-  task, e.g. t5x's ``mixture_or_task_name = @xlmeta_jax.cli.configurables.registered()``.
+* ``xlmeta_jax.data.corpora.Corpora`` — the corpora (gin/data/*.gin);
+* ``xlmeta_jax.model.mlm.Masking`` — the one place of the masking rate (``MASK_RATE``):
+  the registered tasks and the synthetic stream both take it from here
+  (``Corpora.masking`` is not a gin binding);
+* ``xlmeta_jax.data.feeding.make_mlm_iterator`` — the feeder's options;
+* ``xlmeta_jax.pretrain.trainer.{train,Phase}`` — our trainer's run (gin/native/*.gin);
+* ``xlmeta_jax.experiment.runner.experiment`` — the experiment (gin/experiments/*.gin);
+* ``xlmeta_jax.data.demo_corpus.*``, ``xlmeta_jax.data.experiment_corpus.*`` — the
+  corpora the demo and the CPU experiment write before they train;
+* helpers of the gin files themselves, named after this module: ``total_steps``,
+  ``registered`` (t5x's ``mixture_or_task_name = @registered()``), ``prepare_data``.
 
-Both entry points read them — our trainer (``python -m xlmeta_jax.train``) and t5x's
-(``python -m t5x.train``). A t5x config that imports this module gets no second
-``train`` next to t5x's own (``--gin.train.X`` stays unambiguous).
-Importing this module imports neither TensorFlow nor seqio.
+A t5x config that imports this module gets no second ``train`` next to t5x's own
+(t5x configs use ``dynamic_registration`` and name our functions by import path);
+``--gin.train.X`` stays unambiguous. Importing it imports neither TensorFlow nor seqio.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import gin
 
-from xlmeta_jax.data import corpora, feeding
-from xlmeta_jax.data import text_files as mixtures
-from xlmeta_jax.model import mlm, network
-from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.data import corpora, demo_corpus, experiment_corpus, feeding
+from xlmeta_jax.experiment import runner
+from xlmeta_jax.model import mlm, network, optimizer
+from xlmeta_jax.pretrain import trainer
 
+# ----------------------------------------------------------------------------- the model
 get_config = gin.external_configurable(
     network.get_config, name="get_config", module="xlmeta_jax.model.network"
 )
-OptimizerConfig = gin.external_configurable(OptimizerConfig, module="xlmeta_jax.model.optimizer")
+OptimizerConfig = gin.external_configurable(
+    optimizer.OptimizerConfig, module="xlmeta_jax.model.optimizer"
+)
 
-
+# ------------------------------------------------------------------------------ the data
 Corpora = gin.external_configurable(
     corpora.Corpora, module="xlmeta_jax.data.corpora", denylist=["masking"]
 )
@@ -45,32 +54,57 @@ Masking = gin.external_configurable(mlm.Masking, module="xlmeta_jax.model.mlm")
 make_mlm_iterator = gin.external_configurable(
     feeding.make_mlm_iterator, module="xlmeta_jax.data.feeding"
 )
+demo_path = gin.external_configurable(
+    demo_corpus.demo_path, module="xlmeta_jax.data.demo_corpus")
+prepare_demo = gin.external_configurable(
+    demo_corpus.prepare_demo, module="xlmeta_jax.data.demo_corpus")
+corpus_path = gin.external_configurable(
+    experiment_corpus.corpus_path, module="xlmeta_jax.data.experiment_corpus")
+prepare_shared_corpus = gin.external_configurable(
+    experiment_corpus.prepare_shared_corpus, module="xlmeta_jax.data.experiment_corpus")
 
-# The setting that registers each task or mixture, for the error naming it.
-_SETTING = {
-    "xlmeta_english_text": "ENGLISH_FILES (Corpora.english_files; gin/data/english_files.gin)",
-    "xlmeta_english_tfds": "ENGLISH_TFDS_NAME (Corpora.english_tfds_name; "
-    "gin/data/english_tfds.gin)",
-    "xlmeta_cc100": "CC100_DIR (Corpora.cc100_dir; gin/data/cc100.gin)",
-    "xlmeta_mc4": "Corpora.mc4_tfds_name (gin/data/mc4.gin)",
-}
+# ---------------------------------------------------------------------------- pretraining
+Phase = gin.external_configurable(trainer.Phase, module="xlmeta_jax.pretrain.trainer")
+train = gin.external_configurable(trainer.train, module="xlmeta_jax.pretrain.trainer",
+                                  denylist=["corpora", "feeder", "config_text", "describe"])
+
+# ----------------------------------------------------------------------------- experiment
+experiment = gin.external_configurable(runner.experiment, module="xlmeta_jax.experiment.runner",
+                                       denylist=["corpora", "feeder", "config_text"])
+
+
+@gin.configurable(module="xlmeta_jax.cli.configurables")
+def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
+    """Sum of step counts (gin: the baseline's budget = META_STEPS + XLING_STEPS)."""
+    return int(sum(steps))
+
+
+@gin.configurable(module="xlmeta_jax.cli.configurables")
+def prepare_data(prepare: Callable[[], Any] | None = None) -> None:
+    """Runs the data preparation the config names (e.g. the demo's corpus), if any.
+
+    The commands call it after parsing and before the run is checked, so a gin
+    value such as ``VOCAB_PATH`` stays a plain path and reading it has no side effect.
+    """
+    if prepare is not None:
+        prepare()
+
+
+def corpora_settings() -> corpora.Corpora:
+    """The gin-bound ``Corpora()`` with the gin-bound ``Masking()``."""
+    return Corpora(masking=Masking())
 
 
 def register(settings: corpora.Corpora | None = None) -> tuple[str, ...]:
-    """Registers the seqio tasks of ``settings``.
-
-    Args:
-      settings: the corpus settings; default: the gin-bound ``Corpora()`` with the
-        gin-bound ``Masking()``.
+    """Registers the seqio tasks of ``settings`` (default: :func:`corpora_settings`).
 
     Returns:
-      The registered names (see :func:`tasks.register`).
+      The registered names (see :func:`xlmeta_jax.data.tasks.register`).
     """
-    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow only where data is read
+    # seqio and TensorFlow only where data is read: t5x configs import this module.
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
 
-    if settings is None:
-        settings = Corpora(masking=Masking())
-    return tasks.register(settings)
+    return tasks.register(corpora_settings() if settings is None else settings)
 
 
 @gin.configurable(module="xlmeta_jax.cli.configurables")
@@ -84,13 +118,6 @@ def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None
     Raises:
       CorpusError: naming the setting that registers ``name`` when it is missing.
     """
-    names = register(settings)
-    if name not in names:
-        hint = next(
-            (v for k, v in _SETTING.items() if name == k or name.startswith(k + "_")), None
-        )
-        raise mixtures.CorpusError(
-            f"{name} is not registered by the configured corpora (registered: "
-            f"{sorted(names) or 'none'})" + (f"; set {hint}" if hint else "")
-        )
-    return name
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
+
+    return tasks.check_registered(name, register(settings))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xlmeta_jax import errors, logs
+from xlmeta_jax.cli import configurables
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.experiment import runner
@@ -58,7 +59,9 @@ def main(argv: Sequence[str]) -> dict | None:
 
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True,
                       positive=train_cli.POSITIVE_PARAMETERS)
-    exp = runner.experiment()
+    exp = configurables.experiment(
+        corpora=configurables.Corpora(masking=train_cli.configured_masking()),
+        feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text())
     if not dry_run:
         # Before the corpus is prepared or anything pretrains: no pod time is spent.
         runner.check_hosts(exp)

@@ -13,12 +13,14 @@ The repository's ``gin/`` folder and the package directory are always searched.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import logging
 import os
 import pathlib
 import re
+import textwrap
 import tokenize
 import typing
 from collections.abc import Sequence
@@ -113,7 +115,6 @@ def help_text(prog: str, summary: str, *, gin_files: Sequence[str], example: str
       example: one complete command line.
       flags: the command's own (non-gin) flags as (flag, help).
     """
-    import textwrap
 
     rows = [*GIN_FLAGS_HELP, *flags]
     width = max(len(f) for f, _ in rows) + 2
@@ -425,6 +426,22 @@ def check_types(positive: Sequence[str] = ()) -> None:
         if hint is not None and _type_ok(value, hint) is False:
             expected = _SIMPLE.get(hint) or str(hint).replace("typing.", "")
             raise GinConfigError(f"{_describe(key, macro, value)}: expected {expected}")
+
+
+def bound(name: str, default):
+    """A gin parameter's value (references and macros evaluated), or ``default``."""
+    try:
+        value = gin.query_parameter(name)
+    except ValueError:
+        return default
+    # gin evaluates @references and %macros when it deep-copies a binding (as when it
+    # calls the configurable); required values stay unresolved and never reach here.
+    return copy.deepcopy(value)
+
+
+def config_text() -> str:
+    """The full parsed config, as ``MODEL_DIR/config.gin`` records it."""
+    return gin.config_str()
 
 
 def write_config(model_dir: str, filename: str = "config.gin") -> str:

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 import jax
 
 from xlmeta_jax import errors, hosts, logs
+from xlmeta_jax.cli import configurables
 from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.model import network
 from xlmeta_jax.pretrain import trainer
 
 # The trainer's logger: its progress lines are what this command prints.
@@ -116,11 +118,54 @@ def main(argv: Sequence[str]) -> dict:
         raise trainer.ConfigError("give at least one --gin_file (e.g. --gin_file=gin/demo.gin)")
     # TensorFlow (the input pipeline's tf.data) imported now, without its start-up lines.
     logs.quiet_start(import_tensorflow=True)
-    # The input pipeline's gin configurables (xlmeta_jax.cli.configurables) come with the
-    # trainer and need no TensorFlow; hosts without it can still train on the synthetic stream.
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths,
                       check_macros=True, positive=POSITIVE_PARAMETERS)
-    return trainer.train()
+    return run_configured()
+
+
+def run_configured() -> dict:
+    """Runs the trainer as the parsed gin config binds it; returns its summary."""
+    configurables.prepare_data()
+    try:
+        return configurables.train(
+            model=configured_model(),
+            corpora=configurables.Corpora(masking=configured_masking()),
+            feeder=configurables.make_mlm_iterator,
+            config_text=gin_cli.config_text(),
+            describe=gin_cli.binding_source,
+        )
+    except TypeError as e:
+        # gin's call of train() without a required binding (a hand-written run file).
+        if "required keyword-only argument" not in str(e):
+            raise
+        raise trainer.ConfigError(f"{errors.first_line(e)} (bind it in the run's gin file)"
+                                  ) from None
+
+
+def configured_model() -> network.EncoderConfig:
+    """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
+    try:
+        return configurables.get_config()
+    except TypeError as e:
+        raise trainer.ConfigError(
+            "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
+            f"xlmeta_jax.model.network.get_config.size ({e})"
+        ) from None
+
+
+def configured_masking():
+    """The gin-bound ``Masking()`` (``MASK_RATE``), checked with the rest of the config.
+
+    Raises:
+      ConfigError: naming the binding (the macro, e.g. ``MASK_RATE``) and its value.
+    """
+    try:
+        return configurables.Masking()
+    except ValueError as e:
+        source = "xlmeta_jax.model.mlm.Masking"
+        if "masking rate" in str(e):
+            source = gin_cli.binding_source(f"{source}.rate")
+        raise trainer.ConfigError(f"{source}: {e}") from None
 
 
 def run() -> None:

@@ -25,6 +25,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
+from xlmeta_jax.data import rates
 from xlmeta_jax.data import text_files as mixtures
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
 from xlmeta_jax.model import mlm
@@ -102,7 +103,7 @@ class Corpora:
 
     def check(self) -> None:
         """Raises CorpusError for settings that are wrong whatever the files hold."""
-        mixtures.check_alpha(self.alpha)
+        rates.check_alpha(self.alpha)
         if int(self.token_sample_lines) <= 0:
             raise mixtures.CorpusError(
                 f"token_sample_lines must be positive, got {self.token_sample_lines}"
@@ -148,7 +149,7 @@ def cc100_files(folder: str, lang: str) -> list[str]:
     check_languages([lang])
     pattern = os.path.join(folder, f"{lang}.txt*")
     if "://" in pattern:
-        import tensorflow as tf
+        import tensorflow as tf  # noqa: PLC0415 - TensorFlow only where tf.data runs
 
         matched = sorted(tf.io.gfile.glob(pattern))
     else:
@@ -199,7 +200,7 @@ def cc100_counts(
 ) -> dict[str, float]:
     """n_l per language: the given ``cc100_counts``, or counted (cached) from the files."""
     if corpora.cc100_counts is not None:
-        return mixtures.given_counts(corpora.cc100_counts, list(files_by_lang), what="cc100_counts")
+        return rates.given_counts(corpora.cc100_counts, list(files_by_lang), what="cc100_counts")
     return {
         lang: language_count(corpora, checked_files(corpora, files), encode)
         for lang, files in files_by_lang.items()

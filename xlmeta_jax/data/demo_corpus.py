@@ -10,9 +10,11 @@
 
 :func:`prepare_demo` writes the corpus in CC-100's layout under
 ``MODEL_DIR/demo_data/`` and trains the demo's SentencePiece vocabulary there.
-gin/demo.gin binds it as the run's VOCAB_PATH, so it runs when the trainer first
-reads that path. It is idempotent, so a resumed demo reuses what an earlier run
-prepared (and every later read of VOCAB_PATH costs one ``stat``).
+gin/demo.gin names it as the step ``python -m xlmeta_jax.train`` runs before the
+trainer (``prepare_data.prepare``); t5x's demo (gin/t5x/demo.gin), whose trainer has no
+such step, binds it as VOCAB_PATH, so it runs when t5x first reads that path. It is
+idempotent, so a resumed demo reuses what an earlier run prepared (and every later
+call costs one ``stat``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ import logging
 import os
 from collections.abc import Sequence
 
-import gin
-
-from xlmeta_jax.pretrain import run_dir
+from xlmeta_jax import files
+from xlmeta_jax.data import english_pd, vocabulary
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -44,15 +45,14 @@ ENGLISH_DIR, XLING_DIR, VOCAB_PREFIX = "english", "xling", "spm"
 _announced: set[str] = set()
 
 
-@gin.configurable(module="xlmeta_jax.data.demo_corpus")
-def demo_path(model_dir: str = gin.REQUIRED, name: str = gin.REQUIRED) -> str:
+def demo_path(model_dir: str, name: str) -> str:
     """``MODEL_DIR/demo_data/<name>`` (gin: corpus and vocabulary locations)."""
     return os.path.join(model_dir, "demo_data", name)
 
 
 def udhr_paragraphs(lang: str) -> list[str]:
     """UDHR sample paragraphs of one language from the ``gflanguages`` package."""
-    import gflanguages
+    import gflanguages  # noqa: PLC0415 - its language metadata loads only for the UDHR demo
 
     key = _GFLANGUAGES_IDS.get(lang)
     if key is None:
@@ -88,9 +88,8 @@ def _write_documents(path: str, paragraphs: Sequence[str], per_document: int = 8
             f.write("\n".join(paragraphs[i : i + per_document]) + "\n\n")
 
 
-@gin.configurable(module="xlmeta_jax.data.demo_corpus")
 def prepare_demo(
-    model_dir: str = gin.REQUIRED,
+    model_dir: str,
     languages: Sequence[str] = DEMO_LANGUAGES,
     vocab_size: int = 2000,
     alpha: float = 0.3,
@@ -107,8 +106,6 @@ def prepare_demo(
       shared_data_dir: ``../shared/data`` for a larger demo (english_pd, Leipzig).
       seed: vocabulary sample and training seed.
     """
-    from xlmeta_jax.data import english_pd, vocabulary
-
     root = demo_path(model_dir, "")
     model_path = os.path.join(root, VOCAB_PREFIX + ".model")
     if os.path.exists(model_path):
@@ -119,7 +116,7 @@ def prepare_demo(
     if shared_data_dir and not os.path.isdir(shared_data_dir):
         raise FileNotFoundError(f"prepare_demo.shared_data_dir {shared_data_dir!r} does not exist")
 
-    with run_dir.built_whole(root) as tmp:
+    with files.built_whole(root) as tmp:
         english_pd_dir = os.path.join(shared_data_dir, "english_pd") if shared_data_dir else None
         english_files = english_pd.english_text_files(
             os.path.join(tmp, ENGLISH_DIR), english_pd_dir

@@ -109,7 +109,7 @@ def write_text_files(english_pd_dir: str, out_dir: str) -> list[str]:
 
 def fallback_text_files(out_dir: str) -> list[str]:
     """Python's documentation topics (``pydoc_data``) as one English text file."""
-    from pydoc_data import topics
+    from pydoc_data import topics  # noqa: PLC0415 - pydoc's topics (~0.5 MB) only for the demo
 
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, "pydoc_topics.txt")

@@ -27,9 +27,8 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
-import gin
-
-from xlmeta_jax.pretrain import run_dir
+from xlmeta_jax import files
+from xlmeta_jax.data import english_pd, vocabulary
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -41,8 +40,7 @@ EVALUATION_SETS = ("tatoeba", "flores200", "xnli", "pawsx")
 _SPACE = re.compile(r"\s+")
 
 
-@gin.configurable(module="xlmeta_jax.experiment")
-def corpus_path(model_dir: str = gin.REQUIRED, name: str = gin.REQUIRED) -> str:
+def corpus_path(model_dir: str, name: str) -> str:
     """``MODEL_DIR/corpus/<name>`` (gin: the corpus and vocabulary locations)."""
     return os.path.join(model_dir, "corpus", name)
 
@@ -94,10 +92,9 @@ def _filter_file(path: str, exclude: set[bytes]) -> int:
     return len(lines) - len(kept)
 
 
-@gin.configurable(module="xlmeta_jax.experiment")
 def prepare_shared_corpus(
-    model_dir: str = gin.REQUIRED,
-    shared_data_dir: str = gin.REQUIRED,
+    model_dir: str,
+    shared_data_dir: str,
     languages: Sequence[str] | None = None,
     vocab_size: int = 8000,
     alpha: float = 0.3,
@@ -118,8 +115,6 @@ def prepare_shared_corpus(
         sentences; documents only matter to the packing of blocks).
       seed: vocabulary sample and training seed.
     """
-    from xlmeta_jax.data import english_pd, vocabulary
-
     root = corpus_path(model_dir, "")
     if os.path.isfile(os.path.join(root, "manifest.json")):
         log.info("corpus and vocabulary prepared earlier in %s", root)
@@ -133,7 +128,7 @@ def prepare_shared_corpus(
         raise FileNotFoundError(f"no Leipzig sentences for {missing} in {shared_data_dir}")
     to_leipzig = {v: k for k, v in LEIPZIG_TO_CC100.items()}
 
-    with run_dir.built_whole(root) as tmp:
+    with files.built_whole(root) as tmp:
         log.info("writing the corpus from %s (English: english_pd; %d languages: Leipzig)",
                  shared_data_dir, len(languages))
         exclude = evaluation_keys(shared_data_dir)

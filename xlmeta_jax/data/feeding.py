@@ -41,7 +41,7 @@ class MLMIterator:
         mesh: the device mesh; batches are sharded with ``batch_spec``.
         global_batch_size: rows of a global batch (over all processes).
         """
-        from clu.data import dataset_iterator
+        from clu.data import dataset_iterator  # noqa: PLC0415 - clu imports TensorFlow; only where it is used
 
         self._iterator = dataset_iterator.TfDatasetIterator(dataset, checkpoint=True)
         self._mesh = mesh
@@ -73,7 +73,7 @@ class MLMIterator:
 
     def restore(self, filename: str) -> None:
         """Restores a state written by :meth:`save`; the next batch is the one after it."""
-        import tensorflow as tf
+        import tensorflow as tf  # noqa: PLC0415 - TensorFlow only where tf.data runs
 
         if not tf.io.gfile.exists(f"{filename}.index"):
             raise FileNotFoundError(f"no data iterator state at {filename} (.index missing)")
@@ -87,7 +87,7 @@ class MLMIterator:
 
 def _keep_tensorflow_off_accelerators() -> None:
     """The input pipeline runs on the host CPU; the accelerators belong to JAX (as t5x)."""
-    import tensorflow as tf
+    import tensorflow as tf  # noqa: PLC0415 - TensorFlow only where tf.data runs
 
     try:
         tf.config.set_visible_devices([], "GPU")
@@ -141,7 +141,7 @@ def host_dataset(
     Raises:
       CorpusError: for a name that is not registered.
     """
-    import seqio
+    import seqio  # noqa: PLC0415 - seqio (TensorFlow) only where data is read
 
     if cache_dir:
         seqio.add_global_cache_dirs([cache_dir])
@@ -216,7 +216,7 @@ def make_mlm_iterator(
       ValueError: for a batch size that does not divide over processes or the
         mesh's batch shards; CorpusError for a name that is not registered.
     """
-    import tensorflow as tf
+    import tensorflow as tf  # noqa: PLC0415 - TensorFlow only where tf.data runs
 
     host_batch = _check_batch(int(global_batch_size), mesh)
     _keep_tensorflow_off_accelerators()

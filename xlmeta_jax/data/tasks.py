@@ -15,12 +15,13 @@ import dataclasses
 import functools
 import logging
 import math
+from collections.abc import Sequence
 
 import seqio
 import tensorflow as tf
 
 from xlmeta_jax.data import corpora as corpora_lib
-from xlmeta_jax.data import preprocessors, providers, vocabulary
+from xlmeta_jax.data import preprocessors, providers, rates, vocabulary
 from xlmeta_jax.data import task_names as names
 from xlmeta_jax.data import text_files as mixtures
 from xlmeta_jax.data.languages import mc4_split_name
@@ -77,7 +78,7 @@ class _Plan:
         )
 
     def add_mixture(self, name, task_by_lang, counts, alpha):
-        probs = mixtures.alpha_probabilities(counts, alpha)
+        probs = rates.alpha_probabilities(counts, alpha)
         log.info("%s: alpha=%s sampling probabilities %s", name, alpha,
                  {k: round(v, 5) for k, v in probs.items()})
         self.mixtures[name] = [(task_by_lang[lang], q) for lang, q in probs.items()]
@@ -156,7 +157,7 @@ def _cc100(plan: _Plan) -> None:
             language=lang,
         )
     if c.cc100_counts is not None:
-        counts = mixtures.given_counts(c.cc100_counts, langs, what="cc100_counts")
+        counts = rates.given_counts(c.cc100_counts, langs, what="cc100_counts")
     plan.add_mixture(names.CC100_MIXTURE, names.CC100_TASKS, counts, c.alpha)
 
 
@@ -184,7 +185,7 @@ def _mc4(plan: _Plan) -> None:
             language=lang,
         )
     if c.mc4_counts is not None:
-        counts = mixtures.given_counts(c.mc4_counts, langs, what="mc4_counts")
+        counts = rates.given_counts(c.mc4_counts, langs, what="mc4_counts")
     plan.add_mixture(names.MC4_MIXTURE, names.MC4_TASKS, counts, c.alpha)
 
 
@@ -274,6 +275,33 @@ def register(
     if not added:
         log.info("tasks.register: no corpus configured, nothing registered")
     return tuple(added)
+
+
+# The setting that registers each task or mixture, for the error naming it.
+_SETTING = {
+    names.ENGLISH_TEXT_TASK: "ENGLISH_FILES (Corpora.english_files; gin/data/english_files.gin)",
+    names.ENGLISH_TFDS_TASK: "ENGLISH_TFDS_NAME (Corpora.english_tfds_name; "
+    "gin/data/english_tfds.gin)",
+    names.CC100_MIXTURE: "CC100_DIR (Corpora.cc100_dir; gin/data/cc100.gin)",
+    names.MC4_MIXTURE: "Corpora.mc4_tfds_name (gin/data/mc4.gin)",
+}
+
+
+def check_registered(name: str, registered: Sequence[str]) -> str:
+    """``name`` if it is among the ``registered`` names :func:`register` returned.
+
+    Raises:
+      CorpusError: naming the setting that registers ``name`` when it is missing.
+    """
+    if name not in registered:
+        hint = next(
+            (v for k, v in _SETTING.items() if name == k or name.startswith(k + "_")), None
+        )
+        raise mixtures.CorpusError(
+            f"{name} is not registered by the configured corpora (registered: "
+            f"{sorted(registered) or 'none'})" + (f"; set {hint}" if hint else "")
+        )
+    return name
 
 
 def language_probabilities(mixture_name: str) -> dict[str, float]:

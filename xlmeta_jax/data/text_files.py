@@ -23,13 +23,14 @@ only for paths with a ``scheme://``).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import gzip
 import hashlib
 import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from xlmeta_jax import errors, files
 
@@ -130,7 +131,6 @@ def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
         if _is_remote(pattern):
             matched = sorted(_gfile().glob(pattern))
         else:
-            import glob
 
             matched = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
         if not matched:
@@ -488,70 +488,3 @@ def estimate_tokens(
         raise CorpusError(f"no text to sample tokens from in {[s.path for s in stats]}")
     sample_tokens = sum(len(ids) for ids in encode(sample))
     return sum(s.text_bytes for s in stats) * sample_tokens / sample_bytes
-
-
-def given_counts(
-    counts: Mapping[str, float], languages: Sequence[str], *, what: str
-) -> dict[str, float]:
-    """n_l of ``languages`` from user-given ``counts``; names ``what`` when one lacks it."""
-    missing = [lang for lang in languages if lang not in counts]
-    if missing:
-        raise CorpusError(f"{what} lacks {missing}")
-    return {lang: counts[lang] for lang in languages}
-
-
-def check_alpha(alpha: float) -> float:
-    """Validates the sampling exponent: 0 < alpha <= 1."""
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        raise CorpusError(f"alpha must be a number in (0, 1], got {alpha!r}") from None
-    if not (0.0 < value <= 1.0) or math.isnan(value):
-        raise CorpusError(
-            f"alpha must be in (0, 1] (1 = proportional to size, XLM-R uses 0.3), got {alpha!r}"
-        )
-    return value
-
-
-def alpha_probabilities(counts: Mapping[str, float], alpha: float) -> dict[str, float]:
-    """Sampling probabilities ``q_l = n_l^alpha / sum_k n_k^alpha``.
-
-    Raises:
-      CorpusError: if alpha is outside (0, 1], the mapping is empty or a count is
-        not a positive finite number.
-    """
-    alpha = check_alpha(alpha)
-    if not counts:
-        raise CorpusError("no languages to mix")
-    for lang, n in counts.items():
-        if not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
-            raise CorpusError(f"language {lang!r}: count n_l must be a positive number, got {n!r}")
-    # Computed in log space: n**alpha of 1e12 lines stays finite either way, but
-    # the log form keeps tiny languages exact relative to huge ones.
-    logs = {lang: alpha * math.log(n) for lang, n in counts.items()}
-    top = max(logs.values())
-    weights = {lang: math.exp(v - top) for lang, v in logs.items()}
-    total = sum(weights.values())
-    return {lang: w / total for lang, w in weights.items()}
-
-
-def sample_counts(
-    probabilities: Mapping[str, float], total: int
-) -> dict[str, int]:
-    """Splits ``total`` draws by probability (largest remainder; every language >= 1)."""
-    if total < len(probabilities):
-        raise CorpusError(f"cannot draw {total} samples over {len(probabilities)} languages")
-    raw = {lang: p * total for lang, p in probabilities.items()}
-    out = {lang: max(1, int(math.floor(v))) for lang, v in raw.items()}
-    rest = total - sum(out.values())
-    order = sorted(raw, key=lambda lang: raw[lang] - math.floor(raw[lang]), reverse=True)
-    i = 0
-    while rest > 0:
-        out[order[i % len(order)]] += 1
-        rest -= 1
-        i += 1
-    while rest < 0:  # the max(1, .) floor overshot: take from the largest
-        lang = max(out, key=out.get)
-        out[lang] -= 1
-        rest += 1
-    return out

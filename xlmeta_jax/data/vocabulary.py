@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from xlmeta_jax import errors
+from xlmeta_jax.data import rates
 from xlmeta_jax.data import text_files as mixtures
 from xlmeta_jax.data.languages import UNSPACED_LANGUAGES, XLMR_LANGUAGE_NAMES
 
@@ -143,7 +144,7 @@ def sample_training_lines(
     Returns:
       (lines per language, q per language).
     """
-    alpha = mixtures.check_alpha(alpha)
+    alpha = rates.check_alpha(alpha)
     files_by_lang = {}
     for lang, files in text_files_by_lang.items():
         files_by_lang[lang] = mixtures.list_text_files(files, what=f"vocabulary text for {lang!r}")
@@ -153,8 +154,8 @@ def sample_training_lines(
             files, max_line_bytes=max_line_bytes, cache_dir=stats_cache_dir
         )
         line_counts[lang] = mixtures.count(stats, "lines")
-    q = mixtures.alpha_probabilities(dict(counts) if counts else line_counts, alpha)
-    draws = mixtures.sample_counts(q, int(num_lines))
+    q = rates.alpha_probabilities(dict(counts) if counts else line_counts, alpha)
+    draws = rates.sample_counts(q, int(num_lines))
     out: dict[str, list[str]] = {}
     for lang, files in files_by_lang.items():
         n, m = line_counts[lang], draws[lang]

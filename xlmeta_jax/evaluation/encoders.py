@@ -4,10 +4,10 @@ Accepted values:
 
 * a pretraining checkpoint of ``xlmeta_jax.train`` (``MODEL_DIR``, ``MODEL_DIR/phaseN``
   or a step directory) or a directory written by ``python -m xlmeta_jax.hf to_flax``
-  (the same format), read with ``xlmeta_jax.pretrain.checkpoints.load_pretrained``; the
+  (the same format), read with ``xlmeta_jax.pretrain.loading.load_pretrained``; the
   vocabulary is the one recorded in the checkpoint (or ``vocab_path``);
 * a Hugging Face XLM-R ``save_pretrained`` directory (it holds ``config.json``),
-  converted with ``xlmeta_jax.interop.hf.convert.load_hf``; the tokenizer is its
+  converted with ``xlmeta_jax.interop.hf.weights.load_hf``; the tokenizer is its
   ``sentencepiece.bpe.model`` with fairseq ids;
 * ``init:<size>`` (``init:tiny``, ...): a freshly initialised encoder of that size — for
   demos and tests only; needs ``vocab_path``.
@@ -71,7 +71,7 @@ def load_encoder(
     if not p.exists():
         raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} does not exist")
     if (p / "config.json").is_file():
-        from xlmeta_jax.interop.hf import convert as hf
+        from xlmeta_jax.interop.hf import weights as hf
 
         cfg, params = hf.load_hf(p, allow_pickle=allow_pickle)
         vocab = vocab_path or os.fspath(p / HF_SPM_NAME)
@@ -81,9 +81,9 @@ def load_encoder(
             )
         tokenizer, source = Tokenizer(vocab, "fairseq"), "hf"
     else:
-        from xlmeta_jax.pretrain import checkpoints
+        from xlmeta_jax.pretrain import loading
 
-        cfg, params, recorded_vocab = checkpoints.load_pretrained(path)
+        cfg, params, recorded_vocab = loading.load_pretrained(path)
         vocab = vocab_path or recorded_vocab
         if not vocab:
             raise ValueError(f"checkpoint {path} records no vocabulary; pass vocab_path")

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from xlmeta_jax import errors
+from xlmeta_jax.data import task_names as names
 from xlmeta_jax.model.optimizer import OptimizerConfig
 from xlmeta_jax.pretrain import trainer
 
@@ -96,7 +97,6 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
     if arm == "joint":
         # tasks.register adds it when Corpora.joint_english_share is set (the experiment
         # sets budget.english_share). Imported here: ``tasks`` pulls in seqio.
-        from xlmeta_jax.data import task_names as names
 
         return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":

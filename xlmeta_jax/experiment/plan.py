@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable
 
 import gin
+import jax
 
 from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.evaluation import finetuning, readers
 from xlmeta_jax.experiment.arms import phase_tokens
 from xlmeta_jax.experiment.runner import (
     Experiment,
@@ -26,6 +28,10 @@ from xlmeta_jax.experiment.runner import (
     format_duration,
     pretraining_done,
 )
+from xlmeta_jax.model import partitioning
+from xlmeta_jax.pretrain import checkpoints
+from xlmeta_jax.pretrain import step as step_lib
+from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
 
 def _train_setting(name: str, default):
@@ -43,11 +49,6 @@ def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float,
     time over wall time x cores while stepping (on the CPU backend; 1.0 elsewhere): on
     a machine other jobs share it is below what the step would use alone.
     """
-    import jax
-
-    from xlmeta_jax.model import partitioning
-    from xlmeta_jax.pretrain import step as step_lib
-    from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
     mesh = partitioning.create_mesh(*_train_setting("mesh_shape", (-1, 1, 1)))
     fns = step_lib.make_step_functions(exp.model, exp.phases(exp.arms[0])[0].optimizer_config(),
@@ -91,7 +92,6 @@ def _rates_from_runs(exp: Experiment) -> tuple[float, float] | None:
 
 def _phase_progress(exp: Experiment, arm: str, seed: int) -> list[int]:
     """Steps already checkpointed per phase of one run (0 where none)."""
-    from xlmeta_jax.pretrain import checkpoints
 
     if pretraining_done(exp, arm, seed) is not None:
         return [p.num_steps for p in exp.phases(arm)]
@@ -227,7 +227,6 @@ def estimate_eval_seconds(exp: Experiment, task: str, step_s: float, compile_s: 
                 finished.append(float(results["total_seconds"]))
     if finished:
         return sum(finished) / len(finished) + compile_s
-    from xlmeta_jax.evaluation import finetuning, readers
 
     gin.clear_config()
     gin_cli.apply_gin([f"finetune/{task}.gin", *exp.finetune_gin_files],

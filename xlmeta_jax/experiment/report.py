@@ -232,10 +232,10 @@ def _pretraining_table(results: Mapping[str, Any]) -> list[str]:
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib only when plotting
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
 
     return plt
 

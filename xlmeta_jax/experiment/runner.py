@@ -14,6 +14,7 @@ plan, checked on resume), ``config.gin``, ``results.json``, ``report.md``, ``*.p
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import math
@@ -26,7 +27,11 @@ import gin
 import jax
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.cli import finetune as finetune_cli
+from xlmeta_jax.data import feeding
+from xlmeta_jax.data.corpora import Corpora
+from xlmeta_jax.evaluation import readers
+from xlmeta_jax.experiment import report as experiment_report
 from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
 from xlmeta_jax.model import network
 from xlmeta_jax.model.optimizer import OptimizerConfig
@@ -63,6 +68,12 @@ class Experiment:
     finetune_seeds: int
     data_dir: str | None
     prepare: Callable[[], Any] | None
+    # The corpora the arms' tasks are registered from (the joint arm's English share is
+    # set from the budget), and the feeder of their batches (see trainer.train).
+    corpora: Corpora = dataclasses.field(default_factory=Corpora)
+    feeder: Callable[..., Any] = feeding.make_mlm_iterator
+    # The experiment's configuration, written to MODEL_DIR/config.gin.
+    config_text: str | None = None
 
     def phases(self, arm: str) -> list[trainer.Phase]:
         return arm_phases(arm, self.budget, english_task=self.english_task,
@@ -85,27 +96,29 @@ class Experiment:
         }
 
 
-@gin.configurable(module="xlmeta_jax.experiment")
 def experiment(
     *,
     name: str = "experiment",
-    model_dir: str = gin.REQUIRED,
+    model_dir: str,
     arms: Sequence[str] = ARMS,
     seeds: Sequence[int] = (0, 1),
-    meta_steps: int = gin.REQUIRED,
-    xling_steps: int = gin.REQUIRED,
-    batch_size: int = gin.REQUIRED,
-    sequence_length: int = gin.REQUIRED,
-    model: network.EncoderConfig = gin.REQUIRED,
-    optimizer: OptimizerConfig = gin.REQUIRED,
-    english_task: str = gin.REQUIRED,
-    xling_mixture: str = gin.REQUIRED,
+    meta_steps: int,
+    xling_steps: int,
+    batch_size: int,
+    sequence_length: int,
+    model: network.EncoderConfig,
+    optimizer: OptimizerConfig,
+    english_task: str,
+    xling_mixture: str,
     tasks: Sequence[str] = ("pawsx", "xnli", "panx", "udpos", "tatoeba"),
     finetune_gin_files: Sequence[str] = (),
     finetune_bindings: Sequence[str] = (),
     finetune_seeds: int = 1,
     data_dir: str | None = None,
     prepare: Callable[[], Any] | None = None,
+    corpora: Corpora | None = None,
+    feeder: Callable[..., Any] = feeding.make_mlm_iterator,
+    config_text: str | None = None,
 ) -> Experiment:
     """The experiment's settings, checked (gin entry point of the experiment).
 
@@ -131,6 +144,9 @@ def experiment(
       data_dir: evaluation data, laid out like ``../shared/data`` (the fine-tune
         command's DATA_DIR; None: its default).
       prepare: called once before anything trains (e.g. writes the corpus and vocabulary).
+      corpora: the corpus settings of the pretraining tasks (default: ``Corpora()``).
+      feeder: builds a phase's batches (``feeding.make_mlm_iterator``).
+      config_text: the experiment's configuration, for MODEL_DIR/config.gin.
     """
     arms = tuple(arms)
     bad = [a for a in arms if a not in ARMS]
@@ -155,7 +171,6 @@ def experiment(
                               f"(@xlmeta_jax.model.optimizer.OptimizerConfig()), got "
                               f"{type(optimizer).__name__}")
     tasks = tuple(tasks)
-    from xlmeta_jax.evaluation import readers
 
     unknown = [t for t in tasks if t not in readers.TASKS]
     if unknown or len(set(tasks)) != len(tasks):
@@ -169,6 +184,13 @@ def experiment(
         finetune_gin_files=tuple(finetune_gin_files),
         finetune_bindings=tuple(finetune_bindings), finetune_seeds=finetune_seeds,
         data_dir=data_dir, prepare=prepare,
+        # The joint arm's mixture takes the meta arm's English share (tasks.register adds
+        # xlmeta_joint with it).
+        corpora=dataclasses.replace(Corpora() if corpora is None else corpora,
+                                    joint_english_share=Budget(
+                                        meta_steps, xling_steps, batch_size,
+                                        sequence_length).english_share),
+        feeder=feeder, config_text=config_text,
     )
     for arm in arms:
         try:
@@ -254,7 +276,8 @@ def pretrain(exp: Experiment, arm: str, seed: int) -> dict:
     log.info("[%s seed %d] pretraining: %s", arm, seed,
              " then ".join(f"{p.task} x {p.num_steps} steps" for p in exp.phases(arm)))
     return trainer.train(model_dir=exp.run_dir(arm, seed), model=exp.model,
-                         phases=exp.phases(arm), seed=seed)
+                         phases=exp.phases(arm), seed=seed, corpora=exp.corpora,
+                         feeder=exp.feeder, config_text=exp.config_text)
 
 
 def final_checkpoint(exp: Experiment, arm: str, seed: int) -> str | None:
@@ -292,7 +315,6 @@ def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
     if done is not None:
         log.info("[%s seed %d] %s evaluated earlier", arm, seed, task)
         return done
-    from xlmeta_jax.cli import finetune as finetune_cli
 
     argv = finetune_argv(exp, arm, seed, task)
     log.info("[%s seed %d] %s: python -m xlmeta_jax.finetune %s", arm, seed, task,
@@ -311,10 +333,9 @@ def loss_curve(exp: Experiment, arm: str, seed: int) -> dict[str, list]:
     A resumed phase logs some steps twice; the last value written wins.
     """
     try:
-        import tensorflow as tf
+        import tensorflow as tf  # noqa: PLC0415 - TensorFlow only where tf.data runs
     except ImportError:
         return {"tokens": [], "loss": [], "phase": []}
-    import glob
 
     curve: dict[str, list] = {"tokens": [], "loss": [], "phase": []}
     tokens_before = 0
@@ -359,7 +380,6 @@ def _evaluation_summary(results: dict) -> dict:
 
 def collect(exp: Experiment, command: str = "") -> dict:
     """The experiment's results.json content: everything finished so far."""
-    from xlmeta_jax.experiment import report as experiment_report
 
     runs = {}
     for arm in exp.arms:
@@ -399,7 +419,6 @@ def collect(exp: Experiment, command: str = "") -> dict:
 
 def write_results(exp: Experiment, command: str = "") -> dict:
     """Writes MODEL_DIR/results.json, report.md and the plots; returns the results."""
-    from xlmeta_jax.experiment import report as experiment_report
 
     results = collect(exp, command)
     if jax.process_index() != 0:
@@ -425,7 +444,7 @@ def check_hosts(exp: Experiment) -> None:
         raise ExperimentError(
             f"the experiment's evaluations run on one host: this is process "
             f"{jax.process_index()} of {jax.process_count()}; pretrain on the pod with "
-            "--gin.xlmeta_jax.experiment.experiment.tasks=[] and rerun the command without "
+            "--gin.xlmeta_jax.experiment.runner.experiment.tasks=[] and rerun the command without "
             "it on one host (one VM) to evaluate")
 
 
@@ -435,17 +454,12 @@ def run(exp: Experiment, command: str = "") -> dict:
     # One writer of the experiment's own files when a pod pretrains (check_hosts).
     writer = jax.process_index() == 0
     _check_model_dir(exp, write=writer)
-    if writer:
-        gin_cli.write_config(exp.model_dir)
+    if writer and exp.config_text is not None:
+        files.write_atomic(os.path.join(exp.model_dir, "config.gin"), exp.config_text)
     t0 = time.time()
     todo = [(a, s) for a in exp.arms for s in exp.seeds if pretraining_done(exp, a, s) is None]
     if todo and exp.prepare is not None:
         exp.prepare()
-    # The joint arm's mixture takes the meta arm's English share (tasks.register adds
-    # xlmeta_joint with it when the trainer registers the corpora).
-    with gin.unlock_config():
-        gin.bind_parameter("xlmeta_jax.data.corpora.Corpora.joint_english_share",
-                           exp.budget.english_share)
     for arm in exp.arms:
         for seed in exp.seeds:
             pretrain(exp, arm, seed)

@@ -25,6 +25,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from xlmeta_jax import errors
@@ -130,7 +131,6 @@ def create_mesh(
     devices = jax.devices() if devices is None else list(devices)
     shape = mesh_shape_for(data, fsdp, tensor, num_devices=len(devices))
     try:
-        from jax.experimental import mesh_utils
 
         dev_array = mesh_utils.create_device_mesh(shape, devices=devices)
     except Exception:  # noqa: BLE001 - topology-unaware fallback (e.g. fake CPU devices)

@@ -25,15 +25,14 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint import checkpoint_managers as policies
 
 from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_space
 from xlmeta_jax.model.network import EncoderConfig
@@ -45,7 +44,6 @@ CHECKSUMS = "checksums"  # key of the metadata item: checksums.record() of the s
 # `python -m t5x.train` (gin/meta.gin, gin/xlmr.gin) writes <run>/checkpoint_<step>/state with the
 # parameters under "target", and our encoder configuration as <run>/xlmeta_model.json.
 T5X_PARAMS, T5X_MODEL_INFO = "target", "xlmeta_model.json"
-_T5X_STEP = re.compile(r"checkpoint_(\d+)")
 
 
 def absolute(path) -> str:
@@ -189,7 +187,6 @@ class PhaseCheckpoints:
     ):
         self.directory = epath.Path(absolute(directory))
         _filter_orbax_logs()
-        from orbax.checkpoint import checkpoint_managers as policies
 
         options = ocp.CheckpointManagerOptions(
             # Every `save_interval_steps` and on preemption; unlike Orbax's default,
@@ -480,44 +477,6 @@ def restore_params(step_dir, abstract_params=None):
     return restore_items(step_dir, {key: abstract_params})[key]
 
 
-def configured_phases(model_dir) -> list[str] | None:
-    """Phase names of the run in ``model_dir``, in training order, read from the
-    ``config.gin`` the run wrote (``train.phases`` and each ``Phase.name``); None when
-    there is no such file or it names no phases."""
-    path = epath.Path(model_dir) / "config.gin"
-    if not path.exists():
-        return None
-    text = path.read_text()
-    found = re.search(r"^\S*train\.phases = (?:\\\n\s*)?\[(.*?)\]", text, re.M | re.S)
-    if not found:
-        return None
-    names = []
-    for scope in re.findall(r"@(?:([\w.]+)/)?[\w.]*Phase\(\)", found.group(1)):
-        prefix = re.escape(scope + "/") if scope else ""
-        name = re.search(rf"^{prefix}(?:[\w.]*\.)?Phase\.name = '([^']+)'", text, re.M)
-        if name is None:
-            return None
-        names.append(name.group(1))
-    return names or None
-
-
-def _final_step_dir(phase_dir: epath.Path) -> epath.Path:
-    steps = sorted(
-        int(p.name) for p in phase_dir.iterdir() if p.name.isdigit() and (p / STATE).exists()
-    )
-    if not steps:
-        raise CheckpointError(f"phase directory {phase_dir} holds no checkpoint yet")
-    step_dir = phase_dir / str(steps[-1])
-    meta = read_meta(step_dir)
-    done, total = meta.get("phase_step"), meta.get("num_steps")
-    if done is not None and total is not None and done != total:
-        raise CheckpointError(
-            f"phase {phase_dir.name!r} is not finished (latest checkpoint: step {done} of "
-            f"{total}); to use it anyway, name the step directory: {step_dir}"
-        )
-    return step_dir
-
-
 def _check_shapes(step_dir, stored, expected) -> None:
     """Names the first parameter whose stored shape differs from the expected one."""
     leaves = jax.tree_util.tree_leaves_with_path(stored, is_leaf=lambda x: hasattr(x, "shape"))
@@ -532,101 +491,3 @@ def _check_shapes(step_dir, stored, expected) -> None:
                 f"checkpoint {step_dir}: parameter {key} has shape {tuple(have.shape)}, the "
                 f"configured model needs {tuple(want.shape)}"
             )
-
-
-def _t5x_phases(model_dir: epath.Path) -> list[str] | None:
-    """Phases of a t5x run (gin/meta.gin), as its phase directories' model info names them."""
-    for info in sorted(model_dir.glob(f"*/{T5X_MODEL_INFO}")):
-        phases = json.loads(info.read_text()).get("phases")
-        if phases:
-            return list(phases)
-    return None
-
-
-def _t5x_final_step_dir(run_dir: epath.Path) -> epath.Path:
-    """The last ``checkpoint_<step>`` of a t5x run directory; refused if the run is unfinished."""
-    steps = sorted(
-        int(m.group(1)) for p in run_dir.iterdir()
-        if (m := _T5X_STEP.fullmatch(p.name)) and (p / STATE).exists()
-    )
-    if not steps:
-        raise CheckpointError(f"t5x run directory {run_dir} holds no checkpoint yet")
-    step_dir = run_dir / f"checkpoint_{steps[-1]}"
-    total = json.loads((run_dir / T5X_MODEL_INFO).read_text()).get("train_steps")
-    if total is not None and steps[-1] != total:
-        raise CheckpointError(
-            f"{run_dir.name!r} is not finished (latest checkpoint: step {steps[-1]} of "
-            f"{total}); to use it anyway, name the step directory: {step_dir}"
-        )
-    return step_dir
-
-
-def find_step_dir(path) -> epath.Path:
-    """Resolves a checkpoint path to a step directory.
-
-    * ``MODEL_DIR/phaseN/<step>``: that step, finished or not (named explicitly);
-    * a phase directory: its final checkpoint; an unfinished phase is refused;
-    * a run's MODEL_DIR: the final checkpoint of the *last configured* phase (per the
-      run's config.gin: ``phase2`` of meta-pretraining, ``xlmr`` of the baseline);
-      refused while that phase is unfinished, even when an earlier one is complete.
-      Without a config.gin, a directory holding exactly one phase resolves to it;
-    * the same for ``python -m t5x.train``'s layout: ``<run>/checkpoint_<step>``, a run
-      (or phase) directory, and gin/meta.gin's MODEL_DIR (``phase2`` is the last phase).
-    """
-    path = epath.Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint path {path} does not exist")
-    if (path / STATE).exists():
-        return path
-    if any(p.name.isdigit() for p in path.iterdir()):
-        return _final_step_dir(path)
-    if (path / T5X_MODEL_INFO).exists():
-        return _t5x_final_step_dir(path)
-    phases = configured_phases(path) or _t5x_phases(path)
-    if phases is None:
-        # No config.gin (e.g. a copied run): only an unambiguous single phase resolves.
-        present = sorted(p.name for p in path.iterdir() if p.is_dir() and any(
-            q.name.isdigit() and (q / STATE).exists() for q in p.iterdir()))
-        if len(present) != 1:
-            found = f"phases {present}" if present else "no phase checkpoints"
-            raise CheckpointError(
-                f"{path} has no config.gin naming its phases and holds {found}: pass "
-                "MODEL_DIR/<phase> or MODEL_DIR/<phase>/<step>"
-            )
-        phases = present
-    last = path / phases[-1]
-    if not last.exists():
-        raise CheckpointError(
-            f"the last configured phase {phases[-1]!r} of {path} has not started; name an "
-            "earlier phase's directory or step to use it"
-        )
-    if (last / T5X_MODEL_INFO).exists():
-        return _t5x_final_step_dir(last)
-    return _final_step_dir(last)
-
-
-def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
-    """Loads a pretraining checkpoint for fine-tuning or evaluation.
-
-    Args:
-      path: MODEL_DIR, a phase directory or a step directory, of our trainer or of
-        ``python -m t5x.train`` (``checkpoint_<step>`` directories).
-
-    Returns:
-      (encoder config, params as host arrays, vocabulary path or None).
-    """
-    step_dir = find_step_dir(path)
-    t5x_info = step_dir.parent / T5X_MODEL_INFO
-    if not (step_dir / META).exists() and t5x_info.exists():
-        meta = json.loads(t5x_info.read_text())
-    else:
-        meta = read_meta(step_dir)
-    try:
-        cfg = EncoderConfig(**meta["model_config"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(
-            f"checkpoint metadata of {step_dir} has no valid model_config ({first_line(e)})"
-        ) from None
-    params = restore_params(step_dir)
-    params = jax.tree.map(np.asarray, params)
-    return cfg, params, meta.get("vocab_path")

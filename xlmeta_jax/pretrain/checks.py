@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import jax
+import sentencepiece as spm
 
 from xlmeta_jax import errors
-from xlmeta_jax.cli import configurables
-from xlmeta_jax.cli import configurables as corpus
-from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.model import network, partitioning
 from xlmeta_jax.pretrain import checkpoints, run_dir, step
 
@@ -39,15 +37,24 @@ def check_model_dir(model_dir: str) -> None:
 
 
 def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.Phase], mesh_shape,
-             num_devices: int, microbatches: int = 1) -> tuple[int, int, int]:
-    """Raises ConfigError naming the first bad setting; returns the mesh shape."""
+             num_devices: int, microbatches: int = 1, *,
+             describe: Callable[[str], str] = str) -> tuple[int, int, int]:
+    """Checks a run's settings; returns the mesh shape.
+
+    Args:
+      model_dir, model, phases, mesh_shape, microbatches: as :func:`trainer.train`.
+      num_devices: the devices the mesh spans.
+      describe: names where a setting (a gin name) was given, for the messages.
+
+    Raises:
+      ConfigError: naming the first bad setting.
+    """
     if not model_dir:
         raise ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
     if not isinstance(model, network.EncoderConfig):
         raise ConfigError(f"train.model must be an EncoderConfig, got {type(model).__name__}")
     if not phases:
         raise ConfigError("train.phases is empty")
-    check_masking()
     try:
         shape = partitioning.mesh_shape_for(*mesh_shape, num_devices=num_devices)
     except partitioning.MeshShapeError as e:
@@ -56,7 +63,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
     try:
         step.check_microbatches(microbatches)
     except ValueError as e:
-        source = gin_cli.binding_source("xlmeta_jax.pretrain.trainer.train.microbatches")
+        source = describe("xlmeta_jax.pretrain.trainer.train.microbatches")
         raise ConfigError(f"{e} ({source})") from None
     seen = set()
     schedule_offset = {}
@@ -65,7 +72,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
         for field in ("num_steps", "batch_size", "sequence_length"):
             value = getattr(p, field)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                source = gin_cli.binding_source(
+                source = describe(
                     f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.{field}")
                 raise ConfigError(f"{where}: {field} ({source}) must be an integer > 0, "
                                   f"got {value!r}")
@@ -104,7 +111,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
         schedule_offset[p.name] = offset
         total = p.optimizer_config().total_steps
         if total < offset + p.num_steps:
-            source = gin_cli.binding_source(
+            source = describe(
                 f"{p.name}/xlmeta_jax.model.optimizer.OptimizerConfig.total_steps")
             raise ConfigError(
                 f"{where}: optimizer total_steps={total} ({source}) < step_offset {offset} + "
@@ -112,24 +119,6 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
                 f"{offset + p.num_steps - total} steps would train at its end learning rate"
             )
     return shape
-
-
-def check_masking() -> None:
-    """The gin-bound masking (``MASK_RATE``) is valid.
-
-    Checked with the rest of the configuration: a finished run would otherwise be
-    reported complete without ever building its masking.
-
-    Raises:
-      ConfigError: naming the binding (the macro, e.g. ``MASK_RATE``) and its value.
-    """
-    try:
-        corpus.Masking()
-    except ValueError as e:
-        source = "xlmeta_jax.model.mlm.Masking"
-        if "masking rate" in str(e):
-            source = gin_cli.binding_source(f"{source}.rate")
-        raise ConfigError(f"{source}: {e}") from None
 
 
 def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> None:
@@ -142,8 +131,6 @@ def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> No
         return
     if not os.path.isfile(vocab_path):
         raise ConfigError(f"VOCAB_PATH {vocab_path} does not exist")
-    import sentencepiece as spm
-
     sp = spm.SentencePieceProcessor()
     try:
         sp.Load(vocab_path)
@@ -186,14 +173,3 @@ def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.Encod
         return latest == phase.num_steps
     finally:
         ckpt.close()
-
-
-def configured_model() -> network.EncoderConfig:
-    """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
-    try:
-        return configurables.get_config()
-    except TypeError as e:
-        raise ConfigError(
-            "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
-            f"xlmeta_jax.model.network.get_config.size ({e})"
-        ) from None

@@ -13,6 +13,8 @@ import re
 
 import jax
 
+from xlmeta_jax import errors
+
 # Dense bf16 peak FLOP/s per device, from vendor datasheets (no sparsity).
 # NVIDIA: H100/H200 SXM 989.4 TFLOP/s, A100 312 TFLOP/s. Google Cloud TPU docs:
 # v4 275, v5e 197, v5p 459, v6e (Trillium) 918 TFLOP/s per chip; v2 and v3 (45 and
@@ -107,7 +109,7 @@ TPU_CHIPS = {
 }
 
 
-class UnknownSliceError(ValueError):
+class UnknownSliceError(errors.UserError, ValueError):
     """A slice name that is not a Cloud TPU accelerator type this table knows."""
 
 

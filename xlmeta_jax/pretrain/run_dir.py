@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import errno
@@ -23,11 +22,8 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import socket
 import sys
-import tempfile
-from collections.abc import Iterator
 
 from xlmeta_jax.errors import UserError
 
@@ -190,28 +186,3 @@ def check_stored_config(where: str, meta: dict, model, phase, data_seed: int | N
             f"{where} is at step {stored_step}, beyond the requested num_steps="
             f"{phase.num_steps} of phase {phase.name!r}"
         )
-
-
-@contextlib.contextmanager
-def built_whole(folder: str) -> Iterator[str]:
-    """Yields a temporary sibling of ``folder`` to build in, renamed to ``folder`` at the end.
-
-    An interrupted or failed build removes the temporary folder and leaves ``folder`` as
-    it was, so a rerun never mistakes half-written files for a prepared folder; a
-    successful one replaces ``folder`` whole (the rename is atomic on one file system).
-
-    Args:
-      folder: the folder to create, e.g. ``MODEL_DIR/corpus``.
-    """
-    folder = os.path.normpath(folder)
-    parent = os.path.dirname(folder) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
-    try:
-        yield tmp
-        if os.path.exists(folder):
-            shutil.rmtree(folder)
-        os.rename(tmp, folder)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)

@@ -16,6 +16,7 @@ import threading
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -65,7 +66,6 @@ class StopSignals:
             return self._received > 0
         if not sync_point:
             return False
-        from jax.experimental import multihost_utils
 
         flags = multihost_utils.process_allgather(np.int32(self._received > 0))
         return bool(np.max(flags))

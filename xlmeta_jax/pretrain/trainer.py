@@ -10,41 +10,37 @@ single-phase XLM-R baseline is one phase. Which phases run is gin config
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import gin
 import jax
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.cli import configurables as corpus
-from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.data import seeds
+from xlmeta_jax.data import feeding, seeds
+from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.model import network, partitioning
 from xlmeta_jax.model.optimizer import OptimizerConfig
-from xlmeta_jax.pretrain import checkpoints, flops, hardware, run_dir, step
+from xlmeta_jax.pretrain import checkpoints, flops, handoff, hardware, progress, run_dir, step
 from xlmeta_jax.pretrain import signals as interrupts
 from xlmeta_jax.pretrain.checks import (
     ConfigError,
     check_model_dir,
     check_vocabulary,
-    configured_model,
     phase_is_complete,
     validate,
 )
+from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
 log = logging.getLogger("xlmeta_jax.train")
 
 SYNTHETIC = "synthetic"
 
 
-@gin.configurable(module="xlmeta_jax.pretrain.trainer")
 @dataclasses.dataclass
 class Phase:
     """One pretraining phase. Meta-pretraining has two; the XLM-R baseline one."""
@@ -76,155 +72,28 @@ class Phase:
         )
 
 
-@gin.configurable(module="xlmeta_jax.pretrain.trainer")
-def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
-    """Sum of step counts (gin: the baseline's budget = META_STEPS + XLING_STEPS)."""
-    return int(sum(steps))
-
-
-def _make_iterator(phase: Phase, model: network.EncoderConfig, mesh, seed: int):
+def _make_iterator(run: _Run, phase: Phase, seed: int):
     if phase.task == SYNTHETIC:
-        from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
-
         return SyntheticMLMIterator(
             sequence_length=phase.sequence_length,
             global_batch_size=phase.batch_size,
-            mesh=mesh,
+            mesh=run.mesh,
             seed=seed,
-            vocab_size=model.vocab_size,
+            vocab_size=run.model.vocab_size,
             # The one masking setting (gin: MASK_RATE) shapes the synthetic batches too.
-            masking=corpus.Masking(),
+            masking=run.corpora.masking,
         )
-    # Registers the gin-configured corpora (tasks.register; TensorFlow and seqio are
-    # imported only here), then reads the phase's task or mixture.
-    corpus.registered(phase.task)
-    return corpus.make_mlm_iterator(
+    # Registers the corpora's seqio tasks, then reads the phase's task or mixture.
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
+
+    tasks.check_registered(phase.task, tasks.register(run.corpora))
+    return run.feeder(
         phase.task,
         sequence_length=phase.sequence_length,
         global_batch_size=phase.batch_size,
-        mesh=mesh,
+        mesh=run.mesh,
         seed=seed,
     )
-
-
-# ============================================================================
-# Progress: log lines, TensorBoard, ETA.
-# ============================================================================
-
-
-class _Writer:
-    """TensorBoard scalars via clu when TensorFlow is present, else logs only."""
-
-    def __init__(self, logdir: str):
-        self._writer = None
-        if jax.process_index() != 0:
-            return
-        try:
-            from clu import metric_writers
-
-            self._writer = metric_writers.SummaryWriter(logdir)
-        except Exception as e:  # noqa: BLE001 - TensorBoard is optional on TF-less hosts
-            log.warning("TensorBoard summaries disabled (%s)", e)
-
-    def scalars(self, step: int, values: dict):
-        if self._writer is not None:
-            self._writer.write_scalars(step, values)
-
-    def close(self):
-        if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
-
-
-def _fmt_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    return str(datetime.timedelta(seconds=int(seconds)))
-
-
-def _fmt_rate(x: float) -> str:
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
-
-
-# ============================================================================
-# Init / resume.
-# ============================================================================
-
-
-def _is_count(path) -> bool:
-    """Whether an optimizer-state leaf is a step counter (optax's ``count``)."""
-    return any(getattr(k, "name", None) == "count" for k in path)
-
-
-def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimizer: bool,
-                  reset_schedule: bool) -> step.TrainState:
-    """The initial state of a phase that starts from an earlier phase's checkpoint.
-
-    Parameters always come from ``step_dir``. With ``reset_optimizer`` only they (and,
-    without ``reset_schedule``, the step) are read, through Orbax's partial restore:
-    the earlier phase's AdamW moments never reach memory, and fresh ones are built
-    around the restored parameters in place. Without ``reset_optimizer`` the whole
-    state is restored and its moments are kept.
-
-    Args:
-      fns: the new phase's step functions (mesh, shardings, optimizer).
-      step_dir: the earlier phase's final step directory.
-      seed: init seed (only used when the earlier state is restored whole).
-      reset_optimizer: start from fresh AdamW moments.
-      reset_schedule: restart the step and the learning-rate schedule at 0.
-    """
-    if reset_optimizer:
-        wanted = {"params": fns.abstract_state.params}
-        if not reset_schedule:
-            wanted["step"] = fns.abstract_state.step
-        restored = checkpoints.restore_items(step_dir, wanted)
-        state = fns.from_params(restored["params"])
-        if reset_schedule:
-            return state
-        # optax's counters advance with the step (both start at 0 in every phase and
-        # move together), so the earlier step is also their value.
-        previous = restored["step"]
-        opt_state = jax.tree_util.tree_map_with_path(
-            lambda path, x: jax.device_put(previous.astype(x.dtype), x.sharding)
-            if _is_count(path) else x,
-            state.opt_state,
-        )
-        return state.replace(step=previous, opt_state=opt_state)
-    fresh = fns.init(jax.random.key(seed))
-    prev = checkpoints.PhaseCheckpoints(os.path.dirname(os.fspath(step_dir)),
-                                        save_interval_steps=1, max_to_keep=None, read_only=True)
-    try:
-        previous, _ = prev.restore(int(os.path.basename(os.fspath(step_dir))),
-                                   fns.abstract_state)
-    finally:
-        prev.close()
-
-    def pick(path, f, p):
-        return f if (_is_count(path) and reset_schedule) else p
-
-    opt_state = jax.tree_util.tree_map_with_path(pick, fresh.opt_state, previous.opt_state)
-    step_value = fresh.step if reset_schedule else previous.step
-    return step.TrainState(step=step_value, params=previous.params, opt_state=opt_state)
-
-
-def _initial_params(path: str, model: network.EncoderConfig):
-    """Params from INITIAL_CHECKPOINT_PATH: an xlmeta_jax checkpoint or an HF directory."""
-    if os.path.isfile(os.path.join(path, "config.json")):
-        from xlmeta_jax.interop.hf import convert as hf
-
-        cfg, params = hf.load_hf(path)
-    else:
-        cfg, params, _ = checkpoints.load_pretrained(path)
-    shape_of = lambda c: (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.mlp_dim)
-    if shape_of(cfg) != shape_of(model):
-        raise ConfigError(
-            f"INITIAL_CHECKPOINT_PATH {path}: its encoder {shape_of(cfg)} (vocab, hidden, layers, "
-            f"heads, mlp) does not match the configured model {shape_of(model)}"
-        )
-    return params
 
 
 # ============================================================================
@@ -249,6 +118,11 @@ class _Run:
     peak_flops: float | None
     rng_impl: str
     microbatches: int = 1
+    # Where the phases' batches come from (see train()).
+    corpora: Corpora = dataclasses.field(default_factory=Corpora)
+    feeder: Any = feeding.make_mlm_iterator
+    # MODEL_DIR/config.gin's text (None: not written).
+    config_text: str | None = None
     # Ctrl-C / SIGTERM handling while training (None: default signal behaviour).
     stop: Any = None
     mesh: Any = None
@@ -320,14 +194,14 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             run_dir.check_stored_config(os.fspath(prev.step_dir(prev_step)),
                                         prev.read_meta(prev_step), model, prev_phase)
             provenance = os.fspath(prev.step_dir(prev_step))
-            state = handoff_state(fns, provenance, run.seed,
+            state = handoff.handoff_state(fns, provenance, run.seed,
                                   reset_optimizer=phase.reset_optimizer,
                                   reset_schedule=phase.reset_schedule)
             step_offset = int(state.step)
             log.info("[%s] initialised from %s (reset_optimizer=%s, reset_schedule=%s)",
                      phase.name, provenance, phase.reset_optimizer, phase.reset_schedule)
         elif index == 0 and run.initial_checkpoint_path:
-            params = _initial_params(run.initial_checkpoint_path, model)
+            params = handoff.initial_params(run.initial_checkpoint_path, model)
             state = fns.from_params(jax.device_put(params, fns.state_sharding.params))
             provenance = run.initial_checkpoint_path
             log.info("[%s] parameters from %s", phase.name, provenance)
@@ -348,10 +222,12 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             "vocab_path": run.vocab_path,
             "initialized_from": provenance,
             "metrics": metrics,
+            # The run's phases in order: MODEL_DIR resolves to the last one (loading.py).
+            "run_phases": [p.name for p in run.phases],
         }
 
     # ---------------------------------------------------------- train loop
-    writer = _Writer(os.path.join(phase_dir, "train"))
+    writer = progress.Writer(os.path.join(phase_dir, "train"))
     # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.model.mlm).
     slots = iterator.element_spec["mlm_positions"].shape[-1]
     flops_per_token = flops.mlm_flops_per_token(model, phase.sequence_length, slots)
@@ -403,14 +279,14 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
                 "%s tok/s | MFU %s | ETA %s",
                 phase.name, phase_step, phase.num_steps, last_metrics["loss"],
                 last_metrics["accuracy"], last_metrics["learning_rate"],
-                last_metrics["grad_norm"], _fmt_rate(tok_s),
+                last_metrics["grad_norm"], progress.fmt_rate(tok_s),
                 f"{100 * mfu:.1f}%" if mfu is not None else "n/a",
-                _fmt_duration(remaining * step_s),
+                progress.fmt_duration(remaining * step_s),
             )
             t_log, steps_since_log = time.time(), 0
         if save_now and ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics),
                                   force=done) and run.config_pending:
-            gin_cli.write_config(run.model_dir)
+            _write_config(run)
             run.config_pending = False
         sync_point = save_now or phase_step % run.log_every == 0
         if not done and run.stop is not None and run.stop.requested(sync_point=sync_point):
@@ -474,12 +350,11 @@ def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> 
 # ============================================================================
 
 
-@gin.configurable(module="xlmeta_jax.pretrain.trainer")
 def train(
     *,
-    model_dir: str = gin.REQUIRED,
-    model: network.EncoderConfig | None = None,
-    phases: Sequence[Phase] = gin.REQUIRED,
+    model_dir: str,
+    model: network.EncoderConfig,
+    phases: Sequence[Phase],
     mesh_shape: Sequence[int] = (-1, 1, 1),
     seed: int = 0,
     checkpoint_every: int = 1000,
@@ -490,13 +365,17 @@ def train(
     vocab_path: str | None = None,
     rng_impl: str = "threefry2x32",
     microbatches: int = 1,
+    corpora: Corpora | None = None,
+    feeder: Callable[..., Any] = feeding.make_mlm_iterator,
+    config_text: str | None = None,
+    describe: Callable[[str], str] = str,
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
 
     Args:
       model_dir: run directory (checkpoints per phase, TensorBoard, config.gin).
-      model: encoder configuration; default: ``network.get_config()`` as gin/models/*.gin
-        bind it.
+      model: encoder configuration (gin: ``network.get_config()`` as gin/models/*.gin
+        bind it).
       phases: phases in order (``@phase1/Phase()``, ...).
       mesh_shape: (data, fsdp, tensor); one entry may be -1.
       seed: the run seed: parameter init, and through ``seeds.phase_seed`` each phase's
@@ -514,6 +393,14 @@ def train(
       microbatches: gradient accumulation (gin: MICROBATCHES): each step runs its batch
         as this many microbatches inside one jitted step, so a batch larger than the
         devices' memory holds trains with the same update (``step.accumulated_grads``).
+      corpora: the corpus settings the phases' tasks are registered from, with the
+        masking of every phase (the synthetic stream's too); default: ``Corpora()``.
+      feeder: builds a phase's iterator of global batches from its task
+        (``feeding.make_mlm_iterator``, whose options the command line binds).
+      config_text: the run's configuration, written to ``MODEL_DIR/config.gin`` by a
+        run that trains (the command line passes its gin config).
+      describe: names where a setting was given, for error messages (the command line
+        passes its gin lookup, e.g. ``'META_STEPS'`` for a phase's step count).
     """
     # ---------------------------------------------------------------- validate
     # Everything checkable is checked before any data is read or code compiled.
@@ -521,10 +408,9 @@ def train(
         raise ConfigError(
             f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}"
         )
-    if model is None:
-        model = configured_model()
+    corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
-                          microbatches)
+                          microbatches, describe=describe)
     check_vocabulary(vocab_path, model)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
@@ -540,7 +426,8 @@ def train(
                async_checkpointing=async_checkpointing, log_every=log_every,
                initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
                peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
-               microbatches=microbatches,
+               microbatches=microbatches, corpora=corpora, feeder=feeder,
+               config_text=config_text,
                phase_seeds=seeds.phase_seeds([p.task for p in phases], seed))
     try:
         with interrupts.StopSignals() as run.stop:
@@ -553,7 +440,7 @@ def train(
 
 def _train_all(run: _Run, mesh_shape) -> dict:
     model_dir, model, phases, stop = run.model_dir, run.model, run.phases, run.stop
-    run.mesh = mesh = partitioning.create_mesh(*mesh_shape)
+    run.mesh = partitioning.create_mesh(*mesh_shape)
     log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s", hardware.device_description(),
              mesh_shape,
              f"; {run.microbatches} microbatches per step" if run.microbatches > 1 else "")
@@ -568,13 +455,13 @@ def _train_all(run: _Run, mesh_shape) -> dict:
             iterators[p.name] = None
             continue
         log.info("[%s] building the input pipeline of %s", p.name, p.task)
-        iterators[p.name] = _make_iterator(p, model, mesh, seed=run.phase_seeds[i])
+        iterators[p.name] = _make_iterator(run, p, seed=run.phase_seeds[i])
     # A run that trains records its config: a new run now, a rerun with its first
     # checkpoint (run.config_pending); a rerun of a complete run leaves it alone.
     if jax.process_index() == 0 and any(it is not None for it in iterators.values()):
         run.config_pending = os.path.exists(os.path.join(model_dir, "config.gin"))
         if not run.config_pending:
-            gin_cli.write_config(model_dir)
+            _write_config(run)
 
     summary = {"model_dir": model_dir, "phases": []}
     for index, phase in enumerate(phases):
@@ -590,19 +477,10 @@ def _train_all(run: _Run, mesh_shape) -> dict:
     if jax.process_index() == 0 and any(p["steps_run_now"] for p in summary["phases"]):
         # The record that the run finished: written whole.
         files.write_atomic(os.path.join(model_dir, "summary.json"), json.dumps(summary, indent=2))
-    _log_summary(summary)
+    progress.log_summary(summary)
     return summary
 
 
-def _log_summary(summary: dict) -> None:
-    lines = [f"run {summary['model_dir']}:"]
-    lines.append(f"  {'phase':<8} {'task':<28} {'steps':>7} {'loss':>8} {'acc':>7}  checkpoint")
-    for p in summary["phases"]:
-        loss = f"{p['final_loss']:.4f}" if p["final_loss"] is not None else "-"
-        acc = f"{p['final_accuracy']:.4f}" if p["final_accuracy"] is not None else "-"
-        lines.append(
-            f"  {p['phase']:<8} {p['task'][:28]:<28} {p['steps']:>7} {loss:>8} {acc:>7}  "
-            f"{p['checkpoint']}"
-        )
-    lines.append(f"  TensorBoard: tensorboard --logdir {summary['model_dir']}")
-    log.info("\n".join(lines))
+def _write_config(run: _Run) -> None:
+    if run.config_text is not None:
+        files.write_atomic(os.path.join(run.model_dir, "config.gin"), run.config_text)

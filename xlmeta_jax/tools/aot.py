@@ -15,19 +15,19 @@ the smallest change that fits as the ``--gin.`` flags to add.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-import gin
 import jax
 
 from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.experiment.arms import Budget, arm_phases
 from xlmeta_jax.model import mlm, network, partitioning
-from xlmeta_jax.pretrain import flops
+from xlmeta_jax.pretrain import checks, flops
 from xlmeta_jax.pretrain.hardware import TpuSlice, UnknownSliceError, tpu_slice
 from xlmeta_jax.tools.aot_compile import (
     Compiled,
@@ -73,34 +73,21 @@ class RunConfig:
     trainer_phases: list = dataclasses.field(default_factory=list)
 
 
-def _bound(name: str, default):
-    """A gin parameter's value (references and macros evaluated), or ``default``."""
-    try:
-        value = gin.query_parameter(name)
-    except ValueError:
-        return default
-    # gin evaluates @references and %macros when it deep-copies a binding (as when it
-    # calls the configurable); required values stay unresolved and never reach here.
-    return copy.deepcopy(value)
-
-
 def configured_run() -> RunConfig:
     """The run the parsed gin config describes: ``trainer.train`` or an experiment."""
-    mask_rate = _bound("xlmeta_jax.model.mlm.Masking.rate", mlm.Masking().rate)
-    rng_impl = _bound("xlmeta_jax.pretrain.trainer.train.rng_impl", "threefry2x32")
-    mesh_shape = tuple(_bound("xlmeta_jax.pretrain.trainer.train.mesh_shape", (-1, 1, 1)))
-    microbatches = _bound("xlmeta_jax.pretrain.trainer.train.microbatches", 1)
-    phases = _bound("xlmeta_jax.pretrain.trainer.train.phases", None)
+    mask_rate = gin_cli.bound("xlmeta_jax.model.mlm.Masking.rate", mlm.Masking().rate)
+    rng_impl = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.rng_impl", "threefry2x32")
+    mesh_shape = tuple(gin_cli.bound("xlmeta_jax.pretrain.trainer.train.mesh_shape", (-1, 1, 1)))
+    microbatches = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.microbatches", 1)
+    phases = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
     if phases is not None:
-        model = _bound("xlmeta_jax.pretrain.trainer.train.model", None)
+        model = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.model", None)
         if model is None:
-            from xlmeta_jax.pretrain.checks import configured_model
-
-            model = configured_model()
+            model = train_cli.configured_model()
         total = sum(p.num_steps for p in phases)
         note = " + ".join(f"{p.name} {p.num_steps:,}" for p in phases) + " steps"
     else:
-        exp = _bound("xlmeta_jax.experiment.experiment.batch_size", None)
+        exp = gin_cli.bound("xlmeta_jax.experiment.runner.experiment.batch_size", None)
         if exp is None:
             raise AotError("the gin files configure no run: bind "
                            "xlmeta_jax.pretrain.trainer.train.phases (gin/native/*.gin) or an "
@@ -114,15 +101,13 @@ def configured_run() -> RunConfig:
 
 
 def _experiment_run():
-    from xlmeta_jax.experiment.arms import Budget, arm_phases
-
-    q = "xlmeta_jax.experiment.experiment."
-    budget = Budget(_bound(q + "meta_steps", 0), _bound(q + "xling_steps", 0),
-                    _bound(q + "batch_size", 0), _bound(q + "sequence_length", 0))
-    model = _bound(q + "model", None)
-    optimizer = _bound(q + "optimizer", None)
-    arms = list(_bound(q + "arms", ("meta",)))
-    seeds = list(_bound(q + "seeds", (0, 1)))
+    q = "xlmeta_jax.experiment.runner.experiment."
+    budget = Budget(gin_cli.bound(q + "meta_steps", 0), gin_cli.bound(q + "xling_steps", 0),
+                    gin_cli.bound(q + "batch_size", 0), gin_cli.bound(q + "sequence_length", 0))
+    model = gin_cli.bound(q + "model", None)
+    optimizer = gin_cli.bound(q + "optimizer", None)
+    arms = list(gin_cli.bound(q + "arms", ("meta",)))
+    seeds = list(gin_cli.bound(q + "seeds", (0, 1)))
     phases_of = {a: arm_phases(a, budget, english_task="english", xling_mixture="xling",
                                optimizer=optimizer) for a in arms}
     shown = phases_of.get("meta") or phases_of[arms[0]]
@@ -229,11 +214,9 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
     n = tpu.num_devices
     if run.trainer_phases:
         # The trainer's checks (sequence length vs positions, schedule, mesh) for this slice.
-        from xlmeta_jax.pretrain.checks import ConfigError, validate
-
         try:
-            validate("unused", run.model, run.trainer_phases, run.mesh_shape, n)
-        except ConfigError as e:
+            checks.validate("unused", run.model, run.trainer_phases, run.mesh_shape, n)
+        except checks.ConfigError as e:
             raise AotError(f"on {tpu.name}: {errors.first_line(e)}") from None
     try:
         mesh = partitioning.mesh_shape_for(*run.mesh_shape, num_devices=n)
@@ -425,12 +408,11 @@ def main(argv: Sequence[str]) -> int:
     # Experiment files import the evaluation code, which starts TensorFlow: started now,
     # without its start-up lines (as the train command does).
     logs.quiet_start(import_tensorflow=True)
-    from xlmeta_jax.cli.train import POSITIVE_PARAMETERS
 
     # Not finalized: gin's finalize refuses unset required macros (MODEL_DIR, VOCAB_PATH,
     # the corpora), which the compile never reads.
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, finalize=False,
-                      check_macros=True, positive=POSITIVE_PARAMETERS)
+                      check_macros=True, positive=train_cli.POSITIVE_PARAMETERS)
     try:
         run = configured_run()
     except ValueError as e:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import inspect
 import math
 import os
@@ -20,6 +21,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.compilation_cache import compilation_cache
 
 from xlmeta_jax import errors
 from xlmeta_jax.model import mlm, partitioning
@@ -52,7 +54,6 @@ class LibtpuMissingError(errors.UserError, RuntimeError):
 
 def libtpu_available() -> bool:
     """Whether the libtpu package (TPU compiler) is importable."""
-    import importlib.util
 
     return importlib.util.find_spec("libtpu") is not None
 
@@ -81,7 +82,7 @@ def topology_devices(tpu: TpuSlice) -> list:
     if not libtpu_available():
         raise LibtpuMissingError(
             "compiling for a TPU needs libtpu: pip install -e '.[aot]' (jax[tpu])")
-    from jax.experimental import topologies
+    from jax.experimental import topologies  # noqa: PLC0415 - libtpu only for TPU compiles
 
     with _env({**_LIBTPU_ENV, "TPU_ACCELERATOR_TYPE": tpu.name}):
         topo = topologies.get_topology_desc(
@@ -103,7 +104,6 @@ def _no_compilation_cache():
     JAX decides once per process whether the cache is used; ``reset_cache`` makes it
     decide again, with the flag off here and restored afterwards.
     """
-    from jax.experimental.compilation_cache import compilation_cache
 
     previous = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)

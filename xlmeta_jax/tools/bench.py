@@ -513,7 +513,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _gin_cli():
     try:
-        from xlmeta_jax.cli import flags as gin_cli
+        from xlmeta_jax.cli import flags as gin_cli  # noqa: PLC0415 - gin is absent on hosts that only benchmark
     except ImportError as e:
         raise ImportError("bench: the command line reads gin/models/*.gin and needs "
                           "gin-config (pip install gin-config)") from e

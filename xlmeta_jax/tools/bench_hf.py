@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from xlmeta_jax.interop.hf import weights as hf
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import flops, synthetic
 from xlmeta_jax.tools import timing
@@ -36,10 +37,8 @@ class HFRun(timing.TimedRun):
 
     def __init__(self, cfg: EncoderConfig, *, batch: int, length: int, warmup: int, seed: int,
                  compile: bool = False, attn_implementation: str = "sdpa"):
-        import torch
-        import transformers
-
-        from xlmeta_jax.interop.hf import convert as hf
+        import torch  # noqa: PLC0415 - optional: PyTorch only for this
+        import transformers  # noqa: PLC0415 - optional: transformers only for this
 
         self.cfg, self.batch, self.length = cfg, batch, length
         self.compile, self.attn = compile, attn_implementation

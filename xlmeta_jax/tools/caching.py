@@ -33,6 +33,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from xlmeta_jax.cli import configurables as corpus
 from xlmeta_jax.data.vocabulary import EOS_ID
 
 
@@ -120,8 +121,7 @@ def cache_task(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m xlmeta_jax.tools.caching`` (see the module docstring)."""
-    from xlmeta_jax.cli import configurables as corpus
-    from xlmeta_jax.cli import flags as gin_cli
+    from xlmeta_jax.cli import flags as gin_cli  # noqa: PLC0415 - gin is absent on hosts that only benchmark
 
     flags = gin_cli.parse_gin_flags(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(

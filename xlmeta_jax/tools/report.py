@@ -30,6 +30,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from xlmeta_jax import errors
 
 SUMMARY_KEYS = ("average", "average_target", "english", "transfer_gap")
@@ -186,8 +188,7 @@ def task_table(task: str, by_run: dict[str, dict], allow_mixed: bool = False) ->
 
 
 def _plot_languages(task, by_run, path):
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
 
     metric = next(iter(by_run.values()))["metric"]
     langs = _languages(by_run)
@@ -207,8 +208,7 @@ def _plot_languages(task, by_run, path):
 
 
 def _plot_transfer(tasks, path):
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
 
     fig, axes = plt.subplots(1, len(tasks), figsize=(3.5 * len(tasks), 4), squeeze=False)
     for ax, (task, by_run) in zip(axes[0], tasks.items()):
@@ -230,7 +230,7 @@ def _plot_transfer(tasks, path):
 
 
 def _plot_layers(by_run, path):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, r in by_run.items():
@@ -260,7 +260,7 @@ def write_report(
     """
     tasks = gather(runs)
     tables = {task: task_table(task, tasks[task], allow_mixed) for task in sorted(tasks)}
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib only when plotting
 
     matplotlib.use("Agg")
     output = pathlib.Path(output)

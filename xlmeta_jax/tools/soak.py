@@ -33,6 +33,11 @@ import sys
 import time
 from collections.abc import Sequence
 
+import jax
+import numpy as np
+
+from xlmeta_jax.pretrain import checkpoints, loading
+
 SOAK_GIN = """
 import xlmeta_jax.pretrain.trainer
 include 'models/tiny.gin'
@@ -154,12 +159,10 @@ def _kill_once(cmd, env: dict, model_dir: pathlib.Path, rng: random.Random, atte
 
 
 def _final_state(model_dir: pathlib.Path):
-    from xlmeta_jax.pretrain import checkpoints
-
     out = {}
     for phase_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and
                             p.name.startswith("phase")):
-        step_dir = checkpoints.find_step_dir(phase_dir)
+        step_dir = loading.find_step_dir(phase_dir)
         out[phase_dir.name] = (step_dir.name, checkpoints.restore_params(step_dir),
                                checkpoints.read_meta(step_dir).get("metrics"))
     return out
@@ -167,8 +170,6 @@ def _final_state(model_dir: pathlib.Path):
 
 def compare(reference: pathlib.Path, soaked: pathlib.Path) -> list[str]:
     """Differences between two finished runs' final checkpoints (empty: bit-identical)."""
-    import jax
-    import numpy as np
 
     a, b = _final_state(reference), _final_state(soaked)
     if sorted(a) != sorted(b):

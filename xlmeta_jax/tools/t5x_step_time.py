@@ -20,19 +20,19 @@ import time
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+
+from xlmeta_jax.interop.t5x import model as t5x_model
+from xlmeta_jax.model import mlm, network, partitioning
+from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import step, synthetic
 
 
 def measure(size: str, batch: int, length: int, steps: int, rounds: int,
             dtype: str | None = None) -> dict:
     """Median ms/step of both trainers; see the module docstring."""
-    from jax.sharding import NamedSharding
-    from t5x import trainer as t5x_trainer
-    from t5x import utils as t5x_utils
-
-    from xlmeta_jax.interop.t5x import model as t5x_model
-    from xlmeta_jax.model import mlm, network, partitioning
-    from xlmeta_jax.model.optimizer import OptimizerConfig
-    from xlmeta_jax.pretrain import step, synthetic
+    from t5x import trainer as t5x_trainer  # noqa: PLC0415 - optional: t5x only for this
+    from t5x import utils as t5x_utils  # noqa: PLC0415 - optional: t5x only for this
 
     overrides = {"dtype": dtype} if dtype else {}
     cfg = network.get_config(size, pad_token_id=0, **overrides)

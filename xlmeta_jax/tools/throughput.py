@@ -23,6 +23,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+import jax
+
+from xlmeta_jax.data import english_pd as english_pd_lib
+from xlmeta_jax.data import feeding, tasks, vocabulary
+from xlmeta_jax.data import task_names as names
+from xlmeta_jax.model import partitioning
+from xlmeta_jax.tools import caching
+
 # Tokens per second one accelerator trains on (docs/data.md), for the comparison line.
 ACCELERATOR_TOKENS_PER_SECOND = {"H200, base (bf16)": 450_000}
 
@@ -32,7 +40,6 @@ _DEFAULT_ENGLISH_PD = os.path.join(os.path.dirname(_REPO), "shared", "data", "en
 
 def measure(iterator, *, seconds: float, warmup_batches: int, tokens_per_batch: int) -> dict:
     """Consumes ``iterator`` for ``seconds`` after a warm-up; returns rates."""
-    import jax
 
     for _ in range(warmup_batches):
         jax.block_until_ready(next(iterator))
@@ -67,14 +74,7 @@ def run(
     vocab_size: int,
 ) -> dict[str, dict]:
     """Runs both measurements; returns ``{"on the fly": ..., "seqio cache": ...}``."""
-    import jax
-    import seqio
-
-    from xlmeta_jax.data import english_pd as english_pd_lib
-    from xlmeta_jax.data import feeding, tasks, vocabulary
-    from xlmeta_jax.data import task_names as names
-    from xlmeta_jax.model import partitioning
-    from xlmeta_jax.tools import caching
+    import seqio  # noqa: PLC0415 - seqio (TensorFlow) only where data is read
 
     files = english_pd_lib.english_text_files(os.path.join(work_dir, "text"), english_pd)
     if not vocab:

@@ -46,6 +46,8 @@ import pathlib
 from typing import Any
 
 import numpy as np
+from sentencepiece import sentencepiece_model_pb2
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 from xlmeta_jax import errors
 
@@ -69,8 +71,6 @@ class VocabularyLayoutError(errors.UserError, ValueError):
 
 
 def _model_proto(data: bytes):
-    from sentencepiece import sentencepiece_model_pb2
-
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(data)
     return proto
@@ -96,7 +96,6 @@ def xlmr_sentencepiece(seqio_proto):
     move to 0, 1, 2; ``<pad>`` and ``<mask>`` leave the file. The normaliser and the
     trainer options that affect encoding (byte fallback, whitespace handling) are kept.
     """
-    from sentencepiece import sentencepiece_model_pb2 as pb
 
     out = pb.ModelProto()
     out.CopyFrom(seqio_proto)
@@ -119,7 +118,6 @@ def xlmr_sentencepiece(seqio_proto):
 def seqio_sentencepiece(xlmr_proto):
     """Inverse of :func:`xlmr_sentencepiece`: our layout again (``<s>``, ``<mask>``
     as control symbols, as ``xlmeta_jax.data.vocabulary`` trains them)."""
-    from sentencepiece import sentencepiece_model_pb2 as pb
 
     out = pb.ModelProto()
     out.CopyFrom(xlmr_proto)
@@ -158,7 +156,7 @@ def hf_rows(num_pieces: int, vocab_size: int) -> np.ndarray:
 
 def _tokenizer_json(xlmr_proto) -> str:
     """``tokenizer.json`` of the XLM-R-layout vocabulary, segmenting as SentencePiece."""
-    from tokenizers import (
+    from tokenizers import (  # noqa: PLC0415 - optional: tokenizers (transformers) only for this
         AddedToken,
         Regex,
         Tokenizer,

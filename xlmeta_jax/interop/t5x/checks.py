@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+import jax
 import numpy as np
 from absl import app
 from t5x import trainer as t5x_trainer
@@ -102,7 +103,6 @@ def checked_model(
     if not model_dir:
         raise validation.ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
     validation.check_model_dir(model_dir)
-    import jax
 
     if jax.process_index() == 0 and run_dir.RunLock.supported(model_dir) and not _locks:
         lock = run_dir.RunLock(model_dir).acquire()

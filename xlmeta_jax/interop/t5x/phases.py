@@ -11,7 +11,7 @@ run twice with the same flags, the second time with ``--gin.PHASE=2``:
 
 Each phase directory holds t5x's own layout (``checkpoint_<step>/``, ``config.gin``,
 ``train/`` summaries) plus ``xlmeta_model.json`` (the encoder configuration and
-vocabulary, what ``checkpoints.load_pretrained`` and the fine-tuning command read).
+vocabulary, what ``loading.load_pretrained`` and the fine-tuning command read).
 Rerunning a phase resumes it from its latest checkpoint. The functions here are what
 the gin files reference; t5x calls nothing else of ours but the model.
 """
@@ -208,7 +208,7 @@ def summarize_config(
     The JSON records what a checkpoint alone does not: the encoder configuration
     (sizes, pad id, numerics), the vocabulary, the run's last step and, for
     meta-pretraining, its phases — so that fine-tuning and the Hugging Face export
-    load a t5x-written checkpoint (``checkpoints.load_pretrained``) and refuse an
+    load a t5x-written checkpoint (``loading.load_pretrained``) and refuse an
     unfinished one.
     """
     t5x_gin_utils.summarize_gin_config(model_dir, summary_writer, step)

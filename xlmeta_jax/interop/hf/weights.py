@@ -1,0 +1,316 @@
+"""Hugging Face XLM-R weights: ``save_pretrained`` directories <-> our parameters.
+
+Reads and writes ``save_pretrained`` directories (safetensors, sharded or not;
+``pytorch_model.bin`` only on request) through the layout mapping of
+:mod:`xlmeta_jax.interop.hf.layout`, whose public names this module re-exports::
+
+    cfg, params = weights.load_hf("path/to/xlm-roberta-base")        # save_pretrained dir
+    weights.save_hf("out_dir", cfg, params)  # XLMRobertaForMaskedLM.from_pretrained("out_dir")
+
+Our checkpoints to and from such directories: :mod:`xlmeta_jax.interop.hf.convert`.
+Only numpy and safetensors are needed; torch is imported only to read
+``pytorch_model.bin`` files (and only with ``allow_pickle=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from xlmeta_jax import files
+from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
+from xlmeta_jax.interop.hf.hf_config import config_from_hf, hf_config_from_config
+from xlmeta_jax.interop.hf.layout import (
+    ConversionError,
+    hf_state_dict_from_params,
+    normalise_keys,
+    params_from_hf_state_dict,
+    to_numpy,
+)
+from xlmeta_jax.model.network import EncoderConfig
+
+# File names written by `PreTrainedModel.save_pretrained`.
+CONFIG_NAME = "config.json"
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
+PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+# The vocabulary `to_flax` writes next to its checkpoint (the one of its ids, when known).
+FLAX_VOCAB_NAME = "spm.model"
+
+
+# ---------------------------------------------------------------------------
+# Files.
+# ---------------------------------------------------------------------------
+
+
+def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    # The numpy backend of safetensors cannot represent bfloat16; jax (on the host CPU)
+    # can, and np.asarray then yields ml_dtypes.bfloat16 without copying through fp32.
+
+    out = {}
+    with jax.default_device(jax.devices("cpu")[0]):
+        with safe_open(str(path), framework="flax") as f:
+            for key in f.keys():
+                out[key] = np.asarray(f.get_tensor(key))
+    return out
+
+
+def _read_pickle(path: pathlib.Path) -> dict[str, Any]:
+    import torch  # noqa: PLC0415 - optional: PyTorch only for this
+
+    # weights_only=True restricts unpickling to tensors and containers.
+    return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
+def _shard_files(index_path: pathlib.Path) -> list[pathlib.Path]:
+    with open(index_path) as f:
+        index = json.load(f)
+    if "weight_map" not in index:
+        raise ConversionError(f"{index_path} has no 'weight_map'")
+    names = sorted(set(index["weight_map"].values()))
+    files = [index_path.parent / n for n in names]
+    absent = [str(p) for p in files if not p.is_file()]
+    if absent:
+        raise ConversionError(f"{index_path} names shard files that do not exist: {absent}")
+    return files
+
+
+def read_hf_state_dict(path: str | os.PathLike, *, allow_pickle: bool = False) -> dict[str, Any]:
+    """Reads the weights of a ``save_pretrained`` directory or one weights file.
+
+    Looks, in order, for ``model.safetensors``, ``model.safetensors.index.json``
+    (sharded), then ``pytorch_model.bin`` / ``pytorch_model.bin.index.json``.
+
+    Args:
+      path: a directory, a ``.safetensors`` file, an index json or a ``.bin`` file.
+      allow_pickle: permit reading ``pytorch_model.bin`` files (pickles).
+
+    Raises:
+      FileNotFoundError: no weights file exists at ``path``.
+      ConversionError: only pickle files exist and ``allow_pickle`` is False.
+    """
+    path = pathlib.Path(path)
+    if path.is_dir():
+        for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, PICKLE_WEIGHTS_NAME,
+                     PICKLE_WEIGHTS_INDEX_NAME):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise FileNotFoundError(
+                f"{path} contains no {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, "
+                f"{PICKLE_WEIGHTS_NAME} or {PICKLE_WEIGHTS_INDEX_NAME}"
+            )
+    if not path.is_file():
+        raise FileNotFoundError(f"HF weights file {path} does not exist")
+    name = path.name
+    if name.endswith(".index.json"):
+        files = _shard_files(path)
+    else:
+        files = [path]
+    pickles = [f for f in files if f.suffix != ".safetensors"]
+    if pickles and not allow_pickle:
+        raise ConversionError(
+            f"{path} holds PyTorch pickle weights ({pickles[0].name}); unpickling a file can "
+            "execute arbitrary code, so it is refused by default. Convert it to safetensors "
+            "(transformers: model.save_pretrained(dir)) or, if you trust the file, pass "
+            "allow_pickle=True (command line: --allow_pickle)."
+        )
+    state: dict[str, Any] = {}
+    for f in files:
+        part = _read_safetensors(f) if f.suffix == ".safetensors" else _read_pickle(f)
+        dup = sorted(set(part) & set(state))
+        if dup:
+            raise ConversionError(f"key {dup[0]!r} appears in more than one shard ({f})")
+        state.update(part)
+    return state
+
+
+_POSITIONS_KEY = "roberta.embeddings.position_embeddings.weight"
+
+
+def _permute_vocab_rows(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """``state`` with the vocabulary rows of the embedding and output bias reordered."""
+    out = dict(state)
+    for key in ("roberta.embeddings.word_embeddings.weight", "lm_head.bias",
+                "lm_head.decoder.weight", "lm_head.decoder.bias"):
+        if key in out:
+            arr = to_numpy(out[key])
+            if arr.shape[0] != rows.shape[0]:
+                raise ConversionError(
+                    f"HF weight {key!r} has {arr.shape[0]} vocabulary rows, the vocabulary "
+                    f"permutation {rows.shape[0]}"
+                )
+            out[key] = np.ascontiguousarray(arr[rows])
+    return out
+
+
+def _to_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """A state dict in our seqio ids (pad 0) -> XLM-R's ids (pad 1).
+
+    Besides the vocabulary rows, the position table moves: positions count from
+    ``pad_token_id + 1`` (RoBERTa), so the first token reads row 1 with pad 0 and row 2
+    with pad 1. The table gains a leading row (a copy of row 0; XLM-R never reads row
+    0) and ``max_position_embeddings`` grows by one; the longest input stays the same.
+    """
+    out = _permute_vocab_rows(state, rows)
+    positions = to_numpy(out[_POSITIONS_KEY])
+    out[_POSITIONS_KEY] = np.ascontiguousarray(np.concatenate([positions[:1], positions]))
+    return out
+
+
+def _from_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """Inverse of :func:`_to_xlmr_ids`."""
+    out = _permute_vocab_rows(state, np.argsort(rows))
+    out[_POSITIONS_KEY] = np.ascontiguousarray(to_numpy(out[_POSITIONS_KEY])[1:])
+    return out
+
+
+def load_hf(
+    path: str | os.PathLike, *, allow_pickle: bool = False, seqio_ids: bool = False,
+    **config_overrides,
+) -> tuple[EncoderConfig, dict[str, Any]]:
+    """Loads a Hugging Face ``XLMRobertaForMaskedLM`` as (config, our params).
+
+    Args:
+      path: a ``save_pretrained`` directory (``config.json`` + weights) or a weights
+        file whose directory holds ``config.json``.
+      allow_pickle: permit ``pytorch_model.bin`` weights (see :func:`read_hf_state_dict`).
+      seqio_ids: undo :func:`save_hf`'s permutation of a model exported from our
+        vocabulary (``config.json`` records it under ``hf_tokenizer.CONFIG_KEY``): the
+        result uses our ids again (pad 0), as before the export. False keeps the HF
+        ids (pad 1), which the directory's ``sentencepiece.bpe.model`` encodes.
+      **config_overrides: :class:`EncoderConfig` fields to set (``scan_layers`` picks
+        the params layout; ``dtype``, ``remat_policy`` ... only affect the network).
+
+    Returns:
+      ``(cfg, params)`` with params as host numpy arrays.
+
+    Raises:
+      ConversionError: ``seqio_ids`` for a model that was not exported from our ids.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():  # else the message would name <parent>/config.json
+        raise FileNotFoundError(f"HF model path {path} does not exist")
+    config_path = (path if path.is_dir() else path.parent) / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"HF config {config_path} does not exist")
+    with open(config_path) as f:
+        hf_config = json.load(f)
+    state = read_hf_state_dict(path, allow_pickle=allow_pickle)
+    if seqio_ids:
+        pieces = hf_config.get(hf_tokenizer.CONFIG_KEY)
+        if pieces is None:
+            raise ConversionError(
+                f"{config_path} has no {hf_tokenizer.CONFIG_KEY!r}: the model was not exported "
+                "from our vocabulary, its ids are XLM-R's"
+            )
+        rows = hf_tokenizer.hf_rows(int(pieces), int(hf_config["vocab_size"]))
+        state = _from_xlmr_ids(normalise_keys(state), rows)
+        config_overrides = {
+            "pad_token_id": 0,
+            "max_position_embeddings": int(hf_config["max_position_embeddings"]) - 1,
+            **config_overrides,
+        }
+    cfg = config_from_hf(hf_config, **config_overrides)
+    return cfg, params_from_hf_state_dict(state, cfg)
+
+
+def write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
+    """Writes ``path`` through a temporary name, with the umask's usual permissions
+    (safetensors creates its files 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+
+    def write_readable(tmp: str) -> None:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask)
+
+    files.write_atomic(path, write=write_readable)
+
+
+def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, Any],
+            *, vocab_path: str | os.PathLike | None = None,
+            **config_kwargs) -> pathlib.Path:
+    """Writes a directory that transformers loads as is: weights, config, tokenizer.
+
+    With our vocabulary (pad 0) the vocabulary rows are permuted into XLM-R's ids and
+    the SentencePiece model is rewritten to match, so ``AutoTokenizer`` and
+    ``pipeline('fill-mask')`` work unchanged (``xlmeta_jax.interop.hf.tokenizer`` explains the
+    mapping); a model already in XLM-R's ids is written as it is.
+
+    Args:
+      path: output directory (created; it must not hold any of the files written).
+      cfg: the encoder config of ``params``.
+      params: our Flax params in either layout (``cfg.scan_layers`` tells which).
+      vocab_path: the model's SentencePiece file: ours (seqio ids) or an XLM-R
+        ``sentencepiece.bpe.model``. Required for a model with our ids; without it
+        a model in XLM-R's ids is written without tokenizer files.
+      **config_kwargs: passed to :func:`hf_config_from_config` (``bos_token_id``,
+        ``eos_token_id``).
+
+    Returns:
+      The output directory.
+
+    Raises:
+      ConversionError: no vocabulary for a model with our ids, a vocabulary whose ids
+        do not fit the model, or an output file that exists already.
+    """
+
+    path = pathlib.Path(path)
+    files, rows, seqio_pieces = {}, None, None
+    if vocab_path is None and cfg.pad_token_id != 1:
+        raise ConversionError(
+            f"the model uses our vocabulary's ids (pad {cfg.pad_token_id}): the export needs "
+            "its SentencePiece model to write the tokenizer (vocab_path / --vocab_path)"
+        )
+    if vocab_path is not None:
+        try:
+            files, seqio_pieces = hf_tokenizer.tokenizer_files(
+                vocab_path, cfg.vocab_size, cfg.max_length
+            )
+            if seqio_pieces is not None:
+                rows = hf_tokenizer.hf_rows(seqio_pieces, cfg.vocab_size)
+        except hf_tokenizer.VocabularyLayoutError as e:
+            raise ConversionError(f"{vocab_path}: {e}") from None
+        want_pad = 0 if rows is not None else 1
+        if cfg.pad_token_id != want_pad:
+            raise ConversionError(
+                f"{vocab_path} uses pad id {want_pad} but the model's pad_token_id is "
+                f"{cfg.pad_token_id}"
+            )
+    names = [CONFIG_NAME, SAFE_WEIGHTS_NAME, *files]
+    existing = [n for n in names if (path / n).exists()]
+    if existing:
+        raise ConversionError(f"{path} already holds {existing}; export into a new directory")
+    state = hf_state_dict_from_params(params, cfg, include_tied=False)
+    if rows is not None:
+        state = _to_xlmr_ids(state, rows)
+        cfg = cfg.replace(pad_token_id=1, max_position_embeddings=cfg.max_position_embeddings + 1)
+    hf_config = hf_config_from_config(cfg, **config_kwargs)
+    if rows is not None:
+        hf_config[hf_tokenizer.CONFIG_KEY] = seqio_pieces
+    path.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        write_file(path / name, lambda p, data=data: pathlib.Path(p).write_bytes(data))
+    # transformers refuses safetensors files without format metadata.
+    write_file(path / SAFE_WEIGHTS_NAME,
+                lambda p: save_file(state, p, metadata={"format": "pt"}))
+    # config.json last: a directory with it is complete.
+    text = json.dumps(hf_config, indent=2, sort_keys=True)
+    write_file(path / CONFIG_NAME, lambda p: pathlib.Path(p).write_text(text))
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Command line.
+# ---------------------------------------------------------------------------

@@ -1,0 +1,157 @@
+"""The encoder's configuration: every field of the network, and the named sizes.
+
+:class:`EncoderConfig` holds what the network (:mod:`xlmeta_jax.model.network`) reads;
+:func:`get_config` is the one way the gin files name a model (a size plus field
+overrides). Both are importable from ``network`` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+DType = Any
+
+_REMAT_POLICIES = {
+    # Recompute everything in the backward pass (least memory).
+    "full": None,
+    # Keep matmul outputs without batch dims (weights-stationary); recompute the rest.
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # Save all activations named by `checkpoint_name` in this file.
+    "save_named": jax.checkpoint_policies.save_only_these_names(
+        "attn_out", "mlp_out", "qkv"
+    ),
+}
+
+
+# Random bits per dropout-mask element that ``Dropout`` supports.
+DROPOUT_MASK_BITS = (8, 16, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Sizes and numerics of the encoder. Use :func:`get_config` for named sizes."""
+
+    # Vocabulary size, including special tokens (XLM-R: 250002).
+    vocab_size: int = 250002
+    # Width of the residual stream ("embed" axis).
+    hidden_size: int = 768
+    # Number of Transformer layers.
+    num_layers: int = 12
+    # Number of attention heads; hidden_size must be divisible by it.
+    num_heads: int = 12
+    # Width of the feed-forward layer ("mlp" axis).
+    mlp_dim: int = 3072
+    # Rows of the learned position table. RoBERTa reserves pad_token_id + 1 rows,
+    # so 514 rows allow sequences of 512 tokens when pad_token_id == 1.
+    max_position_embeddings: int = 514
+    # Rows of the token-type table (XLM-R has exactly one type).
+    type_vocab_size: int = 1
+    # Token id that marks padding; also the RoBERTa position offset. XLM-R's
+    # fairseq vocabulary uses 1; our SentencePiece vocabulary (seqio ids) uses 0.
+    pad_token_id: int = 1
+    # Epsilon of every LayerNorm (RoBERTa: 1e-5).
+    layer_norm_eps: float = 1e-5
+    # Dropout on embeddings, attention output and MLP output.
+    dropout_rate: float = 0.1
+    # Dropout on the attention probabilities.
+    attention_dropout_rate: float = 0.1
+    # Random bits drawn per dropout-mask element: 32 (flax's nn.Dropout, bit for
+    # bit), 16 or 8. Fewer bits cut the PRNG work 2x / 4x (one 32-bit draw serves
+    # 2 / 4 elements); the keep probability is then rounded to a multiple of
+    # 2**-bits (XLM-R's 0.9: 0.9000 at 16 bits, 230/256 = 0.8984 at 8) and the
+    # kept values are scaled by its inverse, so the expectation stays exact.
+    dropout_mask_bits: int = 32
+    # Standard deviation of the normal initializer (RoBERTa: 0.02).
+    initializer_range: float = 0.02
+    # Dtype in which activations and matmuls are computed (bf16 for training).
+    dtype: str = "float32"
+    # Dtype in which parameters are stored (fp32 master weights).
+    param_dtype: str = "float32"
+    # Stack the layers with nn.scan (one compiled layer body, faster compiles).
+    scan_layers: bool = False
+    # Rematerialisation policy for each layer: "none", "full", "dots",
+    # "dots_no_batch" or "save_named".
+    remat_policy: str = "none"
+    # Attention kernel: "xla" (portable einsum + softmax), "cudnn" (flash attention
+    # through jax.nn.dot_product_attention on NVIDIA GPUs, bf16/fp16 only) or "auto"
+    # (cudnn on a GPU in bf16/fp16, xla otherwise: fp32 evaluation of a checkpoint
+    # trained with "auto" stays on XLA).
+    attention_impl: str = "xla"
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"EncoderConfig: hidden_size={self.hidden_size} is not divisible by "
+                f"num_heads={self.num_heads}"
+            )
+        if self.remat_policy not in ("none", *_REMAT_POLICIES):
+            raise ValueError(
+                f"EncoderConfig: unknown remat_policy={self.remat_policy!r}; expected one "
+                f"of {['none', *_REMAT_POLICIES]}"
+            )
+        if self.dropout_mask_bits not in DROPOUT_MASK_BITS:
+            raise ValueError(
+                f"EncoderConfig: dropout_mask_bits={self.dropout_mask_bits} must be 8, 16 "
+                "or 32"
+            )
+        if self.attention_impl not in ("xla", "cudnn", "auto"):
+            raise ValueError(
+                f"EncoderConfig: unknown attention_impl={self.attention_impl!r}; "
+                "expected 'xla', 'cudnn' or 'auto'"
+            )
+        for field in ("dtype", "param_dtype"):
+            try:
+                jnp.dtype(getattr(self, field))
+            except TypeError as e:
+                raise ValueError(f"EncoderConfig: bad {field}={getattr(self, field)!r}") from e
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def max_length(self) -> int:
+        """Longest sequence the position table supports."""
+        return self.max_position_embeddings - self.pad_token_id - 1
+
+    def replace(self, **kwargs) -> EncoderConfig:
+        return dataclasses.replace(self, **kwargs)
+
+
+# Named sizes: the one table of model shapes (gin/models/*.gin name a size and read it
+# through get_config). `tiny` is for tests and the CPU demo (divisible by 8 everywhere it
+# matters, so tests can shard it on 8 devices); base/large are XLM-R's published shapes.
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+                "max_position_embeddings")
+_SIZES = {
+    "tiny": (1024, 64, 2, 8, 128, 130),
+    "small": (32000, 256, 4, 4, 1024, 514),
+    "base": (250002, 768, 12, 12, 3072, 514),
+    "large": (250002, 1024, 24, 16, 4096, 514),
+}
+
+SIZES = tuple(_SIZES)
+
+
+def get_config(size: str, **overrides) -> EncoderConfig:
+    """Returns the named encoder size with any :class:`EncoderConfig` fields overridden.
+
+    Args:
+      size: one of :data:`SIZES` (tiny, small, base, large).
+      **overrides: EncoderConfig fields, e.g. ``dtype="bfloat16"``.
+
+    Raises:
+      ValueError: naming an unknown size or field.
+    """
+    if size not in _SIZES:
+        raise ValueError(f"unknown model size {size!r}; expected one of {list(_SIZES)}")
+    fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"get_config: {unknown} are not EncoderConfig fields ({sorted(fields)})")
+    return EncoderConfig(**{**dict(zip(_SIZE_FIELDS, _SIZES[size])), **overrides})

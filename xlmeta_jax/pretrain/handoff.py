@@ -1,0 +1,87 @@
+"""A phase's starting state: from an earlier phase's checkpoint, or initial parameters.
+
+The trainer's init/resume precedence (its comment in :func:`trainer._train_phase`) picks
+one of these when a phase has no checkpoint of its own yet.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from xlmeta_jax.interop.hf import weights as hf
+from xlmeta_jax.model import network
+from xlmeta_jax.pretrain import checkpoints, loading, step
+from xlmeta_jax.pretrain.checks import ConfigError
+
+
+def is_count(path) -> bool:
+    """Whether an optimizer-state leaf is a step counter (optax's ``count``)."""
+    return any(getattr(k, "name", None) == "count" for k in path)
+
+
+def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimizer: bool,
+                  reset_schedule: bool) -> step.TrainState:
+    """The initial state of a phase that starts from an earlier phase's checkpoint.
+
+    Parameters always come from ``step_dir``. With ``reset_optimizer`` only they (and,
+    without ``reset_schedule``, the step) are read, through Orbax's partial restore:
+    the earlier phase's AdamW moments never reach memory, and fresh ones are built
+    around the restored parameters in place. Without ``reset_optimizer`` the whole
+    state is restored and its moments are kept.
+
+    Args:
+      fns: the new phase's step functions (mesh, shardings, optimizer).
+      step_dir: the earlier phase's final step directory.
+      seed: init seed (only used when the earlier state is restored whole).
+      reset_optimizer: start from fresh AdamW moments.
+      reset_schedule: restart the step and the learning-rate schedule at 0.
+    """
+    if reset_optimizer:
+        wanted = {"params": fns.abstract_state.params}
+        if not reset_schedule:
+            wanted["step"] = fns.abstract_state.step
+        restored = checkpoints.restore_items(step_dir, wanted)
+        state = fns.from_params(restored["params"])
+        if reset_schedule:
+            return state
+        # optax's counters advance with the step (both start at 0 in every phase and
+        # move together), so the earlier step is also their value.
+        previous = restored["step"]
+        opt_state = jax.tree_util.tree_map_with_path(
+            lambda path, x: jax.device_put(previous.astype(x.dtype), x.sharding)
+            if is_count(path) else x,
+            state.opt_state,
+        )
+        return state.replace(step=previous, opt_state=opt_state)
+    fresh = fns.init(jax.random.key(seed))
+    prev = checkpoints.PhaseCheckpoints(os.path.dirname(os.fspath(step_dir)),
+                                        save_interval_steps=1, max_to_keep=None, read_only=True)
+    try:
+        previous, _ = prev.restore(int(os.path.basename(os.fspath(step_dir))),
+                                   fns.abstract_state)
+    finally:
+        prev.close()
+
+    def pick(path, f, p):
+        return f if (is_count(path) and reset_schedule) else p
+
+    opt_state = jax.tree_util.tree_map_with_path(pick, fresh.opt_state, previous.opt_state)
+    step_value = fresh.step if reset_schedule else previous.step
+    return step.TrainState(step=step_value, params=previous.params, opt_state=opt_state)
+
+
+def initial_params(path: str, model: network.EncoderConfig):
+    """Params from INITIAL_CHECKPOINT_PATH: an xlmeta_jax checkpoint or an HF directory."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        cfg, params = hf.load_hf(path)
+    else:
+        cfg, params, _ = loading.load_pretrained(path)
+    shape_of = lambda c: (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.mlp_dim)
+    if shape_of(cfg) != shape_of(model):
+        raise ConfigError(
+            f"INITIAL_CHECKPOINT_PATH {path}: its encoder {shape_of(cfg)} (vocab, hidden, layers, "
+            f"heads, mlp) does not match the configured model {shape_of(model)}"
+        )
+    return params

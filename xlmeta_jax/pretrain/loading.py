@@ -1,0 +1,165 @@
+"""Finding a run's checkpoint and loading its parameters (our trainer's layout and t5x's).
+
+:func:`find_step_dir` resolves what a user names — a run's MODEL_DIR, a phase
+directory or a step directory — to one finished step, and :func:`load_pretrained`
+reads its encoder configuration, parameters and vocabulary for fine-tuning,
+evaluation and export.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jax
+import numpy as np
+from etils import epath
+
+from xlmeta_jax.errors import CheckpointError, first_line
+from xlmeta_jax.model.network import EncoderConfig
+from xlmeta_jax.pretrain import checkpoints
+from xlmeta_jax.pretrain.checkpoints import (
+    META,
+    STATE,
+    T5X_MODEL_INFO,
+    read_meta,
+    restore_params,
+)
+
+_T5X_STEP = re.compile(r"checkpoint_(\d+)")
+
+
+def recorded_phases(model_dir) -> list[str] | None:
+    """Phase names of our trainer's run in ``model_dir``, in training order.
+
+    Every checkpoint records its run's phases (``run_phases`` in its metadata), so any
+    phase's latest checkpoint names them all, the unstarted ones included. None when no
+    checkpoint records them (a run directory without checkpoints, or one written before
+    the record existed).
+    """
+    model_dir = epath.Path(model_dir)
+    for phase_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+        steps = sorted((int(q.name) for q in phase_dir.iterdir()
+                        if q.name.isdigit() and (q / checkpoints.META).exists()), reverse=True)
+        for step in steps[:1]:
+            phases = checkpoints.read_meta(phase_dir / str(step)).get("run_phases")
+            if phases:
+                return list(phases)
+    return None
+
+
+def _final_step_dir(phase_dir: epath.Path) -> epath.Path:
+    steps = sorted(
+        int(p.name) for p in phase_dir.iterdir() if p.name.isdigit() and (p / STATE).exists()
+    )
+    if not steps:
+        raise CheckpointError(f"phase directory {phase_dir} holds no checkpoint yet")
+    step_dir = phase_dir / str(steps[-1])
+    meta = read_meta(step_dir)
+    done, total = meta.get("phase_step"), meta.get("num_steps")
+    if done is not None and total is not None and done != total:
+        raise CheckpointError(
+            f"phase {phase_dir.name!r} is not finished (latest checkpoint: step {done} of "
+            f"{total}); to use it anyway, name the step directory: {step_dir}"
+        )
+    return step_dir
+
+
+def _t5x_phases(model_dir: epath.Path) -> list[str] | None:
+    """Phases of a t5x run (gin/meta.gin), as its phase directories' model info names them."""
+    for info in sorted(model_dir.glob(f"*/{T5X_MODEL_INFO}")):
+        phases = json.loads(info.read_text()).get("phases")
+        if phases:
+            return list(phases)
+    return None
+
+
+def _t5x_final_step_dir(run_dir: epath.Path) -> epath.Path:
+    """The last ``checkpoint_<step>`` of a t5x run directory; refused if the run is unfinished."""
+    steps = sorted(
+        int(m.group(1)) for p in run_dir.iterdir()
+        if (m := _T5X_STEP.fullmatch(p.name)) and (p / STATE).exists()
+    )
+    if not steps:
+        raise CheckpointError(f"t5x run directory {run_dir} holds no checkpoint yet")
+    step_dir = run_dir / f"checkpoint_{steps[-1]}"
+    total = json.loads((run_dir / T5X_MODEL_INFO).read_text()).get("train_steps")
+    if total is not None and steps[-1] != total:
+        raise CheckpointError(
+            f"{run_dir.name!r} is not finished (latest checkpoint: step {steps[-1]} of "
+            f"{total}); to use it anyway, name the step directory: {step_dir}"
+        )
+    return step_dir
+
+
+def find_step_dir(path) -> epath.Path:
+    """Resolves a checkpoint path to a step directory.
+
+    * ``MODEL_DIR/phaseN/<step>``: that step, finished or not (named explicitly);
+    * a phase directory: its final checkpoint; an unfinished phase is refused;
+    * a run's MODEL_DIR: the final checkpoint of the run's *last* phase (as its
+      checkpoints record the run's phases: ``phase2`` of meta-pretraining, ``xlmr`` of
+      the baseline); refused while that phase is unfinished, even when an earlier one is
+      complete. When no checkpoint records the phases, a directory holding exactly one
+      phase resolves to it;
+    * the same for ``python -m t5x.train``'s layout: ``<run>/checkpoint_<step>``, a run
+      (or phase) directory, and gin/meta.gin's MODEL_DIR (``phase2`` is the last phase).
+    """
+    path = epath.Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist")
+    if (path / STATE).exists():
+        return path
+    if any(p.name.isdigit() for p in path.iterdir()):
+        return _final_step_dir(path)
+    if (path / T5X_MODEL_INFO).exists():
+        return _t5x_final_step_dir(path)
+    phases = recorded_phases(path) or _t5x_phases(path)
+    if phases is None:
+        # No checkpoint names the run's phases: only an unambiguous single phase resolves.
+        present = sorted(p.name for p in path.iterdir() if p.is_dir() and any(
+            q.name.isdigit() and (q / STATE).exists() for q in p.iterdir()))
+        if len(present) != 1:
+            found = f"phases {present}" if present else "no phase checkpoints"
+            raise CheckpointError(
+                f"{path} has no checkpoint naming its run's phases and holds {found}: pass "
+                "MODEL_DIR/<phase> or MODEL_DIR/<phase>/<step>"
+            )
+        phases = present
+    last = path / phases[-1]
+    if not last.exists():
+        raise CheckpointError(
+            f"the last configured phase {phases[-1]!r} of {path} has not started; name an "
+            "earlier phase's directory or step to use it"
+        )
+    if (last / T5X_MODEL_INFO).exists():
+        return _t5x_final_step_dir(last)
+    return _final_step_dir(last)
+
+
+def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
+    """Loads a pretraining checkpoint for fine-tuning or evaluation.
+
+    Args:
+      path: MODEL_DIR, a phase directory or a step directory, of our trainer or of
+        ``python -m t5x.train`` (``checkpoint_<step>`` directories).
+
+    Returns:
+      (encoder config, params as host arrays, vocabulary path or None).
+    """
+    step_dir = find_step_dir(path)
+    t5x_info = step_dir.parent / T5X_MODEL_INFO
+    if not (step_dir / META).exists() and t5x_info.exists():
+        meta = json.loads(t5x_info.read_text())
+    else:
+        meta = read_meta(step_dir)
+    try:
+        cfg = EncoderConfig(**meta["model_config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint metadata of {step_dir} has no valid model_config ({first_line(e)})"
+        ) from None
+    params = restore_params(step_dir)
+    params = jax.tree.map(np.asarray, params)
+    return cfg, params, meta.get("vocab_path")

@@ -1,0 +1,62 @@
+"""A run's progress: log lines, TensorBoard scalars, durations and rates, the summary."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+
+import jax
+
+log = logging.getLogger("xlmeta_jax.train")
+
+
+class Writer:
+    """TensorBoard scalars via clu when TensorFlow is present, else logs only."""
+
+    def __init__(self, logdir: str):
+        self._writer = None
+        if jax.process_index() != 0:
+            return
+        try:
+            from clu import metric_writers  # noqa: PLC0415 - clu imports TensorFlow; only where it is used
+
+            self._writer = metric_writers.SummaryWriter(logdir)
+        except Exception as e:  # noqa: BLE001 - TensorBoard is optional on TF-less hosts
+            log.warning("TensorBoard summaries disabled (%s)", e)
+
+    def scalars(self, step: int, values: dict):
+        if self._writer is not None:
+            self._writer.write_scalars(step, values)
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+
+
+def fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    return str(datetime.timedelta(seconds=int(seconds)))
+
+
+def fmt_rate(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def log_summary(summary: dict) -> None:
+    lines = [f"run {summary['model_dir']}:"]
+    lines.append(f"  {'phase':<8} {'task':<28} {'steps':>7} {'loss':>8} {'acc':>7}  checkpoint")
+    for p in summary["phases"]:
+        loss = f"{p['final_loss']:.4f}" if p["final_loss"] is not None else "-"
+        acc = f"{p['final_accuracy']:.4f}" if p["final_accuracy"] is not None else "-"
+        lines.append(
+            f"  {p['phase']:<8} {p['task'][:28]:<28} {p['steps']:>7} {loss:>8} {acc:>7}  "
+            f"{p['checkpoint']}"
+        )
+    lines.append(f"  TensorBoard: tensorboard --logdir {summary['model_dir']}")
+    log.info("\n".join(lines))
