@@ -72,10 +72,10 @@ def english_lines(shared_data) -> list[str]:
 @pytest.fixture(scope="session")
 def english_spm(english_lines, tmp_path_factory) -> str:
     """A 1000-piece English SentencePiece model with our special ids (pad 0, eos 1, ...)."""
-    from xlmeta_jax.evaluation import tokenization
+    from xlmeta_jax.data import vocabulary
 
     prefix = tmp_path_factory.mktemp("english_spm") / "en"
-    return tokenization.train_sentencepiece(english_lines, prefix, 1000)
+    return vocabulary.train_sentencepiece(prefix, 1000, sentences=english_lines)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from xlmeta_jax.cli import finetune as finetune_cli
-from xlmeta_jax.evaluation import encoders, finetuning, tokenization, training
+from xlmeta_jax.data import vocabulary
+from xlmeta_jax.evaluation import encoders, finetuning, training
 from xlmeta_jax.model.network import XLMRForMaskedLM, get_config
 
 
@@ -101,9 +102,9 @@ def _random_params(cfg):
 def test_hugging_face_checkpoint_is_accepted(english_lines, tmp_path):
     hf = pytest.importorskip("xlmeta_jax.interop.hf.weights")
     # XLM-R's SentencePiece specials; fairseq ids put pad at 1.
-    spm_path = tokenization.train_sentencepiece(
-        english_lines[:3000], tmp_path / "spm", 500, pad_id=-1, eos_id=2, unk_id=0, bos_id=1,
-        user_defined_symbols=[],
+    spm_path = vocabulary.train_sentencepiece(
+        tmp_path / "spm", 500, sentences=english_lines[:3000],
+        trainer_options=dict(pad_id=-1, eos_id=2, unk_id=0, bos_id=1, control_symbols=[]),
     )
     cfg = get_config("tiny", vocab_size=502, pad_token_id=1)
     params = _random_params(cfg)

@@ -2,7 +2,11 @@
 
 import pytest
 
+from xlmeta_jax.data import vocabulary
 from xlmeta_jax.evaluation import tokenization
+
+# XLM-R's SentencePiece ids (unk 0, <s> 1, </s> 2, no pad), which fairseq shifts.
+XLMR_SPM_IDS = dict(pad_id=-1, eos_id=2, unk_id=0, bos_id=1, control_symbols=[])
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +29,24 @@ def test_our_vocab_special_ids(our_vocab):
     assert tok.decode(tok.single(ids, 64)) == "to be or not"
 
 
+def test_special_pieces_in_text_are_plain_text(our_vocab, english_text, tmp_path):
+    # <s> and <mask> are control symbols: text that spells them cannot inject the ids.
+    tok = tokenization.Tokenizer(our_vocab)
+    text = "a <mask> b <s> c <mask><s>"
+    for ids in (tok.encode(text), tok.encode_with_offsets(text)[0]):
+        assert not {tok.cls_id, tok.mask_id} & set(ids)
+    # A vocabulary with user-defined <s>/<mask> (the old evaluation trainer's) is refused.
+    user_defined = vocabulary.train_sentencepiece(
+        tmp_path / "user_defined", 300, sentences=[*english_text[:2000], text],
+        trainer_options=dict(control_symbols=[], user_defined_symbols=["<s>", "<mask>"]),
+    )
+    with pytest.raises(vocabulary.VocabularyError, match="must be a control symbol"):
+        tokenization.Tokenizer(user_defined)
+
+
 def test_vocab_not_following_convention_is_rejected(english_text, tmp_path):
-    other = tokenization.train_sentencepiece(
-        english_text[:2000], tmp_path / "x", 300, pad_id=-1, eos_id=2, unk_id=0, bos_id=1,
-        user_defined_symbols=[],
+    other = vocabulary.train_sentencepiece(
+        tmp_path / "x", 300, sentences=english_text[:2000], trainer_options=XLMR_SPM_IDS
     )
     with pytest.raises(ValueError, match="does not follow our vocabulary convention"):
         tokenization.Tokenizer(other)
@@ -67,9 +85,9 @@ def test_offsets_point_at_the_piece_text(our_vocab, text):
 def test_fairseq_ids_match_hugging_face(english_text, tmp_path):
     transformers = pytest.importorskip("transformers")
     # A model with XLM-R's SentencePiece specials (unk 0, <s> 1, </s> 2).
-    model = tokenization.train_sentencepiece(
-        english_text[:3000], tmp_path / "sentencepiece.bpe", 500, pad_id=-1, eos_id=2,
-        unk_id=0, bos_id=1, user_defined_symbols=[],
+    model = vocabulary.train_sentencepiece(
+        tmp_path / "sentencepiece.bpe", 500, sentences=english_text[:3000],
+        trainer_options=XLMR_SPM_IDS,
     )
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "sentencepiece.bpe.model").write_bytes(open(model, "rb").read())

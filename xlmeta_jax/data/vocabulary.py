@@ -1,4 +1,4 @@
-"""The multilingual SentencePiece vocabulary: training, checks, fertility report.
+"""The project's SentencePiece vocabularies: the one trainer, the id checks, the command.
 
 One unigram SentencePiece model (as XLM-R) serves both phases: phase 1 trains on
 English with the same ids phase 2 uses. Its training text is a sample drawn with
@@ -25,29 +25,32 @@ Train from the command line (CC-100 layout, see docs/data.md)::
   python -m xlmeta_jax.data.vocabulary --cc100_dir=/data/cc100 \\
       --output_prefix=/data/vocab/xlmeta_250k --vocab_size=250000 --alpha=0.3
 
-or programmatically with :func:`train_vocabulary`.
+or programmatically with :func:`train_vocabulary`. :func:`train_sentencepiece` is the
+one place that sets the SentencePiece trainer's options; the evaluation side's small
+demo and test vocabularies are trained by it too. The fertility report is
+:mod:`xlmeta_jax.data.fertility`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
+import glob
 import logging
 import os
 import random
-import statistics
 import sys
 import tempfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from xlmeta_jax import errors
 from xlmeta_jax.data import rates
 from xlmeta_jax.data import text_files as mixtures
-from xlmeta_jax.data.languages import UNSPACED_LANGUAGES, XLMR_LANGUAGE_NAMES
+from xlmeta_jax.data.fertility import fertility_report, format_fertility_table
+from xlmeta_jax.data.languages import XLMR_LANGUAGE_NAMES, check_languages
 
 PAD_ID = 0
 EOS_ID = 1
@@ -62,7 +65,8 @@ MASK_PIECE = "<mask>"
 
 
 class VocabularyError(errors.UserError, ValueError):
-    """A vocabulary file that does not follow the project's id convention."""
+    """A vocabulary file that does not follow the project's id convention, or bad
+    vocabulary training settings."""
 
 
 def check_sentencepiece_model(processor, path: str = "<model>") -> None:
@@ -180,6 +184,68 @@ def sample_training_lines(
 # --------------------------------------------------------------------------- training
 
 
+def train_sentencepiece(
+    model_prefix: str | os.PathLike,
+    vocab_size: int,
+    *,
+    sentences: Iterable[str] | None = None,
+    input_file: str | None = None,
+    seed: int = 0,
+    character_coverage: float = 0.9995,
+    num_threads: int = 1,
+    trainer_options: Mapping[str, object] | None = None,
+) -> str:
+    """Trains a unigram SentencePiece model with the project's special ids.
+
+    The one place that builds the trainer's arguments: pad 0, eos 1, unk 2, and
+    ``<s>`` 3, ``<mask>`` 4 as *control* symbols (user-defined symbols would turn
+    a literal "<mask>" in the text into the mask id). Give the text as exactly one
+    of ``sentences`` or ``input_file``.
+
+    Args:
+      model_prefix: writes ``{model_prefix}.model`` and ``.vocab``.
+      vocab_size: pieces, including the 5 special ones.
+      sentences: the training text, one sentence or paragraph per item.
+      input_file: the training text as a file, one sentence or paragraph per line.
+      seed: SentencePiece's random seed (set globally before training).
+      character_coverage: share of characters the pieces must cover.
+      num_threads: trainer threads; the model can differ with the thread count.
+      trainer_options: further ``SentencePieceTrainer`` options; they override the
+        ones above (tests use this to train XLM-R's id layout).
+
+    Returns:
+      The path of the ``.model`` file.
+    """
+    # Imported here so that importing the data package does not load SentencePiece.
+    import sentencepiece as spm  # noqa: PLC0415 - heavy optional dependency, loaded on use
+
+    if (sentences is None) == (input_file is None):
+        raise TypeError("train_sentencepiece: give exactly one of sentences and input_file")
+    model_prefix = os.fspath(model_prefix)
+    options = dict(
+        model_type="unigram",
+        vocab_size=int(vocab_size),
+        character_coverage=float(character_coverage),
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        control_symbols=[BOS_PIECE, MASK_PIECE],
+        # Use every input line: callers pass exactly the sample they want trained on.
+        input_sentence_size=0,
+        num_threads=int(num_threads),
+        minloglevel=2,
+    )
+    options.update(trainer_options or {})
+    if input_file is not None:
+        options["input"] = input_file
+    else:
+        options["sentence_iterator"] = iter(sentences)
+    spm.set_random_generator_seed(int(seed))
+    spm.SentencePieceTrainer.train(model_prefix=model_prefix, **options)
+    return f"{model_prefix}.model"
+
+
 def train_vocabulary(
     text_files_by_lang: dict[str, list[str]],
     output_prefix: str,
@@ -231,16 +297,20 @@ def train_vocabulary(
 
     Raises:
       CorpusError: for missing/empty files or alpha outside (0, 1].
-      ValueError: for vocab_size <= 5 or a model that violates the id convention.
+      VocabularyError: for vocab_size <= 5, character_coverage outside (0, 1] or
+        a model that violates the id convention.
     """
-    import sentencepiece as spm
+    # Imported here so that importing the data package does not load SentencePiece.
+    import sentencepiece as spm  # noqa: PLC0415 - heavy optional dependency, loaded on use
 
     if int(vocab_size) <= NUM_SPECIAL_TOKENS:
-        raise ValueError(f"vocab_size must exceed {NUM_SPECIAL_TOKENS}, got {vocab_size}")
+        raise VocabularyError(f"vocab_size must exceed {NUM_SPECIAL_TOKENS}, got {vocab_size}")
     if not text_files_by_lang:
         raise mixtures.CorpusError("train_vocabulary: no languages given")
     if not 0.0 < character_coverage <= 1.0:
-        raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
+        raise VocabularyError(
+            f"character_coverage must be in (0, 1], got {character_coverage}"
+        )
     logging.info("sampling %d lines from %d languages (alpha %.2f; counting each language's "
                  "lines first, cached per folder)", num_lines, len(text_files_by_lang), alpha)
     lines_by_lang, q = sample_training_lines(
@@ -261,30 +331,22 @@ def train_vocabulary(
         with open(sample_path, "w", encoding="utf-8") as f:
             for line in all_lines:
                 f.write(line.replace("\n", " ") + "\n")
-        options = dict(
-            input=sample_path,
-            model_prefix=output_prefix,
-            model_type="unigram",
-            vocab_size=int(vocab_size),
-            character_coverage=float(character_coverage),
-            byte_fallback=bool(byte_fallback),
-            pad_id=PAD_ID,
-            eos_id=EOS_ID,
-            unk_id=UNK_ID,
-            bos_id=-1,
-            control_symbols=[BOS_PIECE, MASK_PIECE],
-            # The sample is already alpha-sampled and shuffled: use all of it, in order.
-            input_sentence_size=0,
-            shuffle_input_sentence=False,
-            num_threads=int(num_threads),
-            minloglevel=2,
-        )
-        options.update(trainer_options or {})
-        spm.set_random_generator_seed(int(seed))
         logging.info("training the %d-piece SentencePiece model on %d lines (%d threads)",
                      int(vocab_size), len(all_lines), int(num_threads))
-        spm.SentencePieceTrainer.train(**options)
-    model_path = f"{output_prefix}.model"
+        model_path = train_sentencepiece(
+            output_prefix,
+            vocab_size,
+            input_file=sample_path,
+            seed=seed,
+            character_coverage=character_coverage,
+            num_threads=num_threads,
+            trainer_options={
+                "byte_fallback": bool(byte_fallback),
+                # The sample is already alpha-sampled and shuffled: use it in order.
+                "shuffle_input_sentence": False,
+                **(trainer_options or {}),
+            },
+        )
     _drop_temporary_paths(model_path, alpha=alpha, seed=seed)
     processor = spm.SentencePieceProcessor(model_file=model_path)
     check_sentencepiece_model(processor, model_path)
@@ -307,7 +369,9 @@ def _drop_temporary_paths(model_path: str, *, alpha: float, seed: int) -> None:
 
     Without this the same seed would give different bytes in another folder.
     """
-    from sentencepiece import sentencepiece_model_pb2
+    from sentencepiece import (  # noqa: PLC0415 - heavy optional dependency, loaded on use
+        sentencepiece_model_pb2,
+    )
 
     with open(model_path, "rb") as f:
         model = sentencepiece_model_pb2.ModelProto.FromString(f.read())
@@ -318,107 +382,12 @@ def _drop_temporary_paths(model_path: str, *, alpha: float, seed: int) -> None:
         f.write(model.SerializeToString(deterministic=True))
 
 
-# --------------------------------------------------------------------------- fertility
-
-
-@dataclasses.dataclass(frozen=True)
-class FertilityRow:
-    """How well the vocabulary covers one language.
-
-    Attributes:
-      lang: language label.
-      q: sampling probability used for the training sample.
-      sample_lines: paragraphs of this language in the training sample.
-      tokens_per_word: tokens / whitespace-separated words (high = starved).
-      chars_per_token: non-space characters / tokens (low = starved; the useful
-        number for scripts without spaces).
-      fallback_share: share of tokens that are byte-fallback pieces or ``<unk>``.
-    """
-
-    lang: str
-    q: float
-    sample_lines: int
-    tokens_per_word: float
-    chars_per_token: float
-    fallback_share: float
-
-
-def fertility_report(
-    model_path: str, lines_by_lang: Mapping[str, Sequence[str]], q: Mapping[str, float]
-) -> list[FertilityRow]:
-    """Tokens per word, characters per token and fallback share per language."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=model_path)
-    rows = []
-    for lang in sorted(lines_by_lang):
-        lines = list(lines_by_lang[lang])
-        tokens = words = chars = fallback = 0
-        for ids in sp.encode(lines):
-            tokens += len(ids)
-            fallback += sum(1 for i in ids if i == UNK_ID or sp.is_byte(i))
-        for line in lines:
-            words += len(line.split())
-            chars += sum(1 for c in line if not c.isspace())
-        rows.append(
-            FertilityRow(
-                lang=lang,
-                q=float(q.get(lang, 0.0)),
-                sample_lines=len(lines),
-                tokens_per_word=tokens / max(words, 1),
-                chars_per_token=chars / max(tokens, 1),
-                fallback_share=fallback / max(tokens, 1),
-            )
-        )
-    return rows
-
-
-def _starved(row: FertilityRow, median_tpw: float) -> bool:
-    if row.fallback_share > 0.01:
-        return True
-    if row.lang not in UNSPACED_LANGUAGES and median_tpw > 0:
-        return row.tokens_per_word > 2.0 * median_tpw
-    return False
-
-
-def format_fertility_table(rows: Sequence[FertilityRow], *, tsv: bool = False) -> str:
-    """The report as an aligned table (or TSV), flagging starved languages.
-
-    A language is flagged when over 1% of its tokens are byte/unk fallbacks, or
-    (for space-separated scripts) its tokens per word exceed twice the median.
-    """
-    spaced = [r.tokens_per_word for r in rows if r.lang not in UNSPACED_LANGUAGES]
-    median_tpw = statistics.median(spaced) if spaced else 0.0
-    header = ["lang", "name", "q", "sample_lines", "tokens/word", "chars/token", "fallback%", ""]
-    body = []
-    for r in rows:
-        body.append(
-            [
-                r.lang,
-                XLMR_LANGUAGE_NAMES.get(r.lang, ""),
-                f"{r.q:.4f}",
-                str(r.sample_lines),
-                f"{r.tokens_per_word:.2f}",
-                f"{r.chars_per_token:.2f}",
-                f"{100 * r.fallback_share:.2f}",
-                "STARVED?" if _starved(r, median_tpw) else "",
-            ]
-        )
-    if tsv:
-        return "\n".join("\t".join(row) for row in [header, *body]) + "\n"
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, body)])
-
-
 # --------------------------------------------------------------------------- command
 
 
 def _files_from_args(args) -> dict[str, list[str]]:
     by_lang: dict[str, list[str]] = {}
     if args.cc100_dir:
-        import glob
-
         languages = (
             [s for s in args.languages.split(",") if s]
             if args.languages
@@ -428,8 +397,6 @@ def _files_from_args(args) -> dict[str, list[str]]:
                 if glob.glob(os.path.join(args.cc100_dir, f"{lang}.txt*"))
             )
         )
-        from xlmeta_jax.data.languages import check_languages
-
         check_languages(languages, what="--languages")
         for lang in languages:
             by_lang[lang] = [os.path.join(args.cc100_dir, f"{lang}.txt*")]
@@ -439,8 +406,6 @@ def _files_from_args(args) -> dict[str, list[str]]:
             raise SystemExit(f"--files expects LANG=GLOB, got {spec!r}")
         by_lang.setdefault(lang, []).append(pattern)
     if args.files:
-        from xlmeta_jax.data.languages import check_languages
-
         check_languages(sorted({spec.partition("=")[0] for spec in args.files}), what="--files")
     if not by_lang:
         raise SystemExit("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
@@ -518,6 +483,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from xlmeta_jax import errors
-
     errors.exit_with(main, prog="xlmeta_jax.data.vocabulary")

@@ -1,8 +1,9 @@
 """A small multilingual SentencePiece vocabulary for demo-size runs and tests.
 
 Trained on real text from the shared data folder: English public-domain text
-(``english_pd/tinyshakespeare``) and the Leipzig sentences of 75 languages, with our
-special ids (pad 0, eos 1, unk 2, ``<s>`` 3, ``<mask>`` 4). Demo gin files point
+(``english_pd/tinyshakespeare``) and the Leipzig sentences of 75 languages by the
+pretraining vocabulary's trainer (:func:`xlmeta_jax.data.vocabulary.train_sentencepiece`),
+so it has our special ids (pad 0, eos 1, unk 2, ``<s>`` 3, ``<mask>`` 4). Demo gin files point
 ``VOCAB_PATH`` at the model this writes::
 
     python -m xlmeta_jax.evaluation.demo_vocab --output=/tmp/xlmeta_demo/spm
@@ -11,9 +12,11 @@ special ids (pad 0, eos 1, unk 2, ``<s>`` 3, ``<mask>`` 4). Demo gin files point
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
 
+from xlmeta_jax.data import vocabulary
 from xlmeta_jax.evaluation import readers, tokenization
 
 
@@ -36,10 +39,16 @@ def build_demo_vocab(
     """Trains the demo vocabulary; returns the ``.model`` path (reused if it exists)."""
     model = pathlib.Path(f"{os.fspath(output_prefix)}.model")
     if model.is_file():
-        return os.fspath(model)
+        try:
+            tokenization.Tokenizer(model)
+            return os.fspath(model)
+        except vocabulary.VocabularyError:
+            # Written before <s> and <mask> became control symbols: retraining gives
+            # the same pieces at the same ids, with the special ones fixed.
+            logging.info("retraining the demo vocabulary %s (outdated special symbols)", model)
     model.parent.mkdir(parents=True, exist_ok=True)
-    return tokenization.train_sentencepiece(
-        demo_sentences(data_dir), output_prefix, vocab_size, character_coverage=0.995
+    return vocabulary.train_sentencepiece(
+        output_prefix, vocab_size, sentences=demo_sentences(data_dir), character_coverage=0.995
     )
 
 

@@ -3,7 +3,8 @@
 Two id conventions are supported:
 
 * ``"seqio"`` — our vocabulary: pad=0, eos=1, unk=2, ``<s>``=3, ``<mask>``=4, pieces
-  at their SentencePiece ids (the model file itself defines these ids).
+  at their SentencePiece ids (the model file itself defines these ids; the convention
+  and its trainer, ``train_sentencepiece``, live in :mod:`xlmeta_jax.data.vocabulary`).
 * ``"fairseq"`` — Hugging Face / fairseq XLM-R: ``<s>``=0, ``<pad>``=1, ``</s>``=2,
   ``<unk>``=3, every other SentencePiece id shifted by +1, ``<mask>`` = last id
   (250001 for XLM-R's 250000-piece ``sentencepiece.bpe.model``).
@@ -21,10 +22,9 @@ from collections.abc import Sequence
 import numpy as np
 import sentencepiece as spm
 
-KINDS = ("seqio", "fairseq")
+from xlmeta_jax.data import vocabulary
 
-# Ids fixed by our vocabulary convention (see the project README).
-SEQIO_SPECIAL = {"pad": 0, "eos": 1, "unk": 2, "<s>": 3, "<mask>": 4}
+KINDS = ("seqio", "fairseq")
 
 
 class Tokenizer:
@@ -49,21 +49,18 @@ class Tokenizer:
         self._invisible_chars: dict[str, bool] = {}
         n = self.sp.get_piece_size()
         if kind == "seqio":
-            got = {
-                "pad": self.sp.pad_id(),
-                "eos": self.sp.eos_id(),
-                "unk": self.sp.unk_id(),
-                "<s>": self.sp.piece_to_id("<s>"),
-                "<mask>": self.sp.piece_to_id("<mask>"),
-            }
-            if got != SEQIO_SPECIAL:
-                raise ValueError(
-                    f"{model_path} does not follow our vocabulary convention {SEQIO_SPECIAL}: "
-                    f"it has {got}. For a Hugging Face XLM-R model use kind='fairseq'."
-                )
+            try:
+                vocabulary.check_sentencepiece_model(self.sp, "the model")
+            except vocabulary.VocabularyError as e:
+                raise vocabulary.VocabularyError(
+                    f"{model_path} does not follow our vocabulary convention ({e}). For a "
+                    "Hugging Face XLM-R model use kind='fairseq'."
+                ) from None
             self.vocab_size = n
-            self.pad_id, self.sep_id, self.unk_id = 0, 1, 2
-            self.cls_id, self.mask_id = 3, 4
+            self.pad_id, self.sep_id, self.unk_id = (
+                vocabulary.PAD_ID, vocabulary.EOS_ID, vocabulary.UNK_ID
+            )
+            self.cls_id, self.mask_id = vocabulary.BOS_ID, vocabulary.MASK_ID
         else:
             # fairseq's dictionary: 4 specials, then spm pieces from spm id 3 on (spm ids
             # 0..2 are its own unk/bos/eos); net offset +1, spm unk -> <unk>.
@@ -158,31 +155,3 @@ def _byte_to_char_map(text: str) -> np.ndarray:
     lengths = np.fromiter((len(c.encode("utf-8")) for c in text), dtype=np.int64, count=len(text))
     out = np.repeat(np.arange(len(text)), lengths)
     return np.append(out, len(text))
-
-
-def train_sentencepiece(
-    sentences, model_prefix: str | os.PathLike, vocab_size: int, **kwargs
-) -> str:
-    """Trains a SentencePiece unigram model with our special ids (pad 0, eos 1, unk 2,
-    ``<s>`` 3, ``<mask>`` 4) and returns the ``.model`` path. For demos and tests."""
-    model_prefix = os.fspath(model_prefix)
-    options = dict(
-        model_type="unigram",
-        character_coverage=0.9995,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-        user_defined_symbols=["<s>", "<mask>"],
-        minloglevel=2,
-        input_sentence_size=0,
-        num_threads=1,
-    )
-    options.update(kwargs)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_prefix=model_prefix,
-        vocab_size=vocab_size,
-        **options,
-    )
-    return model_prefix + ".model"
