@@ -24,12 +24,13 @@ PACKAGE = REPO / "xlmeta_jax"
 # (module prefix, layer): the longest matching prefix gives a module's layer. A module
 # may import modules of lower layers and of its own package.
 LAYERS = (
+    ("xlmeta_jax", 0),  # the package's (empty) __init__
     ("xlmeta_jax.errors", 0), ("xlmeta_jax.files", 0), ("xlmeta_jax.logs", 0),
     ("xlmeta_jax.hosts", 0),
     ("xlmeta_jax.model", 1),
     # Hugging Face's file formats: parameter layout, tokenizer files, weights.
     ("xlmeta_jax.interop.hf.layout", 2), ("xlmeta_jax.interop.hf.tokenizer", 2),
-    ("xlmeta_jax.interop.hf.weights", 2),
+    ("xlmeta_jax.interop.hf.weights", 2), ("xlmeta_jax.interop.hf.hf_config", 2),
     ("xlmeta_jax.data", 3),
     ("xlmeta_jax.pretrain", 4),
     ("xlmeta_jax.evaluation", 5),
@@ -70,8 +71,8 @@ MODULES = _modules()
 
 
 def _layer(module: str) -> int:
-    best = max((p for p, _ in LAYERS if module == p or module.startswith(p + ".")),
-               key=len, default=None)
+    best = max((p for p, _ in LAYERS if module == p or (
+        module.startswith(p + ".") and p != "xlmeta_jax")), key=len, default=None)
     assert best is not None, f"{module} is in no layer of tests/test_layout.py"
     return dict(LAYERS)[best]
 
