@@ -15,7 +15,10 @@ under the name of the object's own module, so a binding names where the code is:
 * ``xlmeta_jax.data.feeding.make_mlm_iterator.*`` — the feeder's options;
 * ``@xlmeta_jax.cli.configurables.registered()`` — registers the configured corpora
   (:func:`tasks.register`) and returns ``registered.name``, for configs that name a
-  task, e.g. t5x's ``mixture_or_task_name = @xlmeta_jax.cli.configurables.registered()``.
+  task, e.g. t5x's ``mixture_or_task_name = @xlmeta_jax.cli.configurables.registered()``;
+* ``finetune.*`` and ``evaluate_retrieval.*`` — the evaluation command
+  (gin/finetune/*.gin): :func:`finetune` builds a
+  :class:`xlmeta_jax.evaluation.finetune.FineTuneConfig` and runs it.
 
 Both entry points read them — our trainer (``python -m xlmeta_jax.train``) and t5x's
 (``python -m t5x.train``). A t5x config that imports this module gets no second
@@ -29,6 +32,9 @@ import gin
 
 from xlmeta_jax.data import corpora, feeding
 from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.evaluation import finetune as evaluation_finetune
+from xlmeta_jax.evaluation import tasks as evaluation_tasks
+from xlmeta_jax.evaluation.settings import RetrievalSettings
 from xlmeta_jax.model import mlm, network
 from xlmeta_jax.model.optimizer import OptimizerConfig
 
@@ -94,3 +100,60 @@ def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None
             f"{sorted(names) or 'none'})" + (f"; set {hint}" if hint else "")
         )
     return name
+
+
+# ----------------------------------------------------------------------------------------
+# Evaluation (gin/finetune/*.gin): `finetune.<field>` and `evaluate_retrieval.<field>`
+# ----------------------------------------------------------------------------------------
+
+
+@gin.configurable(module="xlmeta_jax.cli.configurables", allowlist=[
+    "layer", "neighbourhood", "pooling"])
+def evaluate_retrieval(layer: int | None = None, neighbourhood: int = 4,
+                       pooling: str | None = None) -> RetrievalSettings:
+    """The retrieval tasks' settings (``evaluate_retrieval.layer`` etc. in gin).
+
+    Args:
+      layer: XTREME's ``--specific_layer``; None: the task's XTREME layer.
+      neighbourhood: BUCC margin's k.
+      pooling: "mean" or "cls"; None: the task's XTREME pooling.
+    """
+    return RetrievalSettings(layer=layer, neighbourhood=neighbourhood, pooling=pooling)
+
+
+@gin.configurable(module="xlmeta_jax.cli.configurables")
+def finetune(
+    task: str = gin.REQUIRED,
+    initial_checkpoint_path: str = gin.REQUIRED,
+    model_dir: str = gin.REQUIRED,
+    data_dir: str | None = None,
+    vocab_path: str | None = None,
+    languages: list[str] | None = None,
+    allow_pickle: bool = False,
+    data_source: str = "local",
+    tfds_data_dir: str | None = None,
+    num_seeds: int = 1,
+    **settings,
+) -> dict:
+    """Runs :func:`xlmeta_jax.evaluation.finetune.finetune` on the gin bindings.
+
+    ``finetune.<field>`` binds a field of
+    :class:`~xlmeta_jax.evaluation.finetune.FineTuneConfig`, or of its
+    :class:`~xlmeta_jax.evaluation.settings.FineTuneSettings` (``finetune.batch_size``);
+    a retrieval task also reads :func:`evaluate_retrieval`. MODEL_DIR/config.gin gets
+    the operative config.
+
+    Returns:
+      The results written to MODEL_DIR/results.json.
+    """
+    # Only a retrieval task calls evaluate_retrieval, so only its config.gin lists it.
+    retrieval = (RetrievalSettings() if evaluation_tasks.get(task).fine_tunes
+                 else evaluate_retrieval())
+    config = evaluation_finetune.FineTuneConfig.from_kwargs(
+        task=task, initial_checkpoint_path=initial_checkpoint_path, model_dir=model_dir,
+        data_dir=data_dir, vocab_path=vocab_path, languages=languages,
+        allow_pickle=allow_pickle, data_source=data_source, tfds_data_dir=tfds_data_dir,
+        num_seeds=num_seeds, retrieval=retrieval, config_text=gin.operative_config_str(),
+        **settings,
+    )
+    return evaluation_finetune.finetune(config)

@@ -53,8 +53,7 @@ def main(argv: Sequence[str]) -> dict | None:
             "no --gin_file given (e.g. --gin_file=gin/experiments/cpu.gin)")
     logs.quiet_start(import_tensorflow=True)
     # The evaluations' gin configurables (read by the plan) exist before the config locks.
-    import xlmeta_jax.evaluation.finetuning  # noqa: F401
-    import xlmeta_jax.evaluation.retrieval  # noqa: F401
+    import xlmeta_jax.cli.configurables  # noqa: F401
 
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True,
                       positive=train_cli.POSITIVE_PARAMETERS)

@@ -227,35 +227,35 @@ def estimate_eval_seconds(exp: Experiment, task: str, step_s: float, compile_s: 
                 finished.append(float(results["total_seconds"]))
     if finished:
         return sum(finished) / len(finished) + compile_s
-    from xlmeta_jax.evaluation import finetuning, readers
+    from xlmeta_jax.evaluation import settings, tasks
 
     gin.clear_config()
     gin_cli.apply_gin([f"finetune/{task}.gin", *exp.finetune_gin_files],
                       [*exp.finetune_bindings, "INITIAL_CHECKPOINT_PATH = 'unused'",
                        "MODEL_DIR = 'unused'"], finalize=False)
-    defaults = dataclasses.asdict(finetuning.FineTuneSettings())
+    defaults = dataclasses.asdict(settings.FineTuneSettings())
     s = {k: _gin_value(f"finetune.{k}", v) for k, v in defaults.items()}
-    spec = readers.get_task(task)
-    languages = readers.check_languages(task, _gin_value("finetune.languages", None))
+    spec = tasks.get(task)
+    languages = spec.check_languages(_gin_value("finetune.languages", None))
     data_dir = exp.data_dir or _gin_value("finetune.data_dir", None)
     token_s = step_s / exp.budget.tokens_per_step
     forward_s = token_s / 3
     length = min(s["max_seq_length"], exp.model.max_length)
     limit = s["max_eval_examples"] or sys.maxsize
-    if spec.kind == "retrieval":
+    if not spec.fine_tunes:
         # Tatoeba has up to 1000 pairs per language; both sides are embedded once.
         pairs = len(languages) * min(limit, 1000)
         return 2 * pairs * length * forward_s + compile_s + 5.0
     split = dict(train_fraction=s["train_fraction"], select_fraction=s["select_fraction"])
-    n_train = len(readers.load_train(task, data_dir, **split))
+    n_train = len(spec.load_train(data_dir, **split))
     if s["max_train_examples"]:
         n_train = min(n_train, s["max_train_examples"])
     steps = s["train_steps"] or math.ceil(s["num_epochs"] * n_train / s["batch_size"])
-    n_eval = sum(min(limit, len(readers.load_eval(task, lang, data_dir, **split)))
+    n_eval = sum(min(limit, len(spec.load_eval(lang, data_dir, **split)))
                  for lang in languages)
     n_select = 0
     if s["eval_every"]:
-        select = readers.load_select(task, data_dir, **split) or []
+        select = spec.load_select(data_dir, **split) or []
         n_select = min(limit, len(select)) * (steps // s["eval_every"] + 1)
     one_seed = (steps * s["batch_size"] * length * token_s
                 + (n_eval + n_select) * length * forward_s + 2 * compile_s)

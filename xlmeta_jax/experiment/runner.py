@@ -155,12 +155,12 @@ def experiment(
                               f"(@xlmeta_jax.model.optimizer.OptimizerConfig()), got "
                               f"{type(optimizer).__name__}")
     tasks = tuple(tasks)
-    from xlmeta_jax.evaluation import readers
+    from xlmeta_jax.evaluation import tasks as evaluation_tasks
 
-    unknown = [t for t in tasks if t not in readers.TASKS]
+    unknown = [t for t in tasks if t not in evaluation_tasks.names()]
     if unknown or len(set(tasks)) != len(tasks):
         raise ExperimentError(f"experiment.tasks={list(tasks)}: expected distinct tasks of "
-                              f"{sorted(readers.TASKS)}")
+                              f"{sorted(evaluation_tasks.names())}")
     exp = Experiment(
         name=name, model_dir=model_dir, arms=arms, seeds=seeds,
         budget=Budget(meta_steps, xling_steps, batch_size, sequence_length),
