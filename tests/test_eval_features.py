@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from xlmeta_jax.evaluation import features, qa_decoding, readers, scorers, tokenization
+from xlmeta_jax.evaluation import features, qa_decoding, readers, scorers, tasks, tokenization
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def _token_aligned(tok, ex):
 
 @pytest.mark.parametrize("lang", ["en", "sw"])
 def test_gold_logits_decode_to_gold_answers(shared_data, tok, lang):
-    examples = readers.load_eval("tydiqa", lang, shared_data)[:150]
+    examples = tasks.get("tydiqa").load_eval(lang, shared_data)[:150]
     # Short windows: many contexts span several windows.
     feats = features.qa_features(
         examples, tok, max_seq_length=192, doc_stride=64, max_query_length=48
@@ -70,7 +70,7 @@ def test_gold_logits_decode_to_gold_answers(shared_data, tok, lang):
 
 
 def test_windows_cover_every_context_token(shared_data, tok):
-    examples = readers.load_eval("tydiqa", "en", shared_data)[:40]
+    examples = tasks.get("tydiqa").load_eval("en", shared_data)[:40]
     feats = features.qa_features(
         examples, tok, max_seq_length=96, doc_stride=32, max_query_length=24
     )
@@ -188,8 +188,8 @@ def test_basic_tokenizer_matches_hugging_face():
 
 
 def test_tagging_windows_round_trip_gold_tags(shared_data, tok):
-    examples = readers.load_eval("panx", "de", shared_data)[:300]
-    labels = readers.PANX_LABELS
+    examples = tasks.get("panx").load_eval("de", shared_data)[:300]
+    labels = tasks.get("panx").labels
     # 24 tokens per window: long sentences are split at word boundaries.
     feats = features.tagging_features(examples, tok, labels, 24)
     assert len(feats) > len(examples)
@@ -205,7 +205,7 @@ def test_tagging_windows_round_trip_gold_tags(shared_data, tok):
 
 
 def test_classification_features(shared_data, tok):
-    examples = readers.load_eval("xnli", "en", shared_data)[:5]
+    examples = tasks.get("xnli").load_eval("en", shared_data)[:5]
     out = features.classification_features(examples, tok, 16)
     assert out["input_ids"].shape == (5, 16)
     row = out["input_ids"][0]

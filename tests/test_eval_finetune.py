@@ -10,7 +10,9 @@ import pytest
 
 from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.data import vocabulary
-from xlmeta_jax.evaluation import encoders, finetuning, training
+from xlmeta_jax.evaluation import encoders, settings, tasks, training
+from xlmeta_jax.evaluation.finetune import FineTuneConfig, finetune
+from xlmeta_jax.evaluation.results import format_table
 from xlmeta_jax.model.network import XLMRForMaskedLM, get_config
 
 
@@ -73,17 +75,18 @@ def test_bad_inputs_fail_before_training(shared_data, vocab, tmp_path):
     common = dict(initial_checkpoint_path="init:tiny", model_dir=str(tmp_path), vocab_path=vocab,
                   data_dir=str(shared_data))
     with pytest.raises(ValueError, match="unknown task 'squad'"):
-        finetuning.finetune(task="squad", **common)
+        finetune(FineTuneConfig.from_kwargs(task="squad", **common))
     with pytest.raises(ValueError, match=r"unknown language\(s\) \['xx'\]"):
-        finetuning.finetune(task="xnli", languages=["xx"], **common)
+        finetune(FineTuneConfig.from_kwargs(task="xnli", languages=["xx"], **common))
     with pytest.raises(TypeError, match="unknown settings \\['batchsize'\\]"):
-        finetuning.finetune(task="xnli", batchsize=8, **common)
+        FineTuneConfig.from_kwargs(task="xnli", batchsize=8, **common)
     with pytest.raises(ValueError, match="not divisible by the 8 devices"):
-        finetuning.finetune(task="xnli", batch_size=12, **common)
+        finetune(FineTuneConfig.from_kwargs(task="xnli", batch_size=12, **common))
     with pytest.raises(FileNotFoundError, match="INITIAL_CHECKPOINT_PATH .* does not exist"):
-        finetuning.finetune(task="xnli", **{**common, "initial_checkpoint_path": "/no/ckpt"})
+        finetune(FineTuneConfig.from_kwargs(
+            task="xnli", **{**common, "initial_checkpoint_path": "/no/ckpt"}))
     with pytest.raises(ValueError, match="exceeds the encoder's 129 positions"):
-        finetuning.finetune(task="xnli", max_seq_length=256, **common)
+        finetune(FineTuneConfig.from_kwargs(task="xnli", max_seq_length=256, **common))
     with pytest.raises(SystemExit, match="unknown arguments"):
         finetune_cli.main(["--gin_file=finetune/xnli.gin", "--steps=3"])
     with pytest.raises(SystemExit, match="--seeds needs a positive integer"):
@@ -175,7 +178,8 @@ def test_selection_on_english_dev_and_seeds(shared_data, vocab, tmp_path, monkey
     at the last step, 13); --seeds=2 reports mean ± std over two runs."""
     # English-dev scores at steps 3, 6, 9, 12 of seed 42, then of seed 43.
     scripted = iter([50.0, 60.0, 60.0, 55.0, 10.0, 20.0, 30.0, 40.0])
-    monkeypatch.setattr(finetuning, "_selection_score", lambda spec, scores: next(scripted))
+    monkeypatch.setattr(type(tasks.get("pawsx")), "selection_score",
+                        lambda self, scores: next(scripted))
     seen = []  # a fingerprint of the parameters behind every prediction
     predict = training.Runner.predict
 
@@ -184,13 +188,13 @@ def test_selection_on_english_dev_and_seeds(shared_data, vocab, tmp_path, monkey
         return predict(self, input_ids, batch_size)
 
     monkeypatch.setattr(training.Runner, "predict", spy)
-    results = finetuning.finetune(
+    results = finetune(FineTuneConfig.from_kwargs(
         task="pawsx", initial_checkpoint_path="init:tiny", vocab_path=vocab,
         data_dir=str(shared_data), languages=["en", "de"], train_steps=13, batch_size=8,
         learning_rate=2e-3, warmup_steps=2, max_train_examples=96, max_eval_examples=48,
         max_seq_length=64, eval_batch_size=48, log_every=6, eval_every=3, num_seeds=2,
         model_dir=str(tmp_path),
-    )
+    ))
     first, second = results["seeds"]
     assert [h["step"] for h in first["selection"]] == [3, 6, 9, 12]
     assert first["selected_step"] == 6 and second["selected_step"] == 12
@@ -208,7 +212,7 @@ def test_selection_on_english_dev_and_seeds(shared_data, vocab, tmp_path, monkey
     averages = [r["average"] for r in results["seeds"]]
     assert results["average"] == pytest.approx(np.mean(averages))
     assert results["average_std"] == pytest.approx(np.std(averages, ddof=1))
-    assert "±" in finetuning.format_table(results)
+    assert "±" in format_table(results)
     assert results["settings"]["num_seeds"] == 2
 
 
@@ -246,12 +250,12 @@ def test_xnli_large_encoder_uses_xtreme_large_learning_rate():
     gin_cli.apply_gin(["finetune/xnli.gin"], [
         "MODEL_DIR = '/tmp/unused_model_dir'", "INITIAL_CHECKPOINT_PATH = '/tmp/unused_ckpt'",
     ], finalize=False)
-    s = finetuning.FineTuneSettings(
+    s = settings.FineTuneSettings(
         learning_rate=gin.query_parameter("finetune.learning_rate"),
         large_learning_rate=gin.query_parameter("finetune.large_learning_rate"),
     )
-    assert finetuning.settings_for_encoder(s, 12).learning_rate == 2e-5
-    assert finetuning.settings_for_encoder(s, 24).learning_rate == 3e-5
+    assert settings.settings_for_encoder(s, 12).learning_rate == 2e-5
+    assert settings.settings_for_encoder(s, 24).learning_rate == 3e-5
     # Tasks whose scripts keep one rate leave it unset: large trains at `learning_rate`.
-    plain = finetuning.FineTuneSettings(learning_rate=2e-5)
-    assert finetuning.settings_for_encoder(plain, 24).learning_rate == 2e-5
+    plain = settings.FineTuneSettings(learning_rate=2e-5)
+    assert settings.settings_for_encoder(plain, 24).learning_rate == 2e-5

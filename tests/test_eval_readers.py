@@ -5,25 +5,27 @@ import collections
 import numpy as np
 import pytest
 
-from xlmeta_jax.evaluation import readers, scorers, splits
+from xlmeta_jax import errors
+from xlmeta_jax.evaluation import readers, scorers, splits, tasks
+from xlmeta_jax.evaluation.tasks import classification, retrieval, tagging
 
 
 def test_tydiqa_counts_match_readme(shared_data):
     counts = {
-        lang: len(readers.load_eval("tydiqa", lang, shared_data))
-        for lang in readers.get_task("tydiqa").languages
+        lang: len(tasks.get("tydiqa").load_eval(lang, shared_data))
+        for lang in tasks.get("tydiqa").languages
     }
     assert counts == {
         "ar": 921, "bn": 113, "en": 440, "fi": 782, "id": 565, "ko": 276, "ru": 812,
         "sw": 499, "te": 669,
     }
-    assert len(readers.load_train("tydiqa", shared_data)) == 3696
+    assert len(tasks.get("tydiqa").load_train(shared_data)) == 3696
 
 
 def test_mlqa_and_xquad_counts(shared_data):
-    mlqa = {lang: len(readers.load_eval("mlqa", lang, shared_data)) for lang in ("en", "zh")}
+    mlqa = {lang: len(tasks.get("mlqa").load_eval(lang, shared_data)) for lang in ("en", "zh")}
     assert mlqa == {"en": 1148, "zh": 504}
-    assert len(readers.load_eval("xquad", "th", shared_data)) == 1190
+    assert len(tasks.get("xquad").load_eval("th", shared_data)) == 1190
 
 
 def _sentences(rows):
@@ -31,10 +33,10 @@ def _sentences(rows):
 
 
 def test_xnli_heldout_split_is_disjoint_and_parallel(shared_data):
-    train = readers.load_train("xnli", shared_data)
-    select = readers.load_select("xnli", shared_data)
-    en_eval = readers.load_eval("xnli", "en", shared_data)
-    de_eval = readers.load_eval("xnli", "de", shared_data)
+    train = tasks.get("xnli").load_train(shared_data)
+    select = tasks.get("xnli").load_select(shared_data)
+    en_eval = tasks.get("xnli").load_eval("en", shared_data)
+    de_eval = tasks.get("xnli").load_eval("de", shared_data)
     assert (len(train), len(select), len(en_eval)) == (996, 249, 1245)
     # The split falls between premises: no training premise is evaluated.
     assert not {e.text_a for e in train + select} & {e.text_a for e in en_eval}
@@ -45,14 +47,14 @@ def test_xnli_heldout_split_is_disjoint_and_parallel(shared_data):
 
 def test_pawsx_split_shares_no_sentence(shared_data):
     """The old line split (first 1000 / last 1000) leaked 411 evaluation pairs."""
-    rows = readers.read_pair_tsv(shared_data / "pawsx" / "dev-en.tsv", readers.PAWSX_LABELS)
+    rows = readers.read_pair_tsv(shared_data / "pawsx" / "dev-en.tsv", classification.PAWSX_LABELS)
     old_train = _sentences(rows[:1000])
     leaked = [r for r in rows[1000:] if r.text_a in old_train or r.text_b in old_train]
     assert len(leaked) == 411
-    train = readers.load_train("pawsx", shared_data)
-    select = readers.load_select("pawsx", shared_data)
+    train = tasks.get("pawsx").load_train(shared_data)
+    select = tasks.get("pawsx").load_select(shared_data)
     for lang in ("en", "de", "zh"):
-        evaluated = readers.load_eval("pawsx", lang, shared_data)
+        evaluated = tasks.get("pawsx").load_eval(lang, shared_data)
         assert len(evaluated) == 1000 if lang == "en" else len(evaluated) > 0
         if lang == "en":
             assert not _sentences(train) & _sentences(evaluated)
@@ -60,18 +62,18 @@ def test_pawsx_split_shares_no_sentence(shared_data):
             assert not _sentences(train) & _sentences(select)
     # Groups span languages: two English sentences can share one German translation.
     files = [readers.read_pair_tsv(shared_data / "pawsx" / f"dev-{lang}.tsv",
-                                   readers.PAWSX_LABELS) for lang in ("en", "de")]
+                                   classification.PAWSX_LABELS) for lang in ("en", "de")]
     english_only = splits.dev_split(files[:1], 0.5, 0.1)
     de_leak = _sentences([files[1][i] for i in english_only["train"]]) & _sentences(
         [files[1][i] for i in english_only["eval"]])
     assert de_leak
-    langs = readers.get_task("pawsx").languages
+    langs = tasks.get("pawsx").languages
     every = [readers.read_pair_tsv(shared_data / "pawsx" / f"dev-{lang}.tsv",
-                                   readers.PAWSX_LABELS) for lang in langs]
+                                   classification.PAWSX_LABELS) for lang in langs]
     parts = splits.dev_split(every, 0.5, 0.1)
     for lang, rows in zip(langs, every):
         seen = _sentences([rows[i] for i in parts["train"] + parts["select"]])
-        assert not seen & _sentences(readers.load_eval("pawsx", lang, shared_data)), lang
+        assert not seen & _sentences(tasks.get("pawsx").load_eval(lang, shared_data)), lang
 
 
 def test_pair_groups_join_chains_of_shared_sentences():
@@ -90,7 +92,7 @@ def test_pair_groups_join_chains_of_shared_sentences():
 
 def test_majority_label_xnli_is_chance(shared_data):
     for lang in ("en", "zh", "sw"):
-        labels = [e.label for e in readers.load_eval("xnli", lang, shared_data)]
+        labels = [e.label for e in tasks.get("xnli").load_eval(lang, shared_data)]
         majority = collections.Counter(labels).most_common(1)[0][0]
         acc = scorers.accuracy(labels, [majority] * len(labels))["accuracy"]
         assert 33.0 <= acc <= 36.0, acc
@@ -105,18 +107,18 @@ def _content(example):
     return (example.context, example.question)
 
 
-FINE_TUNED_TASKS = [t.name for t in readers.TASKS.values() if t.kind != "retrieval"]
+FINE_TUNED_TASKS = [n for n in tasks.names() if tasks.get(n).fine_tunes]
 
 
 @pytest.mark.parametrize("task", FINE_TUNED_TASKS)
 def test_selection_and_evaluation_examples_are_disjoint(shared_data, task):
-    select = readers.load_select(task, shared_data) or []
+    select = tasks.get(task).load_select(shared_data) or []
     select_content = {_content(e) for e in select}
     # Parallel dev files (XNLI, PAWS-X): the line number names a sentence in every
     # language, so a translation of a selection example is not evaluated either.
     select_lines = {e.id.split("-")[-1] for e in select} if task in ("xnli", "pawsx") else set()
-    for lang in readers.get_task(task).languages:
-        evaluated = readers.load_eval(task, lang, shared_data)
+    for lang in tasks.get(task).languages:
+        evaluated = tasks.get(task).load_eval(lang, shared_data)
         assert evaluated, (task, lang)
         assert not {e.id for e in select} & {e.id for e in evaluated}, (task, lang)
         assert not select_lines & {e.id.split("-")[-1] for e in evaluated}, (task, lang)
@@ -128,16 +130,16 @@ def test_selection_and_evaluation_examples_are_disjoint(shared_data, task):
 
 
 def test_panx_english_dev_is_split_between_selection_and_score(shared_data):
-    select = readers.load_select("panx", shared_data)
-    en_eval = readers.load_eval("panx", "en", shared_data)
+    select = tasks.get("panx").load_select(shared_data)
+    en_eval = tasks.get("panx").load_eval("en", shared_data)
     # 10000 English dev sentences (9890 distinct): the first 1000 rows select, a
     # sentence repeated later stays on its first side, the rest scores English.
     assert len(select) + len(en_eval) == 10000
     assert len(select) >= 1000 and select[0].id == "panx-en-0"
     assert not {e.tokens for e in select} & {e.tokens for e in en_eval}
     # Without selection data, English is scored on all of dev.
-    assert readers.load_select("panx", shared_data, select_fraction=0) is None
-    assert len(readers.load_eval("panx", "en", shared_data, select_fraction=0)) == 10000
+    assert tasks.get("panx").load_select(shared_data, select_fraction=0) is None
+    assert len(tasks.get("panx").load_eval("en", shared_data, select_fraction=0)) == 10000
 
 
 def test_holdout_split_keeps_repeated_keys_on_one_side():
@@ -149,27 +151,27 @@ def test_holdout_split_keeps_repeated_keys_on_one_side():
 
 
 def test_tagging_readers(shared_data):
-    panx = readers.load_eval("panx", "zh", shared_data)
+    panx = tasks.get("panx").load_eval("zh", shared_data)
     assert len(panx) == 10000
     assert all(len(e.tokens) == len(e.tags) for e in panx)
-    ud = readers.load_eval("udpos", "ko", shared_data)
+    ud = tasks.get("udpos").load_eval("ko", shared_data)
     assert len(ud) == 1000
     assert set(t for e in ud for t in e.tags) <= set(readers.UPOS_LABELS)
-    en_train = readers.load_train("udpos", shared_data)
+    en_train = tasks.get("udpos").load_train(shared_data)
     assert len(en_train) == 2001
-    assert len(readers.load_select("udpos", shared_data)) == 2077
+    assert len(tasks.get("udpos").load_select(shared_data)) == 2077
 
 
 def test_udpos_pud_languages_follow_english_order(shared_data):
-    assert readers.get_task("udpos").languages == tuple(
+    assert tasks.get("udpos").languages == tuple(
         "ar cs de en es fi fr hi id is it ko pl pt ru sv th tr zh".split())
-    english = [e.id for e in readers.load_eval("udpos", "en", shared_data)]
+    english = [e.id for e in tasks.get("udpos").load_eval("en", shared_data)]
     # Icelandic's file lists its sentences sorted by id; read as is, position i would be
     # another sentence than English's i.
-    raw_is = readers.read_conllu_upos(shared_data / "ud" / readers.UD_TEST_FILES["is"])
+    raw_is = readers.read_conllu_upos(shared_data / "ud" / tagging.UD_TEST_FILES["is"])
     assert [e.id for e in raw_is] != english
     for lang in ("is", "de", "zh"):
-        assert [e.id for e in readers.load_eval("udpos", lang, shared_data)] == english
+        assert [e.id for e in tasks.get("udpos").load_eval(lang, shared_data)] == english
 
 
 def test_conllu_skips_multiword_ranges(tmp_path):
@@ -194,32 +196,36 @@ def test_corrupt_token_tag_file_is_rejected_with_its_line(tmp_path):
 
 
 def test_retrieval_readers(shared_data):
-    de, en = readers.read_tatoeba("de", shared_data)
+    de, en = retrieval.TATOEBA.read("de", shared_data)
     assert len(de) == len(en) == 1000
-    assert readers.read_tatoeba("deu", shared_data) == (de, en)
-    src, tgt, gold = readers.read_bucc("zh-en", "dev", shared_data)
+    assert retrieval.TATOEBA.read("deu", shared_data) == (de, en)
+    src, tgt, gold = retrieval.BUCC.read("zh", shared_data)
     assert (len(src), len(tgt), len(gold)) == (8624, 13589, 257)
 
 
 def test_unknown_task_and_language_are_clear_errors(shared_data):
     with pytest.raises(ValueError, match="unknown task 'squad'"):
-        readers.get_task("squad")
+        tasks.get("squad")
     with pytest.raises(ValueError, match=r"tydiqa: unknown language\(s\) \['zh'\]"):
-        readers.load_eval("tydiqa", "zh", shared_data)
+        tasks.get("tydiqa").load_eval("zh", shared_data)
     with pytest.raises(ValueError, match="string"):
-        readers.check_languages("xnli", "en")
+        tasks.get("xnli").check_languages("en")
     with pytest.raises(ValueError, match="no data for language 'xxx'"):
-        readers.read_tatoeba("xxx", shared_data)
-    with pytest.raises(ValueError, match="no training data"):
-        readers.load_train("tatoeba", shared_data)
+        retrieval.TATOEBA.read("xxx", shared_data)
+    # A retrieval task reads no training data: it has no training reader at all.
+    assert not tasks.get("tatoeba").fine_tunes
+    assert not hasattr(tasks.get("tatoeba"), "load_train")
+    # A user error: one line, no traceback.
+    with pytest.raises(errors.UserError, match=r"^unknown task 'squad'; expected one of \["):
+        tasks.get("squad")
 
 
 def test_missing_files_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="data directory .* does not exist"):
-        readers.load_eval("xnli", "en", tmp_path / "nowhere")
+        tasks.get("xnli").load_eval("en", tmp_path / "nowhere")
     (tmp_path / "xquad").mkdir()
     with pytest.raises(FileNotFoundError, match=r"xquad\.de\.json does not exist"):
-        readers.load_eval("xquad", "de", tmp_path)
+        tasks.get("xquad").load_eval("de", tmp_path)
 
 
 def test_squad_reader_checks_answer_offsets(tmp_path):
@@ -233,7 +239,7 @@ def test_squad_reader_checks_answer_offsets(tmp_path):
 
 
 def test_random_embeddings_on_tatoeba_are_at_chance(shared_data):
-    de, en = readers.read_tatoeba("de", shared_data)
+    de, en = retrieval.TATOEBA.read("de", shared_data)
     rng = np.random.default_rng(0)
     out = scorers.retrieval_accuracy(rng.normal(size=(len(de), 32)), rng.normal(size=(len(en), 32)))
     # 1000 candidates: chance is 0.1%.

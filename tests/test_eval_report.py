@@ -2,14 +2,15 @@
 
 import pytest
 
-from xlmeta_jax.evaluation import finetuning, protocol, scorers
+from xlmeta_jax.evaluation import scorers, tasks
+from xlmeta_jax.evaluation.results import write_results
 from xlmeta_jax.tools import report
 
 _SETTINGS = {"learning_rate": 3e-5, "num_epochs": 3.0, "max_train_examples": None}
 
 
 def _provenance(task, source="local", settings=_SETTINGS):
-    return {"provenance": protocol.provenance(task, source, "/data", settings, 3696),
+    return {"provenance": tasks.get(task).provenance(source, "/data", settings, 3696),
             "settings": dict(settings)}
 
 
@@ -33,7 +34,7 @@ def runs(tmp_path):
         for task, res in (("tydiqa", _qa_results({"en": f1, "sw": f1 - 20, "te": f1 - 30})),
                           ("tatoeba", _tatoeba_results(acc))):
             (tmp_path / name / task).mkdir(parents=True)
-            finetuning.write_results(tmp_path / name / task, res)
+            write_results(tmp_path / name / task, res)
     return tmp_path
 
 
@@ -72,7 +73,7 @@ def test_report_refuses_runs_with_different_data_or_settings(runs, tmp_path):
     res = _qa_results({"en": 75.0, "sw": 55.0, "te": 45.0})
     res.update(_provenance("tydiqa", "tfds", {**_SETTINGS, "learning_rate": 5e-5}))
     (tmp_path / "tfds" / "tydiqa").mkdir(parents=True)
-    finetuning.write_results(tmp_path / "tfds" / "tydiqa", res)
+    write_results(tmp_path / "tfds" / "tydiqa", res)
     out = tmp_path / "report"
     with pytest.raises(report.ReportError, match=r"tydiqa: runs differ in data or settings.*"
                        r"data_source='tfds' vs meta 'local'.*learning_rate=5e-05"):
@@ -91,7 +92,7 @@ def test_report_shows_mean_and_std_over_seeds(tmp_path):
     res["languages"]["sw"]["f1_std"] = 1.25
     res.update(average_std=0.5, seeds=[{}, {}, {}])
     (tmp_path / "a").mkdir()
-    finetuning.write_results(tmp_path / "a", res)
+    write_results(tmp_path / "a", res)
     table = report.task_table("tydiqa", report.gather([str(tmp_path / "a")])["tydiqa"])
     assert "| a | 80.0 | 60.0 ± 1.2 | 70.0 ± 0.5 |" in table
 
@@ -101,12 +102,12 @@ def test_retrieval_provenance_names_only_settings_that_apply():
     # demo run, the evaluated subsample does.
     settings = {"max_train_examples": 2000, "max_eval_examples": 150, "train_steps": 100}
     for task in ("tatoeba", "bucc"):
-        prov = protocol.provenance(task, "local", "/data", settings, None)
+        prov = tasks.get(task).provenance("local", "/data", settings, None)
         assert [d.split("=")[0] for d in prov["differences"] if "demo run" in d] == [
             "max_eval_examples"]
-    full = protocol.provenance("tatoeba", "local", "/data", {"max_eval_examples": None}, None)
+    full = tasks.get("tatoeba").provenance("local", "/data", {"max_eval_examples": None}, None)
     assert full["comparable_to_xtreme"] and not full["differences"]
-    xnli = protocol.provenance("xnli", "local", "/data", settings, 2000)
+    xnli = tasks.get("xnli").provenance("local", "/data", settings, 2000)
     assert [d.split("=")[0] for d in xnli["differences"] if "demo run" in d] == [
         "max_train_examples", "max_eval_examples", "train_steps"]
 
@@ -114,10 +115,10 @@ def test_retrieval_provenance_names_only_settings_that_apply():
 def test_tydiqa_trained_on_tydiqa_is_xtreme_protocol():
     """XTREME (838c13b) fine-tunes TyDi QA GoldP on its English training set too; XQuAD
     and MLQA, which XTREME trains on SQuAD v1.1, keep that difference."""
-    tydiqa = protocol.provenance("tydiqa", "local", "/data", {}, 3696)
+    tydiqa = tasks.get("tydiqa").provenance("local", "/data", {}, 3696)
     assert tydiqa["comparable_to_xtreme"] and tydiqa["differences"] == []
-    assert protocol.provenance("tydiqa", "tfds", None, {}, 3696)["differences"] == []
-    xquad = protocol.provenance("xquad", "local", "/data", {}, 3696)
+    assert tasks.get("tydiqa").provenance("tfds", None, {}, 3696)["differences"] == []
+    xquad = tasks.get("xquad").provenance("local", "/data", {}, 3696)
     assert any("SQuAD v1.1" in d for d in xquad["differences"])
-    assert protocol.provenance("udpos", "local", "/data", {}, 1)["scoring"].startswith(
+    assert tasks.get("udpos").provenance("local", "/data", {}, 1)["scoring"].startswith(
         "F1 as seqeval-0.0.12")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from xlmeta_jax.cli import finetune as finetune_cli
-from xlmeta_jax.evaluation import retrieval, scorers, tokenization
+from xlmeta_jax.evaluation import retrieval, scorers, tasks, tokenization
+from xlmeta_jax.evaluation.settings import RetrievalSettings
 from xlmeta_jax.model.network import Encoder, get_config
 
 
@@ -22,7 +23,7 @@ def vocab(english_spm):
 def test_mean_pooling_matches_unpadded_encoder_per_layer(vocab):
     tok = tokenization.Tokenizer(vocab)
     cfg = get_config("tiny", vocab_size=tok.vocab_size, pad_token_id=0)
-    params = retrieval._fresh_params(cfg, seed=0)
+    params = retrieval.fresh_params(cfg, seed=0)
     embed = retrieval.SentenceEmbedder(cfg, params, tok, max_seq_length=64, batch_size=4)
     sentences = ["To be, or not to be.", "A horse!", "O", "What light through yonder window?"]
     out = embed(sentences)
@@ -39,7 +40,7 @@ def test_mean_pooling_matches_unpadded_encoder_per_layer(vocab):
 def test_cls_pooling_is_the_first_token_state_per_layer(vocab):
     tok = tokenization.Tokenizer(vocab)
     cfg = get_config("tiny", vocab_size=tok.vocab_size, pad_token_id=0)
-    params = retrieval._fresh_params(cfg, seed=0)
+    params = retrieval.fresh_params(cfg, seed=0)
     sentences = ["To be, or not to be.", "A horse!", "What light through yonder window?"]
     cls = retrieval.SentenceEmbedder(cfg, params, tok, max_seq_length=64, batch_size=2,
                                      pooling="cls")(sentences)
@@ -62,10 +63,12 @@ def test_bucc_layer_is_the_8th_of_the_last_12_as_run_bucc2018():
     # run_bucc2018.sh: --specific_layer 7 and evaluate_retrieval.py's default --num_layers 12,
     # so hidden_states[-12:][7]: hidden_states[8] of base (layer 7), hidden_states[20] of
     # large (layer 19) — not Tatoeba's 13.
-    assert retrieval.bucc_xtreme_layer(12) == 7 and retrieval.bucc_xtreme_layer(24) == 19
-    assert 25 - 12 + 7 == retrieval.bucc_xtreme_layer(24) + 1  # as a hidden_states index
-    assert retrieval.bucc_xtreme_layer(2) == 1
-    assert retrieval.XTREME_POOLING == {"tatoeba": "mean", "bucc": "cls"}
+    bucc = tasks.get("bucc")
+    assert bucc.xtreme_layer(12) == 7 and bucc.xtreme_layer(24) == 19
+    assert 25 - 12 + 7 == bucc.xtreme_layer(24) + 1  # as a hidden_states index
+    assert bucc.xtreme_layer(2) == 1
+    assert {n: tasks.get(n).pooling for n in ("tatoeba", "bucc")} == {
+        "tatoeba": "mean", "bucc": "cls"}
 
 
 def _angles(*degrees):
@@ -180,30 +183,29 @@ def test_en2xx_queries_with_english():
     xx, en = _angles(0, 40), _angles(10, 80)
     out = scorers.retrieval_accuracy(xx, en)
     assert out["src2tgt"] == 50.0 and out["tgt2src"] == 100.0
-    assert retrieval.xtreme_layer(12) == 7 and retrieval.xtreme_layer(24) == 13
+    tatoeba = tasks.get("tatoeba")
+    assert tatoeba.xtreme_layer(12) == 7 and tatoeba.xtreme_layer(24) == 13
 
 
 def test_identical_sides_retrieve_themselves(shared_data, vocab):
     """Sanity of the whole path: English against itself is (almost) always found."""
-    from xlmeta_jax.evaluation import readers
-
-    _, en = readers.read_tatoeba("de", shared_data)
+    _, en = tasks.get("tatoeba").read("de", shared_data)
     en = list(dict.fromkeys(en))[:200]  # distinct sentences
     tok = tokenization.Tokenizer(vocab)
     cfg = get_config("tiny", vocab_size=tok.vocab_size, pad_token_id=0)
-    embed = retrieval.SentenceEmbedder(cfg, retrieval._fresh_params(cfg, 0), tok)
+    embed = retrieval.SentenceEmbedder(cfg, retrieval.fresh_params(cfg, 0), tok)
     e = embed(en)[cfg.num_layers]
     assert scorers.retrieval_accuracy(e, e.copy())["src2tgt"] >= 99.0
 
 
 def test_bad_layer_is_an_error(shared_data, vocab, tmp_path):
     with pytest.raises(ValueError, match=r"layer=2 is not in \[0, 1\]"):
-        retrieval.evaluate_retrieval(
-            "tatoeba", "init:tiny", str(tmp_path), vocab_path=vocab,
-            data_dir=str(shared_data), languages=["de"], layer=2, max_sentences=5,
+        tasks.get("tatoeba").evaluate(
+            "init:tiny", str(tmp_path), vocab_path=vocab, data_dir=str(shared_data),
+            languages=["de"], settings=RetrievalSettings(layer=2), max_sentences=5,
         )
-    with pytest.raises(ValueError, match="must be 'tatoeba' or 'bucc'"):
-        retrieval.evaluate_retrieval("xnli", "init:tiny", str(tmp_path))
+    # Only a retrieval task evaluates without fine-tuning.
+    assert tasks.get("xnli").fine_tunes and not hasattr(tasks.get("xnli"), "evaluate")
 
 
 def test_finetune_command_runs_bucc(shared_data, vocab, tmp_path):

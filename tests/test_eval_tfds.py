@@ -2,10 +2,9 @@
 
 import pytest
 
-from xlmeta_jax.evaluation import readers
+from xlmeta_jax.evaluation import readers, tasks, tfds_readers
 
 tfds = pytest.importorskip("tensorflow_datasets")
-from xlmeta_jax.evaluation import tfds_readers  # noqa: E402
 
 
 @pytest.fixture
@@ -15,17 +14,17 @@ def mock_tfds():
 
 
 def test_tfds_examples_have_our_types(mock_tfds):
-    qa = tfds_readers.load_eval("tydiqa", "sw")
+    qa = tasks.get("tydiqa").tfds_eval("sw")
     assert len(qa) == 3 and all(isinstance(e, readers.QAExample) for e in qa)
     assert all(e.answers and len(e.answers) == len(e.answer_starts) for e in qa)
-    assert len(tfds_readers.load_eval("xquad", "de")) == 3
-    assert len(tfds_readers.load_eval("mlqa", "zh")) == 3
+    assert len(tasks.get("xquad").tfds_eval("de")) == 3
+    assert len(tasks.get("mlqa").tfds_eval("zh")) == 3
     # Mock answers are random text, never at their offsets: training drops them all.
-    assert tfds_readers.load_train("xquad") == []
+    assert tasks.get("xquad").tfds_train() == []
 
     for task, lang in (("xnli", "sw"), ("pawsx", "ja")):
-        n_labels = len(readers.get_task(task).labels)
-        for examples in (tfds_readers.load_train(task), tfds_readers.load_eval(task, lang)):
+        n_labels = len(tasks.get(task).labels)
+        for examples in (tasks.get(task).tfds_train(), tasks.get(task).tfds_eval(lang)):
             # Mock XNLI rows carry random hypothesis languages: those without it are skipped.
             assert 0 < len(examples) <= 3 if task == "pawsx" else len(examples) <= 3
             assert all(isinstance(e, readers.ClassificationExample) for e in examples)
@@ -38,17 +37,17 @@ def test_wikiann_tags_map_by_name(monkeypatch):
 
     info = tfds.builder("wikiann/de").info  # features come from the builder code
     rows = [{"tokens": np.array([b"Angela", b"Merkel", b"sprach"]), "tags": np.array([1, 2, 0])}]
-    monkeypatch.setattr(tfds_readers, "_load", lambda name, split, data_dir: (rows, info))
-    [ex] = tfds_readers.load_eval("panx", "de")
+    monkeypatch.setattr(tfds_readers, "load", lambda name, split, data_dir: (rows, info))
+    [ex] = tasks.get("panx").tfds_eval("de")
     assert ex.tokens == ("Angela", "Merkel", "sprach")
     assert ex.tags == ("B-PER", "I-PER", "O")
     rows[0]["tags"] = np.array([1, 2])
     with pytest.raises(ValueError, match="3 tokens, 2 tags"):
-        tfds_readers.load_eval("panx", "de")
+        tasks.get("panx").tfds_eval("de")
 
 
 def test_tasks_without_tfds_builder_are_clear_errors():
     with pytest.raises(ValueError, match="'udpos' has no TFDS source"):
-        tfds_readers.load_train("udpos")
+        tasks.get("udpos").tfds_train()
     with pytest.raises(ValueError, match="language 'ro' has no TFDS config"):
-        tfds_readers.load_eval("xquad", "ro")
+        tasks.get("xquad").tfds_eval("ro")

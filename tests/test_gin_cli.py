@@ -5,8 +5,9 @@ import pathlib
 import gin
 import pytest
 
+import xlmeta_jax.cli.configurables  # noqa: F401 (registers finetune / evaluate_retrieval)
 from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.evaluation import finetuning, readers, retrieval  # noqa: F401 (configurables)
+from xlmeta_jax.evaluation import settings, tasks
 
 FINETUNE_GIN = sorted((gin_cli.REPO_GIN_DIR / "finetune").glob("*.gin"))
 
@@ -58,7 +59,7 @@ _MACROS = ["INITIAL_CHECKPOINT_PATH = 'init:tiny'", "MODEL_DIR = '/tmp/x'"]
 
 
 def test_finetune_gin_files_are_base_tasks_and_one_demo_override():
-    assert {p.stem for p in FINETUNE_GIN} == {*readers.TASKS, "base", "demo"}
+    assert {p.stem for p in FINETUNE_GIN} == {*tasks.names(), "base", "demo"}
     base = (gin_cli.REPO_GIN_DIR / "finetune" / "base.gin").read_text()
     assert all(f"{m} = %gin.REQUIRED" in base for m in ("INITIAL_CHECKPOINT_PATH", "MODEL_DIR"))
 
@@ -101,7 +102,7 @@ def test_finetune_recipe_is_xtremes(task):
     try:
         eval_every = q("finetune.eval_every")
     except ValueError:  # unbound: the default, no selection
-        eval_every = finetuning.FineTuneSettings.eval_every
+        eval_every = settings.FineTuneSettings.eval_every
     got = (q("finetune.num_epochs"), q("finetune.learning_rate"), q("finetune.warmup_steps"),
            q("finetune.weight_decay"), eval_every, q("finetune.seed"))
     assert got == XTREME_RECIPE[task]

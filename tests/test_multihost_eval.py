@@ -17,7 +17,7 @@ import pytest
 from errors_fixtures import digest
 
 from xlmeta_jax import errors, hosts
-from xlmeta_jax.evaluation import finetuning
+from xlmeta_jax.evaluation.finetune import FineTuneConfig, finetune
 from xlmeta_jax.experiment import runner
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.model.optimizer import OptimizerConfig
@@ -64,8 +64,8 @@ def test_finetune_in_a_multiprocess_run_refuses_before_reading(tmp_path, monkeyp
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     with pytest.raises(hosts.MultiHostError, match="this is process 1 of 2"):
-        finetuning.finetune(task="pawsx", initial_checkpoint_path="/no/such/checkpoint",
-                            model_dir=str(tmp_path / "out"))
+        finetune(FineTuneConfig(task="pawsx", initial_checkpoint_path="/no/such/checkpoint",
+                                model_dir=str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()
 
 

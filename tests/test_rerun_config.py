@@ -43,7 +43,7 @@ def test_finetune_refuses_model_dir_of_another_checkpoint(tmp_path):
 
     import pytest
 
-    from xlmeta_jax.evaluation import finetuning
+    from xlmeta_jax.evaluation.finetune import FineTuneConfig, finetune
 
     model_dir = tmp_path / "eval"
     model_dir.mkdir()
@@ -51,6 +51,6 @@ def test_finetune_refuses_model_dir_of_another_checkpoint(tmp_path):
     (model_dir / "config.gin").write_text("# a's config\n")
     before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
     with pytest.raises(errors.UserError, match=r"holds the results of checkpoint /runs/a, not "):
-        finetuning.finetune(task="xnli", initial_checkpoint_path="/runs/b",
-                            model_dir=str(model_dir))
+        finetune(FineTuneConfig(task="xnli", initial_checkpoint_path="/runs/b",
+                                model_dir=str(model_dir)))
     assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before

@@ -5,13 +5,15 @@ The logic lives in :mod:`xlmeta_jax.experiment.runner`; see the package docstrin
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 
 from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import configurables
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
-from xlmeta_jax.experiment import runner
+from xlmeta_jax.experiment import plan, runner
 
 FLAGS = (
     ("--dry_run", "print the plan (every run and evaluation, what is done) and its "
@@ -53,24 +55,55 @@ def main(argv: Sequence[str]) -> dict | None:
         raise runner.ExperimentError(
             "no --gin_file given (e.g. --gin_file=gin/experiments/cpu.gin)")
     logs.quiet_start(import_tensorflow=True)
-    # The evaluations' gin configurables (read by the plan) exist before the config locks.
-    import xlmeta_jax.evaluation.finetuning  # noqa: F401
-    import xlmeta_jax.evaluation.retrieval  # noqa: F401
+    exp = configured_experiment(flags)
+    if dry_run:
+        print(plan.plan(exp))
+        return None
+    # Before the corpus is prepared or anything pretrains: no pod time is spent.
+    runner.check_hosts(exp)
+    return runner.run(exp, "python -m xlmeta_jax.experiment " + " ".join(argv))
 
+
+def _parse_experiment(flags) -> None:
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True,
                       positive=train_cli.POSITIVE_PARAMETERS)
-    exp = configurables.experiment(
-        corpora=configurables.Corpora(masking=train_cli.configured_masking()),
-        feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text())
-    if not dry_run:
-        # Before the corpus is prepared or anything pretrains: no pod time is spent.
-        runner.check_hosts(exp)
-    if dry_run:
-        from xlmeta_jax.experiment.plan import plan
 
-        print(plan(exp))
-        return None
-    return runner.run(exp, "python -m xlmeta_jax.experiment " + " ".join(argv))
+
+def configured_experiment(flags) -> runner.Experiment:
+    """The experiment the gin flags describe, with every task's evaluation config.
+
+    gin holds one config at a time: the experiment's is parsed, each task's fine-tune
+    files are parsed into its ``FineTuneConfig``, and the experiment's is parsed again
+    for the run (its trainer reads its bindings while it runs).
+    """
+    _parse_experiment(flags)
+    first = configurables.experiment()
+    finetunes = {task: finetune_config(first, task, flags.search_paths)
+                 for task in first.tasks}
+    _parse_experiment(flags)
+    return configurables.experiment(
+        corpora=configurables.Corpora(masking=train_cli.configured_masking()),
+        feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text(),
+        train=functools.partial(configurables.train, describe=gin_cli.binding_source),
+        train_settings={name: gin_cli.bound(f"xlmeta_jax.pretrain.trainer.train.{name}",
+                                            default)
+                        for name, default in (("mesh_shape", (-1, 1, 1)),
+                                              ("rng_impl", "threefry2x32"),
+                                              ("microbatches", 1))},
+        finetunes=finetunes)
+
+
+def finetune_config(exp: runner.Experiment, task: str, search_paths=()):
+    """The ``FineTuneConfig`` of ``task`` as the experiment runs it (checkpoint, folder
+    and seed are set per run): ``gin/finetune/<task>.gin``, the experiment's fine-tune
+    files and bindings, and its DATA_DIR."""
+    # In the order of finetune_argv's flags: DATA_DIR, the bindings, then the run's values.
+    bindings = [f"DATA_DIR = {os.path.abspath(exp.data_dir)!r}"] if exp.data_dir else []
+    bindings += [*exp.finetune_bindings, "INITIAL_CHECKPOINT_PATH = '<per run>'",
+                 "MODEL_DIR = '<per run>'"]
+    gin_cli.apply_gin([f"finetune/{task}.gin", *exp.finetune_gin_files], bindings,
+                      search_paths, check_macros=True)
+    return configurables.finetune_config()
 
 
 if __name__ == "__main__":

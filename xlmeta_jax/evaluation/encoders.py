@@ -21,7 +21,9 @@ import pathlib
 from typing import Any
 
 from xlmeta_jax.evaluation.tokenization import Tokenizer
+from xlmeta_jax.interop.hf import weights as hf
 from xlmeta_jax.model.network import EncoderConfig, get_config
+from xlmeta_jax.pretrain import loading
 
 HF_SPM_NAME = "sentencepiece.bpe.model"
 
@@ -71,8 +73,6 @@ def load_encoder(
     if not p.exists():
         raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} does not exist")
     if (p / "config.json").is_file():
-        from xlmeta_jax.interop.hf import weights as hf
-
         cfg, params = hf.load_hf(p, allow_pickle=allow_pickle)
         vocab = vocab_path or os.fspath(p / HF_SPM_NAME)
         if not os.path.isfile(vocab):
@@ -81,8 +81,6 @@ def load_encoder(
             )
         tokenizer, source = Tokenizer(vocab, "fairseq"), "hf"
     else:
-        from xlmeta_jax.pretrain import loading
-
         cfg, params, recorded_vocab = loading.load_pretrained(path)
         vocab = vocab_path or recorded_vocab
         if not vocab:

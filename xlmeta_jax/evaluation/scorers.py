@@ -147,7 +147,22 @@ def mlqa_exact_match(prediction: str, ground_truth: str, lang: str) -> bool:
 # QA aggregation
 # ----------------------------------------------------------------------------------------
 
-QA_NORMALIZATIONS = ("squad", "mlqa")
+def _squad_metrics(lang: str | None):
+    return squad_exact_match, squad_f1
+
+
+def _mlqa_metrics(lang: str | None):
+    if lang is None:
+        raise ValueError("qa_scores(normalization='mlqa') needs lang")
+    _check_mlqa_lang(lang)
+    return (lambda p, g: mlqa_exact_match(p, g, lang)), (lambda p, g: mlqa_f1(p, g, lang))
+
+
+# Answer normalisation -> (exact match, F1) of a language.
+_QA_METRICS: dict[str, Callable[[str | None], tuple[Callable, Callable]]] = {
+    "squad": _squad_metrics, "mlqa": _mlqa_metrics,
+}
+QA_NORMALIZATIONS = tuple(_QA_METRICS)
 
 
 def qa_scores(
@@ -169,19 +184,11 @@ def qa_scores(
     Returns:
       {"exact_match": ..., "f1": ..., "num_examples": ..., "num_missing": ...}.
     """
-    if normalization == "squad":
-        em_fn: Callable[[str, str], float] = squad_exact_match
-        f1_fn: Callable[[str, str], float] = squad_f1
-    elif normalization == "mlqa":
-        if lang is None:
-            raise ValueError("qa_scores(normalization='mlqa') needs lang")
-        _check_mlqa_lang(lang)
-        em_fn = lambda p, g: mlqa_exact_match(p, g, lang)
-        f1_fn = lambda p, g: mlqa_f1(p, g, lang)
-    else:
+    if normalization not in _QA_METRICS:
         raise ValueError(
             f"unknown QA normalization {normalization!r}; expected one of {QA_NORMALIZATIONS}"
         )
+    em_fn, f1_fn = _QA_METRICS[normalization](lang)
     if not references:
         raise ValueError("qa_scores: no reference questions")
     em = f1 = 0.0

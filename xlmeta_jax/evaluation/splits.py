@@ -11,10 +11,8 @@ keeps the selection sentences out of English's evaluation set.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from xlmeta_jax.evaluation.readers import ClassificationExample
+from xlmeta_jax.evaluation.readers import ClassificationExample
 
 
 def pair_groups(*files: Sequence[ClassificationExample]) -> list[list[int]]:

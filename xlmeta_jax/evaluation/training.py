@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from xlmeta_jax.evaluation.models import FineTuneModel, TaskHead
+from xlmeta_jax.evaluation.models import HEADS, FineTuneModel, head_loss
 from xlmeta_jax.model import partitioning
 from xlmeta_jax.model.optimizer import decay_mask
 
@@ -55,22 +55,6 @@ def make_finetune_optimizer(
     return optax.chain(*parts)
 
 
-def _loss(kind: str, outputs, batch, pad_id: int):
-    if kind == "classification":
-        return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"]).mean()
-    if kind == "qa":
-        start, end = outputs
-        valid = batch["input_ids"] != pad_id
-        start = jnp.where(valid, start, -1e9)
-        end = jnp.where(valid, end, -1e9)
-        ce = optax.softmax_cross_entropy_with_integer_labels
-        return 0.5 * (ce(start, batch["start_positions"]) + ce(end, batch["end_positions"])).mean()
-    labels = batch["labels"]
-    valid = (labels >= 0).astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(outputs, jnp.maximum(labels, 0))
-    return (ce * valid).sum() / jnp.maximum(valid.sum(), 1.0)
-
-
 class Runner:
     """Jit'ed train / predict functions of one model on a data-parallel mesh."""
 
@@ -81,8 +65,6 @@ class Runner:
         self.opt_state = jax.device_put(tx.init(params), self.replicated)
         self.step = 0
         base_key = jax.random.key(seed)
-        pad_id = model.config.pad_token_id
-        kind = model.kind
 
         def train_step(params, opt_state, step, batch):
             def loss_fn(p):
@@ -92,7 +74,7 @@ class Runner:
                     deterministic=False,
                     rngs={"dropout": jax.random.fold_in(base_key, step)},
                 )
-                return _loss(kind, out, batch, pad_id)
+                return head_loss(model, out, batch)
 
             loss, grads = jax.value_and_grad(loss_fn)(params)
             updates, opt_state = tx.update(grads, opt_state, params)
@@ -165,7 +147,7 @@ def init_params(model: FineTuneModel, encoder_params, max_seq_length: int, seed:
         shapes = jax.eval_shape(
             lambda r: nn.unbox(model.init(r, dummy, deterministic=True)["params"]), key
         )
-        head = TaskHead(cfg, model.kind, model.num_labels)
+        head = HEADS[model.kind](cfg, model.num_labels)
         hidden = jnp.zeros((1, max_seq_length, cfg.hidden_size), jnp.dtype(cfg.dtype))
         head_params = jax.device_get(
             jax.jit(lambda r: nn.unbox(head.init(r, hidden, True)["params"]))(key)
@@ -193,6 +175,7 @@ def init_params(model: FineTuneModel, encoder_params, max_seq_length: int, seed:
 
 
 def batches(n: int, batch_size: int, steps: int, seed: int):
+    """Row indices of ``steps`` batches: seeded permutations of ``n`` rows, one after another."""
     rng = np.random.default_rng(seed)
     order = np.zeros((0,), np.int64)
     for _ in range(steps):

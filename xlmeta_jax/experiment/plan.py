@@ -14,11 +14,9 @@ import sys
 import time
 from collections.abc import Callable
 
-import gin
 import jax
 
-from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.evaluation import finetuning, readers
+from xlmeta_jax.evaluation import tasks
 from xlmeta_jax.experiment.arms import phase_tokens
 from xlmeta_jax.experiment.runner import (
     Experiment,
@@ -34,13 +32,6 @@ from xlmeta_jax.pretrain import step as step_lib
 from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
 
-def _train_setting(name: str, default):
-    try:
-        return gin.query_parameter(f"xlmeta_jax.pretrain.trainer.train.{name}")
-    except ValueError:
-        return default
-
-
 def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float, float]:
     """(compile seconds, seconds per step, share of the CPUs used) of the train step.
 
@@ -50,10 +41,11 @@ def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float,
     a machine other jobs share it is below what the step would use alone.
     """
 
-    mesh = partitioning.create_mesh(*_train_setting("mesh_shape", (-1, 1, 1)))
+    setting = exp.train_settings.get
+    mesh = partitioning.create_mesh(*setting("mesh_shape", (-1, 1, 1)))
     fns = step_lib.make_step_functions(exp.model, exp.phases(exp.arms[0])[0].optimizer_config(),
-                                       mesh, rng_impl=_train_setting("rng_impl", "threefry2x32"),
-                                       microbatches=_train_setting("microbatches", 1))
+                                       mesh, rng_impl=setting("rng_impl", "threefry2x32"),
+                                       microbatches=setting("microbatches", 1))
     batches = SyntheticMLMIterator(sequence_length=exp.budget.sequence_length,
                                    global_batch_size=exp.budget.batch_size, mesh=mesh, seed=0,
                                    vocab_size=exp.model.vocab_size)
@@ -197,26 +189,14 @@ def plan(exp: Experiment, *, estimate: bool = True,
     return "\n".join(lines)
 
 
-def _gin_value(name: str, default):
-    """A bound gin value (macros followed), or ``default`` where nothing is bound."""
-    try:
-        value = gin.query_parameter(name)
-    except ValueError:
-        return default
-    selector = getattr(value, "scoped_selector", None)
-    if selector and selector.endswith("gin.macro"):
-        return _gin_value(f"{selector}.value", default)
-    return value
-
-
 def estimate_eval_seconds(exp: Experiment, task: str, step_s: float, compile_s: float) -> float:
     """Seconds of one evaluation of ``task``.
 
     From the evaluations of that task that finished already, else from its settings: the
     fine-tuning steps' tokens at the pretraining step's time per token, forward passes
     (model selection on English dev, evaluation, retrieval) at a third of it, two
-    compilations and loading, times the fine-tuning seeds. Parses the task's gin files,
-    so the experiment's gin config is gone afterwards.
+    compilations and loading, times the fine-tuning seeds (the task's ``FineTuneConfig``
+    of ``exp.finetunes``).
     """
     finished = []
     for arm in exp.arms:
@@ -228,33 +208,29 @@ def estimate_eval_seconds(exp: Experiment, task: str, step_s: float, compile_s: 
     if finished:
         return sum(finished) / len(finished) + compile_s
 
-    gin.clear_config()
-    gin_cli.apply_gin([f"finetune/{task}.gin", *exp.finetune_gin_files],
-                      [*exp.finetune_bindings, "INITIAL_CHECKPOINT_PATH = 'unused'",
-                       "MODEL_DIR = 'unused'"], finalize=False)
-    defaults = dataclasses.asdict(finetuning.FineTuneSettings())
-    s = {k: _gin_value(f"finetune.{k}", v) for k, v in defaults.items()}
-    spec = readers.get_task(task)
-    languages = readers.check_languages(task, _gin_value("finetune.languages", None))
-    data_dir = exp.data_dir or _gin_value("finetune.data_dir", None)
+    config = exp.finetunes[task]
+    s = dataclasses.asdict(config.settings)
+    spec = tasks.get(task)
+    languages = spec.check_languages(config.languages)
+    data_dir = config.data_dir
     token_s = step_s / exp.budget.tokens_per_step
     forward_s = token_s / 3
     length = min(s["max_seq_length"], exp.model.max_length)
     limit = s["max_eval_examples"] or sys.maxsize
-    if spec.kind == "retrieval":
+    if not spec.fine_tunes:
         # Tatoeba has up to 1000 pairs per language; both sides are embedded once.
         pairs = len(languages) * min(limit, 1000)
         return 2 * pairs * length * forward_s + compile_s + 5.0
     split = dict(train_fraction=s["train_fraction"], select_fraction=s["select_fraction"])
-    n_train = len(readers.load_train(task, data_dir, **split))
+    n_train = len(spec.load_train(data_dir, **split))
     if s["max_train_examples"]:
         n_train = min(n_train, s["max_train_examples"])
     steps = s["train_steps"] or math.ceil(s["num_epochs"] * n_train / s["batch_size"])
-    n_eval = sum(min(limit, len(readers.load_eval(task, lang, data_dir, **split)))
+    n_eval = sum(min(limit, len(spec.load_eval(lang, data_dir, **split)))
                  for lang in languages)
     n_select = 0
     if s["eval_every"]:
-        select = readers.load_select(task, data_dir, **split) or []
+        select = spec.load_select(data_dir, **split) or []
         n_select = min(limit, len(select)) * (steps // s["eval_every"] + 1)
     one_seed = (steps * s["batch_size"] * length * token_s
                 + (n_eval + n_select) * length * forward_s + 2 * compile_s)

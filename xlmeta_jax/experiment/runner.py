@@ -1,10 +1,11 @@
 """The experiment's configuration, the state of its folder and its stages.
 
-:func:`experiment` is the gin entry point (gin/experiments/*.gin); :func:`run`
-prepares the corpus, pretrains every arm x seed with :func:`xlmeta_jax.pretrain.trainer.train`,
-evaluates every final checkpoint with the fine-tune command
-(:mod:`xlmeta_jax.finetune`) and writes ``results.json`` and the report. Each stage
-first looks at what MODEL_DIR already holds, so a rerun resumes.
+:func:`experiment` checks the settings (gin/experiments/*.gin bind them, through
+``xlmeta_jax.cli``); :func:`run` prepares the corpus, pretrains every arm x seed with
+:func:`xlmeta_jax.pretrain.trainer.train`, evaluates each final checkpoint as soon as it
+exists with :func:`xlmeta_jax.evaluation.finetune.finetune` (one ``FineTuneConfig`` per
+task, made from the task's gin files) and writes ``results.json`` and the report. Each
+stage first looks at what MODEL_DIR already holds, so a rerun resumes.
 
 Layout of MODEL_DIR: ``pretrain/<arm>/seed<k>/`` (a trainer run each),
 ``eval/<arm>/seed<k>/<task>/`` (a fine-tune run each), ``experiment.json`` (the
@@ -23,14 +24,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import gin
 import jax
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
-from xlmeta_jax.evaluation import readers
+from xlmeta_jax.evaluation import finetune as evaluation_finetune
+from xlmeta_jax.evaluation import tasks as evaluation_tasks
 from xlmeta_jax.experiment import report as experiment_report
 from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
 from xlmeta_jax.model import network
@@ -74,6 +74,15 @@ class Experiment:
     feeder: Callable[..., Any] = feeding.make_mlm_iterator
     # The experiment's configuration, written to MODEL_DIR/config.gin.
     config_text: str | None = None
+    # Runs one arm x seed: trainer.train, or the command line's configured version of it
+    # (the run settings of gin/native/run.gin: mesh, checkpoints, logging).
+    train: Callable[..., dict] = trainer.train
+    # The trainer settings the plan's step measurement uses (mesh_shape, rng_impl,
+    # microbatches), as `train` applies them.
+    train_settings: dict = dataclasses.field(default_factory=dict)
+    # Each task's evaluation: its FineTuneConfig with the experiment's settings; the
+    # checkpoint, folder and seed are filled in per run (see evaluation_config).
+    finetunes: dict = dataclasses.field(default_factory=dict)
 
     def phases(self, arm: str) -> list[trainer.Phase]:
         return arm_phases(arm, self.budget, english_task=self.english_task,
@@ -119,6 +128,9 @@ def experiment(
     corpora: Corpora | None = None,
     feeder: Callable[..., Any] = feeding.make_mlm_iterator,
     config_text: str | None = None,
+    train: Callable[..., dict] = trainer.train,
+    train_settings: dict | None = None,
+    finetunes: dict | None = None,
 ) -> Experiment:
     """The experiment's settings, checked (gin entry point of the experiment).
 
@@ -147,6 +159,10 @@ def experiment(
       corpora: the corpus settings of the pretraining tasks (default: ``Corpora()``).
       feeder: builds a phase's batches (``feeding.make_mlm_iterator``).
       config_text: the experiment's configuration, for MODEL_DIR/config.gin.
+      train: runs one arm x seed (default :func:`trainer.train` with its defaults).
+      train_settings: the mesh_shape, rng_impl and microbatches ``train`` applies.
+      finetunes: per task, its ``FineTuneConfig`` (the checkpoint, folder and seed are
+        set per run); a task without one is refused when it is evaluated.
     """
     arms = tuple(arms)
     bad = [a for a in arms if a not in ARMS]
@@ -172,10 +188,10 @@ def experiment(
                               f"{type(optimizer).__name__}")
     tasks = tuple(tasks)
 
-    unknown = [t for t in tasks if t not in readers.TASKS]
+    unknown = [t for t in tasks if t not in evaluation_tasks.names()]
     if unknown or len(set(tasks)) != len(tasks):
         raise ExperimentError(f"experiment.tasks={list(tasks)}: expected distinct tasks of "
-                              f"{sorted(readers.TASKS)}")
+                              f"{sorted(evaluation_tasks.names())}")
     exp = Experiment(
         name=name, model_dir=model_dir, arms=arms, seeds=seeds,
         budget=Budget(meta_steps, xling_steps, batch_size, sequence_length),
@@ -190,7 +206,8 @@ def experiment(
                                     joint_english_share=Budget(
                                         meta_steps, xling_steps, batch_size,
                                         sequence_length).english_share),
-        feeder=feeder, config_text=config_text,
+        feeder=feeder, config_text=config_text, train=train,
+        train_settings=dict(train_settings or {}), finetunes=dict(finetunes or {}),
     )
     for arm in arms:
         try:
@@ -275,9 +292,9 @@ def pretrain(exp: Experiment, arm: str, seed: int) -> dict:
         return done
     log.info("[%s seed %d] pretraining: %s", arm, seed,
              " then ".join(f"{p.task} x {p.num_steps} steps" for p in exp.phases(arm)))
-    return trainer.train(model_dir=exp.run_dir(arm, seed), model=exp.model,
-                         phases=exp.phases(arm), seed=seed, corpora=exp.corpora,
-                         feeder=exp.feeder, config_text=exp.config_text)
+    return exp.train(model_dir=exp.run_dir(arm, seed), model=exp.model,
+                     phases=exp.phases(arm), seed=seed, corpora=exp.corpora,
+                     feeder=exp.feeder, config_text=exp.config_text)
 
 
 def final_checkpoint(exp: Experiment, arm: str, seed: int) -> str | None:
@@ -302,12 +319,34 @@ def finetune_argv(exp: Experiment, arm: str, seed: int, task: str) -> list[str]:
     ]
 
 
-def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
-    """Fine-tunes / evaluates one checkpoint on one task with the fine-tune command.
+def evaluation_config(exp: Experiment, arm: str, seed: int, task: str
+                      ) -> evaluation_finetune.FineTuneConfig:
+    """The evaluation of one arm x seed's final checkpoint on ``task``.
 
-    The command's gin config replaces the experiment's (gin has one global config), so
-    every pretraining run is finished before the first evaluation starts.
+    The task's config (its gin files with the experiment's fine-tune files and
+    bindings) with this run's checkpoint, folder and seeds: fine-tuning seeds
+    ``seed * finetune_seeds`` onwards. Its config.gin is the task's, with the values of
+    this run appended (as ``finetune_argv`` binds them).
     """
+    template = exp.finetunes.get(task)
+    if template is None:
+        raise ExperimentError(f"no fine-tuning config of task {task!r} (experiment.tasks)")
+    checkpoint = final_checkpoint(exp, arm, seed)
+    model_dir = exp.eval_dir(arm, seed, task)
+    first_seed = seed * exp.finetune_seeds
+    config_text = template.config_text
+    if config_text is not None:
+        config_text += (f"\n# This run of the experiment:\nINITIAL_CHECKPOINT_PATH = "
+                        f"{checkpoint!r}\nMODEL_DIR = {model_dir!r}\n"
+                        f"finetune.seed = {first_seed}\n")
+    return dataclasses.replace(
+        template, initial_checkpoint_path=checkpoint, model_dir=model_dir,
+        settings=dataclasses.replace(template.settings, seed=first_seed),
+        num_seeds=exp.finetune_seeds, config_text=config_text)
+
+
+def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
+    """Fine-tunes / evaluates one checkpoint on one task (unless done earlier)."""
     checkpoint = final_checkpoint(exp, arm, seed)
     if checkpoint is None:
         raise ExperimentError(f"[{arm} seed {seed}] {task}: pretraining has not finished")
@@ -315,12 +354,9 @@ def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
     if done is not None:
         log.info("[%s seed %d] %s evaluated earlier", arm, seed, task)
         return done
-
-    argv = finetune_argv(exp, arm, seed, task)
-    log.info("[%s seed %d] %s: python -m xlmeta_jax.finetune %s", arm, seed, task,
-             " ".join(argv))
-    gin.clear_config()
-    finetune_cli.main(argv)
+    log.info("[%s seed %d] %s (as python -m xlmeta_jax.finetune %s)", arm, seed, task,
+             " ".join(finetune_argv(exp, arm, seed, task)))
+    evaluation_finetune.finetune(evaluation_config(exp, arm, seed, task))
     results = evaluation_done(exp, arm, seed, task, checkpoint)
     if results is None:
         raise ExperimentError(f"the {task} evaluation of {checkpoint} wrote no results.json")
@@ -433,8 +469,8 @@ def write_results(exp: Experiment, command: str = "") -> dict:
 def check_hosts(exp: Experiment) -> None:
     """Refuses, before anything runs, an experiment with evaluations on several processes.
 
-    The evaluations run the fine-tune command, which runs on one host (every host would
-    fine-tune alone and write the same files): on a pod the experiment can pretrain only,
+    The evaluations run on one host (every host would fine-tune alone and write the
+    same files): on a pod the experiment can pretrain only,
     and a rerun of the same command on one host resumes with the evaluations.
 
     Raises:
@@ -460,14 +496,13 @@ def run(exp: Experiment, command: str = "") -> dict:
     todo = [(a, s) for a in exp.arms for s in exp.seeds if pretraining_done(exp, a, s) is None]
     if todo and exp.prepare is not None:
         exp.prepare()
+    # Each checkpoint is evaluated as soon as it exists: results.json grows run by run.
     for arm in exp.arms:
         for seed in exp.seeds:
             pretrain(exp, arm, seed)
-    write_results(exp, command)
-    for arm in exp.arms:
-        for seed in exp.seeds:
             for task in exp.tasks:
                 evaluate(exp, arm, seed, task)
+            write_results(exp, command)
     results = write_results(exp, command)
     log.info("experiment %s finished in %s: %s", exp.name,
              format_duration(time.time() - t0),
