@@ -146,7 +146,7 @@ def test_pretrained_encoder_params_are_used_and_checked():
 
 
 def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
-    from xlmeta_jax.pretrain import checkpoints
+    from xlmeta_jax.pretrain import loading
 
     cfg = get_config("tiny", vocab_size=1024, pad_token_id=0)
     params = _random_params(cfg)
@@ -156,7 +156,7 @@ def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
         calls.append(path)
         return cfg, params, vocab
 
-    monkeypatch.setattr(checkpoints, "load_pretrained", fake_load_pretrained)
+    monkeypatch.setattr(loading, "load_pretrained", fake_load_pretrained)
     (tmp_path / "run").mkdir()
     loaded = encoders.load_encoder(str(tmp_path / "run"))
     assert calls == [str(tmp_path / "run")]
@@ -164,7 +164,7 @@ def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
     assert loaded.params is params["encoder"]
     # A recorded vocabulary that does not fit the embedding table is refused.
     monkeypatch.setattr(
-        checkpoints, "load_pretrained",
+        loading, "load_pretrained",
         lambda path: (cfg.replace(vocab_size=500), params, vocab),
     )
     with pytest.raises(ValueError, match="has 1000 ids but the encoder"):

@@ -192,10 +192,10 @@ def test_finished_work_is_found_and_a_changed_plan_is_refused(tmp_path):
     with pytest.raises(runner.ExperimentError, match="holds a finished run of phases"):
         runner.pretraining_done(longer, "meta", 0)
 
-    runner._check_model_dir(exp)
-    runner._check_model_dir(exp)  # the same plan resumes
+    runner.check_model_dir(exp)
+    runner.check_model_dir(exp)  # the same plan resumes
     with pytest.raises(runner.ExperimentError, match="another budget"):
-        runner._check_model_dir(longer)
+        runner.check_model_dir(longer)
 
 
 def test_finetune_command_of_an_evaluation(tmp_path):

@@ -15,8 +15,6 @@ plan, checked on resume), ``config.gin``, ``results.json``, ``report.md``, ``*.p
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import logging
 import math
 import os
@@ -26,22 +24,25 @@ from typing import Any
 
 import jax
 
-from xlmeta_jax import errors, files
+from xlmeta_jax import files
 from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
-from xlmeta_jax.experiment import report as experiment_report
-from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases, phase_tokens
+from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases
+from xlmeta_jax.experiment.results import write_results
+from xlmeta_jax.experiment.state import (
+    ExperimentError,
+    check_model_dir,
+    evaluation_done,
+    final_checkpoint,
+    pretraining_done,
+)
 from xlmeta_jax.model import network
 from xlmeta_jax.model.optimizer import OptimizerConfig
 from xlmeta_jax.pretrain import trainer
 
 log = logging.getLogger("xlmeta_jax.train")
-
-
-class ExperimentError(errors.UserError, ValueError):
-    """The experiment's configuration or its MODEL_DIR is invalid (one line)."""
 
 
 # ============================================================================
@@ -218,67 +219,6 @@ def experiment(
 
 
 # ============================================================================
-# State of a run folder: what is done.
-# ============================================================================
-
-
-def pretraining_done(exp: Experiment, arm: str, seed: int) -> dict | None:
-    """The trainer's summary of a finished arm x seed run, or None.
-
-    Raises:
-      ExperimentError: when the folder holds a finished run of other phases.
-    """
-    path = os.path.join(exp.run_dir(arm, seed), "summary.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        summary = json.load(f)
-    want = [(p.name, p.task, p.num_steps) for p in exp.phases(arm)]
-    got = [(p["phase"], p["task"], p["steps"]) for p in summary.get("phases", [])]
-    if got != want:
-        raise ExperimentError(
-            f"{exp.run_dir(arm, seed)} holds a finished run of phases {got}, the experiment "
-            f"plans {want}; use a new MODEL_DIR")
-    return summary
-
-
-def evaluation_done(exp: Experiment, arm: str, seed: int, task: str,
-                    checkpoint: str | None) -> dict | None:
-    """The results.json of a finished evaluation of ``checkpoint``, or None."""
-    path = os.path.join(exp.eval_dir(arm, seed, task), "results.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        results = json.load(f)
-    recorded = results.get("model", {}).get("checkpoint")
-    if checkpoint is not None and recorded not in (None, checkpoint):
-        raise ExperimentError(
-            f"{path} evaluates {recorded}, not this experiment's {checkpoint}; use a new "
-            "MODEL_DIR")
-    return results
-
-
-def _check_model_dir(exp: Experiment, write: bool = True) -> None:
-    """Records the plan in MODEL_DIR/experiment.json (if ``write``); a resume must match it."""
-    path = os.path.join(exp.model_dir, "experiment.json")
-    mine = exp.fingerprint()
-    if os.path.isfile(path):
-        with open(path) as f:
-            theirs = json.load(f).get("fingerprint", {})
-        for key in mine:
-            if json.dumps(theirs.get(key), sort_keys=True) != json.dumps(mine[key],
-                                                                          sort_keys=True):
-                raise ExperimentError(
-                    f"MODEL_DIR {exp.model_dir} holds an experiment with another {key} "
-                    f"({theirs.get(key)} there, {mine[key]} now); use a new MODEL_DIR")
-        return
-    if not write:
-        return
-    os.makedirs(exp.model_dir, exist_ok=True)
-    files.write_atomic(path, json.dumps({"name": exp.name, "fingerprint": mine}, indent=2))
-
-
-# ============================================================================
 # Stages: pretrain, evaluate, collect.
 # ============================================================================
 
@@ -295,12 +235,6 @@ def pretrain(exp: Experiment, arm: str, seed: int) -> dict:
     return exp.train(model_dir=exp.run_dir(arm, seed), model=exp.model,
                      phases=exp.phases(arm), seed=seed, corpora=exp.corpora,
                      feeder=exp.feeder, config_text=exp.config_text)
-
-
-def final_checkpoint(exp: Experiment, arm: str, seed: int) -> str | None:
-    """Step directory of the arm x seed run's last phase, once pretraining finished."""
-    summary = pretraining_done(exp, arm, seed)
-    return None if summary is None else summary["phases"][-1]["checkpoint"]
 
 
 def finetune_argv(exp: Experiment, arm: str, seed: int, task: str) -> list[str]:
@@ -363,109 +297,6 @@ def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
     return results
 
 
-def loss_curve(exp: Experiment, arm: str, seed: int) -> dict[str, list]:
-    """Training loss against tokens seen, from the trainer's TensorBoard events.
-
-    A resumed phase logs some steps twice; the last value written wins.
-    """
-    try:
-        import tensorflow as tf  # noqa: PLC0415 - TensorFlow only where tf.data runs
-    except ImportError:
-        return {"tokens": [], "loss": [], "phase": []}
-
-    curve: dict[str, list] = {"tokens": [], "loss": [], "phase": []}
-    tokens_before = 0
-    for phase in exp.phases(arm):
-        points: dict[int, float] = {}
-        files = sorted(glob.glob(os.path.join(exp.run_dir(arm, seed), phase.name, "train",
-                                              "events.out.tfevents.*")))
-        for path in files:
-            for event in tf.compat.v1.train.summary_iterator(path):
-                for value in event.summary.value:
-                    if value.tag == "loss":
-                        points[int(event.step)] = float(tf.make_ndarray(value.tensor)
-                                                        if value.HasField("tensor")
-                                                        else value.simple_value)
-        per_step = phase.batch_size * phase.sequence_length
-        for step_ in sorted(points):
-            curve["tokens"].append(tokens_before + step_ * per_step)
-            curve["loss"].append(points[step_])
-            curve["phase"].append(phase.name)
-        tokens_before += phase.num_steps * per_step
-    return curve
-
-
-def _evaluation_summary(results: dict) -> dict:
-    metric = results["metric"]
-    out = {key: results.get(key) for key in ("metric", "english", "average_target",
-                                             "transfer_gap", "average")}
-    out["languages"] = {lang: v[metric] for lang, v in results["languages"].items()}
-    if results.get("layer_sweep"):
-        # The headline direction of Tatoeba (XTREME's): English queries, xx is searched.
-        out["layer_sweep"] = {layer: v["en2xx"] for layer, v in results["layer_sweep"].items()}
-    for key in ("total_seconds", "eval_seconds"):
-        if key in results:
-            out[key] = results[key]
-    # How the protocol differs from XTREME's (stated next to the numbers in the report).
-    provenance = results.get("provenance") or {}
-    if "comparable_to_xtreme" in provenance:
-        out["comparable_to_xtreme"] = provenance["comparable_to_xtreme"]
-        out["differences_from_xtreme"] = list(provenance.get("differences", []))
-    return out
-
-
-def collect(exp: Experiment, command: str = "") -> dict:
-    """The experiment's results.json content: everything finished so far."""
-
-    runs = {}
-    for arm in exp.arms:
-        for seed in exp.seeds:
-            summary = pretraining_done(exp, arm, seed)
-            run: dict[str, Any] = {"arm": arm, "seed": seed, "pretraining": None,
-                                   "evaluations": {}}
-            if summary is not None:
-                run["pretraining"] = {
-                    "tokens": sum(p["tokens"] for p in summary["phases"]),
-                    "phases": [{k: p.get(k) for k in ("phase", "task", "steps", "tokens",
-                                                      "final_loss", "final_accuracy",
-                                                      "checkpoint")}
-                               for p in summary["phases"]],
-                    "loss_curve": loss_curve(exp, arm, seed),
-                }
-                checkpoint = summary["phases"][-1]["checkpoint"]
-                for task in exp.tasks:
-                    results = evaluation_done(exp, arm, seed, task, checkpoint)
-                    if results is not None:
-                        run["evaluations"][task] = _evaluation_summary(results)
-            runs[f"{arm}/seed{seed}"] = run
-    out = {
-        "experiment": {
-            "name": exp.name, "command": command, "arms": list(exp.arms),
-            "seeds": list(exp.seeds), "tasks": list(exp.tasks),
-            "english_task": exp.english_task, "xling_mixture": exp.xling_mixture,
-            "english_share_of_joint": exp.budget.english_share,
-            "tokens": {arm: phase_tokens(exp.phases(arm)) for arm in exp.arms},
-            **exp.fingerprint(),
-        },
-        "runs": runs,
-    }
-    out["summary"] = experiment_report.summarize(out)
-    return out
-
-
-def write_results(exp: Experiment, command: str = "") -> dict:
-    """Writes MODEL_DIR/results.json, report.md and the plots; returns the results."""
-
-    results = collect(exp, command)
-    if jax.process_index() != 0:
-        # Pretraining on a pod (no tasks, see check_hosts): process 0 writes.
-        return results
-    files.write_atomic(os.path.join(exp.model_dir, "results.json"),
-                       json.dumps(results, indent=1))
-    experiment_report.write_report(results, exp.model_dir)
-    return results
-
-
 def check_hosts(exp: Experiment) -> None:
     """Refuses, before anything runs, an experiment with evaluations on several processes.
 
@@ -489,7 +320,7 @@ def run(exp: Experiment, command: str = "") -> dict:
     check_hosts(exp)
     # One writer of the experiment's own files when a pod pretrains (check_hosts).
     writer = jax.process_index() == 0
-    _check_model_dir(exp, write=writer)
+    check_model_dir(exp, write=writer)
     if writer and exp.config_text is not None:
         files.write_atomic(os.path.join(exp.model_dir, "config.gin"), exp.config_text)
     t0 = time.time()
