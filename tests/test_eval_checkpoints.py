@@ -20,7 +20,7 @@ def _run_dir(tmp_path, gin_file, steps, *, record_phases=True):
     """A run directory as the trainer leaves it: per phase, step dirs with a state item and
     the metadata the trainer writes, naming the run's phases as the gin file configures
     them (no parameters needed here)."""
-    import xlmeta_jax.cli.configurables  # noqa: F401 - registers the gin file's names
+    import xlmeta_jax.cli.runs  # noqa: F401 - registers the gin file's names
 
     gin.clear_config(clear_constants=True)
     try:

@@ -65,23 +65,28 @@ def test_experiment_resumes_after_kills_and_writes_the_report(tmp_path, shared_d
                tmp_path / "run1.log")
     assert not (exp_dir / "pretrain/meta/seed0/summary.json").exists()
 
-    # 2. Resumes phase 1 from that checkpoint; killed during the first evaluation.
+    # 2. Resumes phase 1 from that checkpoint; killed during the first evaluation, which
+    # starts as soon as meta's checkpoint exists (before the joint arm pretrains).
     first_eval = exp_dir / "eval/meta/seed0/pawsx"
     out2 = _run_until(first_eval / "config.gin", cmd, tmp_path / "run2.log")
     assert "corpus and vocabulary prepared earlier" in out2
     assert "[phase1] resuming from" in out2 and "phase1/3 (step 3/4)" in out2
-    assert "[joint seed 0] pretraining: xlmeta_joint" in out2
+    assert "[joint seed 0] pretraining" not in out2
     assert not (first_eval / "results.json").exists()
+    # The evaluation's config.gin: the task's config with this run's values appended.
+    config = (first_eval / "config.gin").read_text()
+    assert f"MODEL_DIR = {str(first_eval)!r}" in config and "finetune.seed = 0" in config
 
-    # 3. Finishes: no pretraining again, the interrupted evaluation is redone.
+    # 3. Finishes: meta is not pretrained again, its interrupted evaluation is redone,
+    # then the joint arm pretrains and is evaluated.
     out3 = subprocess.run(cmd, env=_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=900)
     assert out3.returncode == 0, out3.stdout[-3000:] + out3.stderr[-3000:]
     log3 = out3.stdout + out3.stderr
     assert "[meta seed 0] pretraining finished earlier" in log3
-    assert "[joint seed 0] pretraining finished earlier" in log3
-    assert "| loss" not in log3  # no training step ran
-    assert "[meta seed 0] pawsx: python -m xlmeta_jax.finetune" in log3
+    assert "[phase1] step" not in log3 and "[phase2] step" not in log3  # meta: no step ran
+    assert "[joint seed 0] pretraining: xlmeta_joint" in log3
+    assert "[meta seed 0] pawsx (as python -m xlmeta_jax.finetune" in log3
 
     results = json.loads((exp_dir / "results.json").read_text())
     assert sorted(results["runs"]) == ["joint/seed0", "meta/seed0"]

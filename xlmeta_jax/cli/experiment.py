@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 
 from xlmeta_jax import errors, logs
-from xlmeta_jax.cli import configurables
+from xlmeta_jax.cli import configurables, runs
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.experiment import plan, runner
@@ -77,14 +77,14 @@ def configured_experiment(flags) -> runner.Experiment:
     for the run (its trainer reads its bindings while it runs).
     """
     _parse_experiment(flags)
-    first = configurables.experiment()
+    first = runs.experiment()
     finetunes = {task: finetune_config(first, task, flags.search_paths)
                  for task in first.tasks}
     _parse_experiment(flags)
-    return configurables.experiment(
+    return runs.experiment(
         corpora=configurables.Corpora(masking=train_cli.configured_masking()),
         feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text(),
-        train=functools.partial(configurables.train, describe=gin_cli.binding_source),
+        train=functools.partial(runs.train, describe=gin_cli.binding_source),
         train_settings={name: gin_cli.bound(f"xlmeta_jax.pretrain.trainer.train.{name}",
                                             default)
                         for name, default in (("mesh_shape", (-1, 1, 1)),
@@ -103,7 +103,7 @@ def finetune_config(exp: runner.Experiment, task: str, search_paths=()):
                  "MODEL_DIR = '<per run>'"]
     gin_cli.apply_gin([f"finetune/{task}.gin", *exp.finetune_gin_files], bindings,
                       search_paths, check_macros=True)
-    return configurables.finetune_config()
+    return runs.finetune_config()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import jax
 
 from xlmeta_jax import errors, hosts, logs
-from xlmeta_jax.cli import configurables
+from xlmeta_jax.cli import configurables, runs
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.model import network
 from xlmeta_jax.pretrain import trainer
@@ -125,9 +125,9 @@ def main(argv: Sequence[str]) -> dict:
 
 def run_configured() -> dict:
     """Runs the trainer as the parsed gin config binds it; returns its summary."""
-    configurables.prepare_data()
+    runs.prepare_data()
     try:
-        return configurables.train(
+        return runs.train(
             model=configured_model(),
             corpora=configurables.Corpora(masking=configured_masking()),
             feeder=configurables.make_mlm_iterator,

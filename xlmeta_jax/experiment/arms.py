@@ -96,8 +96,7 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
         return [phase("xlmr", xling_mixture, total)]
     if arm == "joint":
         # tasks.register adds it when Corpora.joint_english_share is set (the experiment
-        # sets budget.english_share). Imported here: ``tasks`` pulls in seqio.
-
+        # sets budget.english_share).
         return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":
         return [phase("xling", xling_mixture, budget.xling_steps)]

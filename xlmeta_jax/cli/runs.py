@@ -1,0 +1,125 @@
+"""gin's view of our own commands: the trainer's run, the experiment, the fine-tuning.
+
+Registered under the module path of the object each configures
+(``xlmeta_jax.pretrain.trainer.train.log_every``); the gin files of our commands
+(gin/native/run.gin, gin/demo.gin, gin/experiments/*.gin, gin/finetune/*.gin) import
+this module, t5x's do not (its own ``train`` would be ambiguous with ours). The
+settings both trainers share: :mod:`xlmeta_jax.cli.configurables`.
+
+* ``xlmeta_jax.pretrain.trainer.{train,Phase}`` — our trainer's run (gin/native/*.gin);
+* ``xlmeta_jax.experiment.runner.experiment`` — the experiment (gin/experiments/*.gin);
+* ``finetune.*`` and ``evaluate_retrieval.*`` — the evaluation command
+  (gin/finetune/*.gin): :func:`finetune_config` builds a
+  :class:`xlmeta_jax.evaluation.finetune.FineTuneConfig`;
+* ``xlmeta_jax.data.demo_corpus.*``, ``xlmeta_jax.data.experiment_corpus.*`` — the
+  corpora the demo and the CPU experiment write before they train;
+* helpers of the gin files themselves, named after this module: ``total_steps`` and
+  ``prepare_data``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gin
+
+from xlmeta_jax.data import demo_corpus, experiment_corpus
+from xlmeta_jax.evaluation import tasks as evaluation_tasks
+from xlmeta_jax.evaluation.finetune import FineTuneConfig
+from xlmeta_jax.evaluation.settings import RetrievalSettings
+from xlmeta_jax.experiment import runner
+from xlmeta_jax.pretrain import trainer
+
+# --------------------------------------------------------------------- corpus builders
+demo_path = gin.external_configurable(
+    demo_corpus.demo_path, module="xlmeta_jax.data.demo_corpus")
+prepare_demo = gin.external_configurable(
+    demo_corpus.prepare_demo, module="xlmeta_jax.data.demo_corpus")
+corpus_path = gin.external_configurable(
+    experiment_corpus.corpus_path, module="xlmeta_jax.data.experiment_corpus")
+prepare_shared_corpus = gin.external_configurable(
+    experiment_corpus.prepare_shared_corpus, module="xlmeta_jax.data.experiment_corpus")
+
+# ---------------------------------------------------------------------------- pretraining
+Phase = gin.external_configurable(trainer.Phase, module="xlmeta_jax.pretrain.trainer")
+train = gin.external_configurable(trainer.train, module="xlmeta_jax.pretrain.trainer",
+                                  denylist=["corpora", "feeder", "config_text", "describe"])
+
+# ----------------------------------------------------------------------------- experiment
+experiment = gin.external_configurable(runner.experiment, module="xlmeta_jax.experiment.runner",
+                                       denylist=["corpora", "feeder", "config_text", "train",
+                                                 "train_settings", "finetunes"])
+
+
+@gin.configurable(module="xlmeta_jax.cli.runs")
+def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
+    """Sum of step counts (gin: the baseline's budget = META_STEPS + XLING_STEPS)."""
+    return int(sum(steps))
+
+
+@gin.configurable(module="xlmeta_jax.cli.runs")
+def prepare_data(prepare: Callable[[], Any] | None = None) -> None:
+    """Runs the data preparation the config names (e.g. the demo's corpus), if any.
+
+    The commands call it after parsing and before the run is checked, so a gin
+    value such as ``VOCAB_PATH`` stays a plain path and reading it has no side effect.
+    """
+    if prepare is not None:
+        prepare()
+
+
+# ----------------------------------------------------------------------------------------
+# Evaluation (gin/finetune/*.gin): `finetune.<field>` and `evaluate_retrieval.<field>`
+# ----------------------------------------------------------------------------------------
+
+
+@gin.configurable(module="xlmeta_jax.cli.runs", allowlist=[
+    "layer", "neighbourhood", "pooling"])
+def evaluate_retrieval(layer: int | None = None, neighbourhood: int = 4,
+                       pooling: str | None = None) -> RetrievalSettings:
+    """The retrieval tasks' settings (``evaluate_retrieval.layer`` etc. in gin).
+
+    Args:
+      layer: XTREME's ``--specific_layer``; None: the task's XTREME layer.
+      neighbourhood: BUCC margin's k.
+      pooling: "mean" or "cls"; None: the task's XTREME pooling.
+    """
+    return RetrievalSettings(layer=layer, neighbourhood=neighbourhood, pooling=pooling)
+
+
+@gin.configurable("finetune", module="xlmeta_jax.cli.runs")
+def finetune_config(
+    task: str = gin.REQUIRED,
+    initial_checkpoint_path: str = gin.REQUIRED,
+    model_dir: str = gin.REQUIRED,
+    data_dir: str | None = None,
+    vocab_path: str | None = None,
+    languages: list[str] | None = None,
+    allow_pickle: bool = False,
+    data_source: str = "local",
+    tfds_data_dir: str | None = None,
+    num_seeds: int = 1,
+    **settings,
+) -> FineTuneConfig:
+    """The evaluation the gin bindings describe (gin name: ``finetune``).
+
+    ``finetune.<field>`` binds a field of
+    :class:`~xlmeta_jax.evaluation.finetune.FineTuneConfig`, or of its
+    :class:`~xlmeta_jax.evaluation.settings.FineTuneSettings` (``finetune.batch_size``);
+    a retrieval task also reads :func:`evaluate_retrieval`. MODEL_DIR/config.gin gets
+    the operative config.
+
+    Returns:
+      The config :func:`xlmeta_jax.evaluation.finetune.finetune` runs.
+    """
+    # Only a retrieval task calls evaluate_retrieval, so only its config.gin lists it.
+    retrieval = (RetrievalSettings() if evaluation_tasks.get(task).fine_tunes
+                 else evaluate_retrieval())
+    return FineTuneConfig.from_kwargs(
+        task=task, initial_checkpoint_path=initial_checkpoint_path, model_dir=model_dir,
+        data_dir=data_dir, vocab_path=vocab_path, languages=languages,
+        allow_pickle=allow_pickle, data_source=data_source, tfds_data_dir=tfds_data_dir,
+        num_seeds=num_seeds, retrieval=retrieval, config_text=gin.operative_config_str(),
+        **settings,
+    )
