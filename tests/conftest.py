@@ -42,6 +42,16 @@ def shared_data() -> pathlib.Path:
     return SHARED_DATA
 
 
+@pytest.fixture
+def clean_gin():
+    """gin's one global config, empty before and after the test (for tests that parse)."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
 @pytest.fixture(scope="module")
 def fast_compiles():
     """Most of XLA's optimisation passes off for one module's tests.

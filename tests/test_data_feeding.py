@@ -15,10 +15,10 @@ from xlmeta_jax.data import (  # noqa: E402
     english_pd,
     feeding,
     tasks,  # noqa: E402
+    text_files,  # noqa: E402
     vocabulary,
 )
 from xlmeta_jax.data import task_names as names  # noqa: E402
-from xlmeta_jax.data import text_files as mixtures  # noqa: E402
 from xlmeta_jax.model import mlm, partitioning  # noqa: E402
 from xlmeta_jax.tools import caching, throughput  # noqa: E402
 
@@ -170,10 +170,10 @@ def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):
     assert {os.path.basename(f) for f in files} == {
         "common_library.txt", "speeches.txt", "genesis.txt", "shakespeare.txt"
     }  # fmt: skip
-    stats = mixtures.corpus_stats(files)
+    stats = text_files.corpus_stats(files)
     assert sum(s.documents for s in stats) > 300
     tasks.register(vocab_path=toy["vocab"])
-    with pytest.raises(mixtures.CorpusError, match="english_files"):
+    with pytest.raises(text_files.CorpusError, match="english_files"):
         _iterator(mesh, names.ENGLISH_TEXT_TASK)
     tasks.register(vocab_path=toy["vocab"], english_files=[str(tmp_path / "en" / "*.txt")])
     it = _iterator(mesh, names.ENGLISH_TEXT_TASK, sequence_length=128)

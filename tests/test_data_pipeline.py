@@ -23,10 +23,10 @@ from xlmeta_jax.data import (  # noqa: E402
     providers,
     rates,
     tasks,  # noqa: E402
+    text_files,  # noqa: E402
     vocabulary,
 )
 from xlmeta_jax.data import task_names as names  # noqa: E402
-from xlmeta_jax.data import text_files as mixtures  # noqa: E402
 from xlmeta_jax.data.languages import UnknownLanguageError  # noqa: E402
 from xlmeta_jax.model import mlm  # noqa: E402
 
@@ -160,7 +160,7 @@ def test_reader_agrees_with_counting_pass(tmp_path, monkeypatch, lines_per_eleme
         ("last doc, no newline", False),
         ("", True),
     ]
-    stats = mixtures.scan_text_file(str(path), max_line_bytes=1000)
+    stats = text_files.scan_text_file(str(path), max_line_bytes=1000)
     assert stats.lines == sum(1 for _, end in got if not end)
     assert stats.documents == sum(1 for _, end in got if end)
     assert (stats.skipped_invalid_utf8, stats.skipped_long_lines) == (1, 1)
@@ -379,7 +379,7 @@ def test_register_then_seqio_serves_it_and_other_settings_replace_it(toy):
     )
     assert block["targets"][0] == vocabulary.BOS_ID
     # Invalid settings change nothing.
-    with pytest.raises(mixtures.CorpusError, match="alpha"):
+    with pytest.raises(text_files.CorpusError, match="alpha"):
         _register_toy(toy, languages=["en"], alpha=2.0)
     assert tasks.language_probabilities(names.CC100_MIXTURE) == {"sw": 1.0}
     assert sw in seqio.TaskRegistry.names() and en not in seqio.TaskRegistry.names()
@@ -389,7 +389,7 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
     """What gin files (ours and t5x's) do: bind Corpora, then @registered()."""
     import gin
 
-    from xlmeta_jax.cli import configurables as corpus
+    from xlmeta_jax.cli import configurables
     from xlmeta_jax.cli import flags as gin_cli
 
     gin.clear_config(clear_constants=True)
@@ -402,7 +402,7 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
              "xlmeta_jax.cli.configurables.registered.name = 'xlmeta_cc100'"],
             finalize=False,
         )
-        assert corpus.registered() == names.CC100_MIXTURE
+        assert configurables.registered() == names.CC100_MIXTURE
         # The one gin-visible masking rate reaches the registered tasks.
         ds = seqio.get_mixture_or_task(names.CC100_MIXTURE).get_dataset(
             {"inputs": 40, "targets": 40}, shuffle=False, seed=0
@@ -410,8 +410,8 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
         assert ds.element_spec["mlm_positions"].shape == (mlm.max_predictions(40, 0.25),)
         q = tasks.language_probabilities(names.CC100_MIXTURE)
         assert q == pytest.approx({"en": 600 / 650, "ja": 50 / 650})
-        with pytest.raises(mixtures.CorpusError, match="set ENGLISH_FILES"):
-            corpus.registered(names.ENGLISH_TEXT_TASK)
+        with pytest.raises(text_files.CorpusError, match="set ENGLISH_FILES"):
+            configurables.registered(names.ENGLISH_TEXT_TASK)
     finally:
         gin.clear_config(clear_constants=True)
 
@@ -429,11 +429,11 @@ def _mixture_dataset():
     [
         ({"languages": ["en", "xx"]}, UnknownLanguageError, "'xx' is not one"),
         ({"languages": ["en", "zu"]}, UnknownLanguageError, "'zu' is not one"),
-        ({"languages": ["en", "fr"]}, mixtures.CorpusError, "fr.txt"),
-        ({"alpha": 0.0}, mixtures.CorpusError, r"alpha must be in \(0, 1\]"),
-        ({"alpha": 1.5}, mixtures.CorpusError, r"alpha must be in \(0, 1\]"),
-        ({"cc100_dir": "/nonexistent/cc100"}, mixtures.CorpusError, "no file"),
-        ({"count_unit": "words"}, mixtures.CorpusError, "count_unit"),
+        ({"languages": ["en", "fr"]}, text_files.CorpusError, "fr.txt"),
+        ({"alpha": 0.0}, text_files.CorpusError, r"alpha must be in \(0, 1\]"),
+        ({"alpha": 1.5}, text_files.CorpusError, r"alpha must be in \(0, 1\]"),
+        ({"cc100_dir": "/nonexistent/cc100"}, text_files.CorpusError, "no file"),
+        ({"count_unit": "words"}, text_files.CorpusError, "count_unit"),
     ],
 )
 def test_bad_mixture_configuration_fails_before_reading(toy, extra, error, message):
@@ -448,13 +448,13 @@ def test_bad_files_fail_with_the_file_named(toy, tmp_path):
     (bad / "en.txt").write_bytes(b"")
     (bad / "de.txt.xz").write_bytes(b"\xfd7zXZ\x00")
     (bad / "ru.txt").write_bytes(b"\xc3\n\n\xff\xfe\n")  # not starting with a UTF-16 mark
-    with pytest.raises(mixtures.CorpusError, match="en.txt is empty"):
+    with pytest.raises(text_files.CorpusError, match="en.txt is empty"):
         _register_toy(toy, cc100_dir=str(bad), languages=["en"])
         _mixture_dataset()
-    with pytest.raises(mixtures.CorpusError, match="xz -d de.txt.xz"):
+    with pytest.raises(text_files.CorpusError, match="xz -d de.txt.xz"):
         _register_toy(toy, cc100_dir=str(bad), languages=["de"])
         _mixture_dataset()
-    with pytest.raises(mixtures.CorpusError, match="ru.txt has no usable text: 2 lines are not"):
+    with pytest.raises(text_files.CorpusError, match="ru.txt has no usable text: 2 lines are not"):
         _register_toy(toy, cc100_dir=str(bad), languages=["ru"])
         _mixture_dataset()
     with pytest.raises(vocabulary.VocabularyError, match="no vocabulary configured"):
@@ -480,7 +480,7 @@ def test_undecodable_and_enormous_lines_are_skipped_and_counted(toy, tmp_path, c
         q = tasks.language_probabilities(names.CC100_MIXTURE)
     assert q == {"sw": 1.0}
     assert "skipping 1 lines that are not valid UTF-8 and 1 lines longer than" in caplog.text
-    (stats,) = mixtures.corpus_stats([str(data / "sw.txt")])
+    (stats,) = text_files.corpus_stats([str(data / "sw.txt")])
     assert (stats.lines, stats.skipped_invalid_utf8, stats.skipped_long_lines) == (60, 1, 1)
     task = seqio.get_mixture_or_task(names.cc100_task("sw"))
     blocks = _take(task.get_dataset({"inputs": 64, "targets": 64}, shuffle=False), 1000)
@@ -506,7 +506,7 @@ def test_tfds_english_and_mc4_tasks(toy):
         assert block["targets"][0] == vocabulary.BOS_ID
         assert block["mlm_weights"].sum() >= 1
         # mC4 counts come from the TFDS metadata, which mocked data lacks: a clear error.
-        with pytest.raises(mixtures.CorpusError, match="mC4 split 'en' .* not available"):
+        with pytest.raises(text_files.CorpusError, match="mC4 split 'en' .* not available"):
             _register_toy(toy, cc100_dir=None, **mc4)
         _register_toy(toy, cc100_dir=None, mc4_counts={"en": 1000, "sw": 10, "he": 100}, **mc4)
         mix = seqio.get_mixture_or_task(names.MC4_MIXTURE)
@@ -516,5 +516,5 @@ def test_tfds_english_and_mc4_tasks(toy):
         )  # fmt: skip
         langs = {ex["language"].decode() for ex in ds.take(60).as_numpy_iterator()}
         assert langs == {"en", "sw", "he"}
-    with pytest.raises(mixtures.CorpusError, match="mC4 has no split for"):
+    with pytest.raises(text_files.CorpusError, match="mC4 has no split for"):
         _register_toy(toy, cc100_dir=None, **{**mc4, "languages": ["en", "ur_rom"]})

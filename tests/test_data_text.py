@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from xlmeta_jax.data import languages, rates
-from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.data import languages, rates, text_files
 
 
 def test_language_list_is_xlmr_100():
@@ -58,14 +57,14 @@ def test_alpha_probabilities():
 
 @pytest.mark.parametrize("alpha", [0, 0.0, -0.3, 1.5, math.nan, "x", None])
 def test_alpha_outside_unit_interval_is_rejected(alpha):
-    with pytest.raises(mixtures.CorpusError, match="alpha"):
+    with pytest.raises(text_files.CorpusError, match="alpha"):
         rates.alpha_probabilities({"en": 10, "de": 5}, alpha)
 
 
 def test_counts_must_be_positive():
-    with pytest.raises(mixtures.CorpusError, match="'de'"):
+    with pytest.raises(text_files.CorpusError, match="'de'"):
         rates.alpha_probabilities({"en": 10, "de": 0}, 0.3)
-    with pytest.raises(mixtures.CorpusError, match="no languages"):
+    with pytest.raises(text_files.CorpusError, match="no languages"):
         rates.alpha_probabilities({}, 0.3)
 
 
@@ -107,15 +106,15 @@ def _tricky_file(path, *, gz=False):
 @pytest.mark.parametrize("block", [7, 1 << 20])
 def test_scan_counts_paragraphs_documents_and_skips(tmp_path, monkeypatch, gz, block):
     # A tiny read block makes lines (and the huge one) span many blocks.
-    monkeypatch.setattr(mixtures, "_READ_BLOCK_BYTES", block)
+    monkeypatch.setattr(text_files, "_READ_BLOCK_BYTES", block)
     path = str(tmp_path / ("c.txt.gz" if gz else "c.txt"))
     _tricky_file(path, gz=gz)
-    stats = mixtures.scan_text_file(path, max_line_bytes=1000)
+    stats = text_files.scan_text_file(path, max_line_bytes=1000)
     assert stats.lines == 5
     assert stats.documents == 3
     assert stats.skipped_invalid_utf8 == 2
     assert stats.skipped_long_lines == 1
-    kept = list(mixtures.iter_paragraphs(path, 1000))
+    kept = list(text_files.iter_paragraphs(path, 1000))
     assert kept[0] == "first paragraph of doc one"  # '\r' dropped as TextLineDataset does
     assert kept[1] == "second paragraph été"
     assert kept[-1] == "doc three, no final newline"
@@ -125,18 +124,18 @@ def test_scan_counts_paragraphs_documents_and_skips(tmp_path, monkeypatch, gz, b
 def test_corpus_stats_are_cached_next_to_the_data(tmp_path):
     path = tmp_path / "en.txt"
     path.write_text("a b c\n\nd e\n", encoding="utf-8")
-    (stats,) = mixtures.corpus_stats([str(path)])
+    (stats,) = text_files.corpus_stats([str(path)])
     assert (stats.lines, stats.documents) == (2, 2)
     cache = json.loads((tmp_path / "xlmeta_corpus_stats.json").read_text())
     assert cache["files"]["en.txt"]["lines"] == 2
     # Cached: a tampered count is returned as is while the file is unchanged...
     cache["files"]["en.txt"]["lines"] = 99
     (tmp_path / "xlmeta_corpus_stats.json").write_text(json.dumps(cache))
-    assert mixtures.corpus_stats([str(path)])[0].lines == 99
+    assert text_files.corpus_stats([str(path)])[0].lines == 99
     # ...and counted again once it changes.
     path.write_text("a b c\n\nd e\nf\n", encoding="utf-8")
     os.utime(path, ns=(1, 1))
-    assert mixtures.corpus_stats([str(path)])[0].lines == 3
+    assert text_files.corpus_stats([str(path)])[0].lines == 3
 
 
 def test_corpus_stats_in_a_given_cache_dir(tmp_path):
@@ -144,21 +143,22 @@ def test_corpus_stats_in_a_given_cache_dir(tmp_path):
     data.mkdir()
     (data / "en.txt").write_text("a\n", encoding="utf-8")
     cache_dir = tmp_path / "cache"
-    mixtures.corpus_stats([str(data / "en.txt")], cache_dir=str(cache_dir))
+    text_files.corpus_stats([str(data / "en.txt")], cache_dir=str(cache_dir))
     assert not (data / "xlmeta_corpus_stats.json").exists()
     assert len(list(cache_dir.glob("*.json"))) == 1
 
 
 def test_bad_files_are_rejected(tmp_path):
-    with pytest.raises(mixtures.CorpusError, match="no file matches"):
-        mixtures.list_text_files([str(tmp_path / "missing*.txt")], what="english")
+    with pytest.raises(text_files.CorpusError, match="no file matches"):
+        text_files.list_text_files([str(tmp_path / "missing*.txt")], what="english")
     (tmp_path / "empty.txt").write_bytes(b"")
-    with pytest.raises(mixtures.CorpusError, match="empty.txt is empty"):
-        mixtures.list_text_files([str(tmp_path / "empty.txt")], what="english")
+    with pytest.raises(text_files.CorpusError, match="empty.txt is empty"):
+        text_files.list_text_files([str(tmp_path / "empty.txt")], what="english")
     (tmp_path / "en.txt.xz").write_bytes(b"\xfd7zXZ")
-    with pytest.raises(mixtures.CorpusError, match="xz -d en.txt.xz"):
-        mixtures.list_text_files([str(tmp_path / "en.txt.xz")], what="cc100")
+    with pytest.raises(text_files.CorpusError, match="xz -d en.txt.xz"):
+        text_files.list_text_files([str(tmp_path / "en.txt.xz")], what="cc100")
     blank = tmp_path / "blank.txt"
     blank.write_bytes(b"\n \n\xff\xfe\n")
-    with pytest.raises(mixtures.CorpusError, match="blank.txt has no usable text: 1 lines are not"):
-        mixtures.corpus_stats([str(blank)], cache_dir=str(tmp_path / "c"))
+    with pytest.raises(text_files.CorpusError,
+                       match="blank.txt has no usable text: 1 lines are not"):
+        text_files.corpus_stats([str(blank)], cache_dir=str(tmp_path / "c"))

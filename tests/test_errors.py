@@ -34,11 +34,7 @@ from xlmeta_jax.pretrain import trainer as train
 PROG = "xlmeta_jax.train"
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def _train(argv, capsys) -> tuple[int, str]:
@@ -453,17 +449,17 @@ def test_vocabulary_refuses_an_unknown_language(tmp_path, capsys):
 def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
     import random
 
-    from xlmeta_jax.data import text_files as mixtures
+    from xlmeta_jax.data import text_files
 
     rng = random.Random(0)
     binary = tmp_path / "en.txt"
     binary.write_bytes(bytes(rng.randrange(256) for _ in range(20000)))
-    with pytest.raises(mixtures.CorpusError, match=f"{binary}: .*% of its lines are not valid"):
-        mixtures.corpus_stats([os.fspath(binary)], cache_dir=os.fspath(tmp_path / "cache"))
+    with pytest.raises(text_files.CorpusError, match=f"{binary}: .*% of its lines are not valid"):
+        text_files.corpus_stats([os.fspath(binary)], cache_dir=os.fspath(tmp_path / "cache"))
     # A text file with one stray undecodable line is fine.
     text = tmp_path / "fr.txt"
     text.write_bytes("\n".join(f"ligne {i} de texte" for i in range(50)).encode() + b"\n\xff\xfe\n")
-    (stats,) = mixtures.corpus_stats([os.fspath(text)], cache_dir=os.fspath(tmp_path / "cache"))
+    (stats,) = text_files.corpus_stats([os.fspath(text)], cache_dir=os.fspath(tmp_path / "cache"))
     assert stats.lines == 50 and stats.skipped_invalid_utf8 == 1
 
 
@@ -471,29 +467,29 @@ def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
 def test_utf16_or_utf32_corpus_is_refused_naming_the_file(tmp_path, encoding):
     # Split at b"\n", UTF-16 lines decode as "valid" UTF-8 full of NULs: they must not
     # be trained on. "utf-16"/"utf-32" write a byte-order mark, "-le"/"-be" do not.
-    from xlmeta_jax.data import text_files as mixtures
+    from xlmeta_jax.data import text_files
 
     text = "".join(f"an English sentence number {i}\n" for i in range(200))
     path = tmp_path / "en.txt"
     path.write_bytes(text.encode(encoding))
-    with pytest.raises(mixtures.CorpusError) as info:
-        mixtures.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
+    with pytest.raises(text_files.CorpusError) as info:
+        text_files.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
     message = str(info.value)
     assert len(message.splitlines()) == 1 and message.startswith(f"{path}: "), message
     assert "UTF-8" in message, message
     assert not (tmp_path / "cache").exists()  # refused before anything was counted
     # Listing the files refuses it too (a run with given cc100_counts counts nothing).
-    with pytest.raises(mixtures.CorpusError, match=f"^{path}: "):
-        mixtures.list_text_files(os.fspath(path), what="CC-100 language 'en'")
+    with pytest.raises(text_files.CorpusError, match=f"^{path}: "):
+        text_files.list_text_files(os.fspath(path), what="CC-100 language 'en'")
 
 
 def test_utf8_corpus_with_a_byte_order_mark_is_accepted(tmp_path):
     # A UTF-8 mark is UTF-8 text: it only adds an invisible U+FEFF to the first line.
-    from xlmeta_jax.data import text_files as mixtures
+    from xlmeta_jax.data import text_files
 
     path = tmp_path / "en.txt"
     path.write_bytes("".join(f"line {i}\n" for i in range(20)).encode("utf-8-sig"))
-    (stats,) = mixtures.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
+    (stats,) = text_files.corpus_stats([os.fspath(path)], cache_dir=os.fspath(tmp_path / "cache"))
     assert stats.lines == 20 and stats.skipped_invalid_utf8 == 0
 
 

@@ -21,13 +21,7 @@ def vocab(english_spm):
     return english_spm
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    import gin
-
-    gin.clear_config()
-    yield
-    gin.clear_config()
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def test_tydiqa_with_demo_override_end_to_end(shared_data, vocab, tmp_path):

@@ -107,13 +107,12 @@ def test_joint_mixture_gives_english_the_meta_share_of_the_tokens(toy_cc100, sha
 
 def test_joint_mixture_needs_both_corpora(toy_cc100):
     pytest.importorskip("seqio")
-    from xlmeta_jax.data import tasks
-    from xlmeta_jax.data import text_files as mixtures
+    from xlmeta_jax.data import tasks, text_files
 
-    with pytest.raises(mixtures.CorpusError, match="needs exactly one English corpus"):
+    with pytest.raises(text_files.CorpusError, match="needs exactly one English corpus"):
         tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
                        languages=["de"], joint_english_share=0.25)
-    with pytest.raises(mixtures.CorpusError, match="joint_english_share must be in"):
+    with pytest.raises(text_files.CorpusError, match="joint_english_share must be in"):
         tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
                        languages=["de"], joint_english_share=1.0)
 

@@ -7,8 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from xlmeta_jax.data import rates
-from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.data import rates, text_files
 
 seqio = pytest.importorskip("seqio")
 from xlmeta_jax.data import task_names as names  # noqa: E402
@@ -28,7 +27,7 @@ def _leipzig(shared_data, lang, n=400):
 
 
 def _exact_tokens(vocab, path):
-    lines = list(mixtures.iter_paragraphs(path))
+    lines = list(text_files.iter_paragraphs(path))
     return sum(len(ids) for ids in vocab.tokenizer.encode(lines))
 
 
@@ -41,11 +40,11 @@ def test_token_estimate_matches_the_exact_count_even_when_lengths_drift(
     drifting = [" ".join(line.split()[:3]) for line in de[:200]] + [
         " ".join([line] * 4) for line in de[200:]]
     path = _write(tmp_path / "de.txt", drifting)
-    stats = mixtures.corpus_stats([path], cache_dir=str(tmp_path / "cache"))
+    stats = text_files.corpus_stats([path], cache_dir=str(tmp_path / "cache"))
     exact = _exact_tokens(vocab, path)
-    estimate = mixtures.estimate_tokens(stats, vocab.tokenizer.encode, sample_lines=100)
+    estimate = text_files.estimate_tokens(stats, vocab.tokenizer.encode, sample_lines=100)
     assert estimate == pytest.approx(exact, rel=0.05)
-    sample = mixtures.sample_paragraphs(path, 50)
+    sample = text_files.sample_paragraphs(path, 50)
     assert len(sample) == 50 and len(set(sample)) == 50
     assert any(len(s.split()) <= 3 for s in sample) and any(len(s.split()) > 20 for s in sample)
 
@@ -80,12 +79,12 @@ def test_sampling_weights_follow_tokens_and_lines_stay_an_option(toy_cc100, shar
 
 
 def test_token_counting_settings_are_checked(toy_cc100):
-    with pytest.raises(mixtures.CorpusError, match="token_sample_lines must be positive"):
+    with pytest.raises(text_files.CorpusError, match="token_sample_lines must be positive"):
         tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
                        languages=["de"], token_sample_lines=0)
     from xlmeta_jax.data import corpora
 
-    with pytest.raises(mixtures.CorpusError, match="count_unit='tokens' needs the vocabulary"):
+    with pytest.raises(text_files.CorpusError, match="count_unit='tokens' needs the vocabulary"):
         corpora.language_count(corpora.Corpora(), [], encode=None)
 
 

@@ -12,11 +12,7 @@ from xlmeta_jax.evaluation import settings, tasks
 FINETUNE_GIN = sorted((gin_cli.REPO_GIN_DIR / "finetune").glob("*.gin"))
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def test_parse_gin_flags_forms():

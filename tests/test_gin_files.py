@@ -26,11 +26,7 @@ _REQUIRED = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    gin.clear_config(clear_constants=True)
-    yield
-    gin.clear_config(clear_constants=True)
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def test_gin_files_exist():

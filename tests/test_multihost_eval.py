@@ -30,13 +30,7 @@ def _error_lines(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.strip()]
 
 
-@pytest.fixture(autouse=True)
-def _clean_gin():
-    import gin
-
-    gin.clear_config()
-    yield
-    gin.clear_config()
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def test_one_host_check_reads_the_flags_and_the_tpu_slice(monkeypatch):

@@ -25,8 +25,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from xlmeta_jax.data import rates
-from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.data import rates, text_files
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
 from xlmeta_jax.model import mlm
 
@@ -73,7 +72,7 @@ class Corpora:
     # TFDS data folder of the TFDS corpora (None: TFDS's default).
     tfds_data_dir: str | None = None
     # Text lines longer than this are skipped (and counted).
-    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES
+    max_line_bytes: int = text_files.DEFAULT_MAX_LINE_BYTES
     # Where the file counts are cached (None: next to the data, else ~/.cache/xlmeta_jax).
     stats_cache_dir: str | None = None
     # Blocks held for shuffling over a whole task or mixture (each language of a mixture
@@ -98,39 +97,39 @@ class Corpora:
         langs = check_languages(self.languages, what="languages")
         missing = [lang for lang in langs if mc4_split_name(lang) is None]
         if missing:
-            raise mixtures.CorpusError(f"mC4 has no split for {missing}")
+            raise text_files.CorpusError(f"mC4 has no split for {missing}")
         return langs
 
     def check(self) -> None:
         """Raises CorpusError for settings that are wrong whatever the files hold."""
         rates.check_alpha(self.alpha)
         if int(self.token_sample_lines) <= 0:
-            raise mixtures.CorpusError(
+            raise text_files.CorpusError(
                 f"token_sample_lines must be positive, got {self.token_sample_lines}"
             )
-        if self.count_unit not in mixtures.COUNT_UNITS:
-            raise mixtures.CorpusError(
-                f"count_unit must be one of {mixtures.COUNT_UNITS}, got {self.count_unit!r}"
+        if self.count_unit not in text_files.COUNT_UNITS:
+            raise text_files.CorpusError(
+                f"count_unit must be one of {text_files.COUNT_UNITS}, got {self.count_unit!r}"
             )
         if int(self.max_line_bytes) <= 0:
-            raise mixtures.CorpusError(
+            raise text_files.CorpusError(
                 f"max_line_bytes must be positive, got {self.max_line_bytes}"
             )
         if int(self.shuffle_buffer_size) <= 0:
-            raise mixtures.CorpusError(
+            raise text_files.CorpusError(
                 f"shuffle_buffer_size must be positive, got {self.shuffle_buffer_size}"
             )
         for what, name in (("english_tfds_name", self.english_tfds_name),
                            ("mc4_tfds_name", self.mc4_tfds_name)):
             if name and ":" not in name:
-                raise mixtures.CorpusError(
+                raise text_files.CorpusError(
                     f"{what}={name!r} needs a version, e.g. 'c4/en:3.1.0'"
                 )
         if self.cc100_counts is not None:
             check_languages(list(self.cc100_counts), what="cc100_counts")
         share = self.joint_english_share
         if share is not None and not 0.0 < share < 1.0:
-            raise mixtures.CorpusError(f"joint_english_share must be in (0, 1), got {share!r}")
+            raise text_files.CorpusError(f"joint_english_share must be in (0, 1), got {share!r}")
 
 
 def as_patterns(patterns: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -155,31 +154,31 @@ def cc100_files(folder: str, lang: str) -> list[str]:
     else:
         matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
     if not matched:
-        raise mixtures.CorpusError(f"CC-100 language {lang!r}: no file matches {pattern}")
+        raise text_files.CorpusError(f"CC-100 language {lang!r}: no file matches {pattern}")
     readable = []
     for path in matched:
         try:
-            mixtures.check_readable_suffix(path)
+            text_files.check_readable_suffix(path)
             readable.append(path)
-        except mixtures.CorpusError as e:
+        except text_files.CorpusError as e:
             if len(matched) == 1:
                 raise
             logging.warning("ignoring %s", e)
     if not readable:
-        raise mixtures.CorpusError(
+        raise text_files.CorpusError(
             f"CC-100 language {lang!r}: only compressed files tf.data cannot read: {matched}"
         )
-    return mixtures.list_text_files(readable, what=f"CC-100 language {lang!r}")
+    return text_files.list_text_files(readable, what=f"CC-100 language {lang!r}")
 
 
-def checked_files(corpora: Corpora, files: Sequence[str]) -> list[mixtures.FileStats]:
+def checked_files(corpora: Corpora, files: Sequence[str]) -> list[text_files.FileStats]:
     """Counts (once, cached) and validates ``files``: no file without usable text."""
-    return mixtures.corpus_stats(
+    return text_files.corpus_stats(
         files, max_line_bytes=int(corpora.max_line_bytes), cache_dir=corpora.stats_cache_dir
     )
 
 
-def language_count(corpora: Corpora, stats: Sequence[mixtures.FileStats], encode=None) -> float:
+def language_count(corpora: Corpora, stats: Sequence[text_files.FileStats], encode=None) -> float:
     """n_l of one language's files in ``corpora.count_unit``.
 
     Args:
@@ -189,10 +188,10 @@ def language_count(corpora: Corpora, stats: Sequence[mixtures.FileStats], encode
     """
     if corpora.count_unit == "tokens":
         if encode is None:
-            raise mixtures.CorpusError("count_unit='tokens' needs the vocabulary to encode with")
-        return mixtures.estimate_tokens(stats, encode,
+            raise text_files.CorpusError("count_unit='tokens' needs the vocabulary to encode with")
+        return text_files.estimate_tokens(stats, encode,
                                         sample_lines=int(corpora.token_sample_lines))
-    return mixtures.count(stats, corpora.count_unit)
+    return text_files.count(stats, corpora.count_unit)
 
 
 def cc100_counts(

@@ -24,8 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from xlmeta_jax.data import seeds
-from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.data import seeds, text_files
 from xlmeta_jax.model import mlm, partitioning
 
 
@@ -146,7 +145,7 @@ def host_dataset(
     if cache_dir:
         seqio.add_global_cache_dirs([cache_dir])
     if task_or_mixture not in (*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()):
-        raise mixtures.CorpusError(
+        raise text_files.CorpusError(
             f"{task_or_mixture} is not a registered seqio task or mixture: tasks.register "
             "registers the configured corpora (english_files / english_tfds_name, cc100_dir, "
             "mc4_tfds_name; gin: ENGLISH_FILES, ENGLISH_TFDS_NAME, CC100_DIR, gin/data/mc4.gin)"

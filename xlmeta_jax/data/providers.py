@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.data import text_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TextFiles:
     """
 
     files: tuple[str, ...]
-    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES
+    max_line_bytes: int = text_files.DEFAULT_MAX_LINE_BYTES
 
 
 # Lines handled per tf.data element: the per-line work is vectorised, since
@@ -143,9 +143,9 @@ class TextLineDocumentsSource(seqio.DataSource):
         num_epochs: int | None = 1,  # Unused
     ) -> tf.data.Dataset:
         if split not in self.files_by_split:
-            raise mixtures.CorpusError(f"no {split!r} files configured (splits: {self.splits})")
-        text_files = self.files_by_split[split]
-        files = list(text_files.files)
+            raise text_files.CorpusError(f"no {split!r} files configured (splits: {self.splits})")
+        split_files = self.files_by_split[split]
+        files = list(split_files.files)
         document_shard = None
         if shard_info is not None and shard_info.num_shards > 1:
             if len(files) >= shard_info.num_shards:
@@ -155,7 +155,7 @@ class TextLineDocumentsSource(seqio.DataSource):
         files_ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
         if shuffle:
             files_ds = files_ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        max_line_bytes = int(text_files.max_line_bytes)
+        max_line_bytes = int(split_files.max_line_bytes)
         if shuffle and len(files) > 1:
             return files_ds.interleave(
                 lambda path: _read_paragraphs(path, max_line_bytes, document_shard).map(
@@ -218,7 +218,7 @@ class TfdsDocumentsSource(seqio.DataSource):
                 split=split, shuffle=shuffle, seed=seed, shard_info=shard_info
             )
         if feature not in ds.element_spec:
-            raise mixtures.CorpusError(
+            raise text_files.CorpusError(
                 f"{self.tfds_source}: no text feature {feature!r}; "
                 f"features are {sorted(ds.element_spec)}"
             )

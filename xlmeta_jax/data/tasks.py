@@ -21,9 +21,8 @@ import seqio
 import tensorflow as tf
 
 from xlmeta_jax.data import corpora as corpora_lib
-from xlmeta_jax.data import preprocessors, providers, rates, vocabulary
+from xlmeta_jax.data import preprocessors, providers, rates, text_files, vocabulary
 from xlmeta_jax.data import task_names as names
-from xlmeta_jax.data import text_files as mixtures
 from xlmeta_jax.data.languages import mc4_split_name
 
 log = logging.getLogger(__name__)
@@ -98,7 +97,7 @@ def _english_text(plan: _Plan) -> None:
     for split, patterns in splits.items():
         patterns = corpora_lib.as_patterns(patterns)
         if patterns:
-            files = mixtures.list_text_files(patterns, what=f"english_files ({split})")
+            files = text_files.list_text_files(patterns, what=f"english_files ({split})")
             corpora_lib.checked_files(c, files)
             files_by_split[split] = providers.TextFiles(tuple(files), int(c.max_line_bytes))
     if files_by_split:
@@ -174,7 +173,7 @@ def _mc4(plan: _Plan) -> None:
             try:
                 counts[lang] = source.num_input_examples("train")
             except Exception as e:  # noqa: BLE001 - TFDS raises several kinds here
-                raise mixtures.CorpusError(
+                raise text_files.CorpusError(
                     f"mC4 split {split!r} (language {lang!r}) is not available in "
                     f"{c.mc4_tfds_name} at {c.tfds_data_dir or 'the default TFDS folder'}: {e}"
                 ) from e
@@ -202,7 +201,7 @@ def _joint(plan: _Plan) -> None:
     english = [t for t in (names.ENGLISH_TEXT_TASK, names.ENGLISH_TFDS_TASK) if t in plan.tasks]
     xling = [m for m in (names.CC100_MIXTURE, names.MC4_MIXTURE) if m in plan.mixtures]
     if len(english) != 1 or len(xling) != 1:
-        raise mixtures.CorpusError(
+        raise text_files.CorpusError(
             f"joint_english_share={share} needs exactly one English corpus and one "
             f"multilingual corpus configured; got {english or 'no English'} and "
             f"{xling or 'no multilingual mixture'}"
@@ -297,7 +296,7 @@ def check_registered(name: str, registered: Sequence[str]) -> str:
         hint = next(
             (v for k, v in _SETTING.items() if name == k or name.startswith(k + "_")), None
         )
-        raise mixtures.CorpusError(
+        raise text_files.CorpusError(
             f"{name} is not registered by the configured corpora (registered: "
             f"{sorted(registered) or 'none'})" + (f"; set {hint}" if hint else "")
         )

@@ -47,8 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from xlmeta_jax import errors
-from xlmeta_jax.data import rates
-from xlmeta_jax.data import text_files as mixtures
+from xlmeta_jax.data import rates, text_files
 from xlmeta_jax.data.fertility import fertility_report, format_fertility_table
 from xlmeta_jax.data.languages import XLMR_LANGUAGE_NAMES, check_languages
 
@@ -135,7 +134,7 @@ def sample_training_lines(
     num_lines: int,
     alpha: float,
     seed: int,
-    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES,
+    max_line_bytes: int = text_files.DEFAULT_MAX_LINE_BYTES,
     counts: Mapping[str, int] | None = None,
     stats_cache_dir: str | None = None,
 ) -> tuple[dict[str, list[str]], dict[str, float]]:
@@ -151,13 +150,14 @@ def sample_training_lines(
     alpha = rates.check_alpha(alpha)
     files_by_lang = {}
     for lang, files in text_files_by_lang.items():
-        files_by_lang[lang] = mixtures.list_text_files(files, what=f"vocabulary text for {lang!r}")
+        files_by_lang[lang] = text_files.list_text_files(
+            files, what=f"vocabulary text for {lang!r}")
     line_counts = {}
     for lang, files in files_by_lang.items():
-        stats = mixtures.corpus_stats(
+        stats = text_files.corpus_stats(
             files, max_line_bytes=max_line_bytes, cache_dir=stats_cache_dir
         )
-        line_counts[lang] = mixtures.count(stats, "lines")
+        line_counts[lang] = text_files.count(stats, "lines")
     q = rates.alpha_probabilities(dict(counts) if counts else line_counts, alpha)
     draws = rates.sample_counts(q, int(num_lines))
     out: dict[str, list[str]] = {}
@@ -172,7 +172,7 @@ def sample_training_lines(
         lines: list[str] = []
         index = 0
         for path in files:
-            for text in mixtures.iter_paragraphs(path, max_line_bytes):
+            for text in text_files.iter_paragraphs(path, max_line_bytes):
                 k = repeats + multiplicity.get(index, 0)
                 if k:
                     lines.extend([text] * k)
@@ -256,7 +256,7 @@ def train_vocabulary(
     num_lines: int = 2_000_000,
     character_coverage: float = 0.9995,
     byte_fallback: bool = True,
-    max_line_bytes: int = mixtures.DEFAULT_MAX_LINE_BYTES,
+    max_line_bytes: int = text_files.DEFAULT_MAX_LINE_BYTES,
     num_threads: int = 16,
     counts: Mapping[str, int] | None = None,
     stats_cache_dir: str | None = None,
@@ -285,7 +285,7 @@ def train_vocabulary(
         is byte-identical for the same text, seed and ``num_threads``.
       counts: optional n_l per language (lines) instead of counting the files.
       stats_cache_dir: where the line counts are cached (default: next to the
-        data, see :func:`mixtures.corpus_stats`).
+        data, see :func:`text_files.corpus_stats`).
       report_lines_per_language: paragraphs per language for the report.
       print_report: print the per-language fertility table.
       trainer_options: extra ``SentencePieceTrainer`` options (e.g.
@@ -306,7 +306,7 @@ def train_vocabulary(
     if int(vocab_size) <= NUM_SPECIAL_TOKENS:
         raise VocabularyError(f"vocab_size must exceed {NUM_SPECIAL_TOKENS}, got {vocab_size}")
     if not text_files_by_lang:
-        raise mixtures.CorpusError("train_vocabulary: no languages given")
+        raise text_files.CorpusError("train_vocabulary: no languages given")
     if not 0.0 < character_coverage <= 1.0:
         raise VocabularyError(
             f"character_coverage must be in (0, 1], got {character_coverage}"
@@ -444,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--byte_fallback", action=argparse.BooleanOptionalAction, default=True,
         help="spell uncovered characters as UTF-8 byte pieces instead of <unk>",
     )
-    parser.add_argument("--max_line_bytes", type=int, default=mixtures.DEFAULT_MAX_LINE_BYTES,
+    parser.add_argument("--max_line_bytes", type=int, default=text_files.DEFAULT_MAX_LINE_BYTES,
                         help="longer lines are skipped when sampling")
     parser.add_argument(
         "--num_threads", type=int, default=os.cpu_count() or 1,
@@ -475,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else None
             ),
         )
-    except (mixtures.CorpusError, VocabularyError, ValueError) as e:
+    except (text_files.CorpusError, VocabularyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {path} (fertility table: {args.output_prefix}.fertility.tsv)")

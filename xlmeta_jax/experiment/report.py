@@ -240,6 +240,13 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: str) -> bool:
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    _pyplot().close(fig)
+    return True
+
+
 def _colors(arms: Sequence[str]) -> dict[str, Any]:
     cmap = _pyplot().get_cmap("tab10")
     return {arm: cmap(i % 10) for i, arm in enumerate(arms)}
@@ -300,10 +307,7 @@ def plot_languages(results: Mapping[str, Any], task: str, path: str) -> bool:
     ax.set_title(task)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def plot_layers(results: Mapping[str, Any], path: str) -> bool:
@@ -327,10 +331,7 @@ def plot_layers(results: Mapping[str, Any], path: str) -> bool:
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def plot_loss(results: Mapping[str, Any], path: str) -> bool:
@@ -354,10 +355,7 @@ def plot_loss(results: Mapping[str, Any], path: str) -> bool:
     ax.set_ylabel("MLM loss (training batches)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _safe(name: str) -> str:

@@ -25,8 +25,16 @@ from xlmeta_jax.data import feeding, seeds
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.model import network, partitioning
 from xlmeta_jax.model.optimizer import OptimizerConfig
-from xlmeta_jax.pretrain import checkpoints, flops, handoff, hardware, progress, run_dir, step
-from xlmeta_jax.pretrain import signals as interrupts
+from xlmeta_jax.pretrain import (
+    checkpoints,
+    flops,
+    handoff,
+    hardware,
+    progress,
+    run_dir,
+    signals,
+    step,
+)
 from xlmeta_jax.pretrain.checks import (
     ConfigError,
     check_model_dir,
@@ -430,7 +438,7 @@ def train(
                config_text=config_text,
                phase_seeds=seeds.phase_seeds([p.task for p in phases], seed))
     try:
-        with interrupts.StopSignals() as run.stop:
+        with signals.StopSignals() as run.stop:
             summary = _train_all(run, mesh_shape)
     finally:
         if lock is not None:

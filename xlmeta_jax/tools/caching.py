@@ -33,7 +33,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax.cli import configurables as corpus
+from xlmeta_jax.cli import configurables
 from xlmeta_jax.data.vocabulary import EOS_ID
 
 
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(flags.remaining)
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
     for name in args.task:
-        corpus.registered(name)
+        configurables.registered(name)
         out = cache_task(
             name, args.cache_dir, split=args.split, num_shards=args.num_shards,
             overwrite=args.overwrite,
