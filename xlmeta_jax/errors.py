@@ -40,6 +40,15 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable, damaged or inconsistent with the run."""
 
 
+def is_count(value) -> bool:
+    """Whether a setting is a count: an integer > 0 (a bool is not one).
+
+    The one test of step counts, batch sizes and lengths, wherever they are checked
+    (gin bindings, the trainer's phases, the experiment's budget).
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def first_line(e: BaseException) -> str:
     """The message of ``e`` without gin's "In call to configurable ..." context lines."""
     text = str(e).strip() or type(e).__name__

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import gin
 
-from xlmeta_jax import files
+from xlmeta_jax import errors, files
 from xlmeta_jax.errors import UserError
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
@@ -418,7 +418,7 @@ def check_types(positive: Sequence[str] = ()) -> None:
             continue
         unscoped = key.rsplit("/", 1)[-1]
         if any(unscoped == p or p.endswith("." + unscoped) for p in positive):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            if not errors.is_count(value):
                 raise GinConfigError(
                     f"{_describe(key, macro, value)}: must be an integer > 0"
                 )

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from xlmeta_jax import files
+from xlmeta_jax import errors, files
 from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
@@ -175,7 +175,7 @@ def experiment(
         raise ExperimentError(f"experiment.seeds={list(seeds)}: expected distinct integers >= 0")
     for key, value in (("meta_steps", meta_steps), ("xling_steps", xling_steps),
                        ("batch_size", batch_size), ("sequence_length", sequence_length)):
-        if not isinstance(value, int) or value <= 0:
+        if not errors.is_count(value):
             raise ExperimentError(f"experiment.{key}={value!r}: expected a positive integer")
     if not isinstance(finetune_seeds, int) or finetune_seeds < 1:
         raise ExperimentError(f"experiment.finetune_seeds={finetune_seeds!r}: expected an "

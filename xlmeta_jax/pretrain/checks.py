@@ -71,7 +71,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
         where = f"phase {p.name!r}"
         for field in ("num_steps", "batch_size", "sequence_length"):
             value = getattr(p, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not errors.is_count(value):
                 source = describe(
                     f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.{field}")
                 raise ConfigError(f"{where}: {field} ({source}) must be an integer > 0, "
