@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from xlmeta_jax import errors, hosts
+from xlmeta_jax import errors, files, hosts
 from xlmeta_jax.evaluation import (
     demo_vocab,
     encoders,
@@ -186,8 +186,8 @@ def _run_seed(task: FineTunedTask, seed, s: FineTuneSettings, cfg, loaded, train
         if predictions is not None:
             folder = model_dir / "predictions" / (f"seed{seed}" if seed != s.seed else "")
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{lang}.json").write_text(
-                json.dumps(predictions, ensure_ascii=False, indent=1))
+            files.write_atomic(folder / f"{lang}.json",
+                               json.dumps(predictions, ensure_ascii=False, indent=1))
     return {
         "seed": seed,
         "languages": per_lang,
@@ -235,7 +235,7 @@ def _record_config(model_dir: pathlib.Path, config_text: str | None) -> None:
     if config_text is None:
         return
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.gin").write_text(config_text)
+    files.write_atomic(model_dir / "config.gin", config_text)
 
 
 def _check(config: FineTuneConfig) -> None:
