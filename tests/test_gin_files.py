@@ -7,7 +7,12 @@ import pathlib
 import gin
 import pytest
 
+from xlmeta_jax.cli import experiment as experiment_cli
+from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.cli import runs
+from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.evaluation import tasks as evaluation_tasks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO / "gin"
@@ -153,3 +158,34 @@ def test_unknown_model_field_is_named():
 
     with pytest.raises(ValueError, match=r"\['dtyp'\] are not EncoderConfig fields"):
         network.get_config("tiny", dtyp="float32")
+
+
+# ---------------------------------------------------------------------------
+# What each command's --help lists works with that command.
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", gin_cli.listed_gin_files(train_cli.GIN_FILES))
+def test_every_gin_file_of_train_help_configures_a_run(name):
+    # Run files alone; the model and corpus files after a run file, as the help says.
+    files = [name] if "/" not in name or name.startswith("native/") else ["native/meta.gin",
+                                                                           name]
+    gin_cli.apply_gin(files, _REQUIRED[:2], finalize=False)
+    phases = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
+    assert phases and all(p.num_steps > 0 and p.batch_size > 0 for p in phases), name
+
+
+@pytest.mark.parametrize("name", gin_cli.listed_gin_files(experiment_cli.GIN_FILES))
+def test_every_gin_file_of_experiment_help_configures_an_experiment(name, tmp_path):
+    gin_cli.apply_gin([name], [f"MODEL_DIR = '{tmp_path}'"], finalize=False)
+    exp = runs.experiment()
+    assert exp.arms and exp.tasks and exp.budget.meta_steps > 0
+
+
+@pytest.mark.parametrize("name", gin_cli.listed_gin_files(finetune_cli.GIN_FILES))
+def test_every_gin_file_of_finetune_help_configures_an_evaluation(name):
+    # The CPU-size file goes after a task file, as its header says.
+    files = ["finetune/pawsx.gin", name] if name == "finetune/demo.gin" else [name]
+    gin_cli.apply_gin(files, [_REQUIRED[0], _REQUIRED[2]], finalize=False)
+    config = runs.finetune_config()
+    assert config.task in evaluation_tasks.names()
+    assert f"finetune/{config.task}.gin" in files

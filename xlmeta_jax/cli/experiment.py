@@ -15,6 +15,10 @@ from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.experiment import plan, runner
 
+# The experiment files --help lists (cpu_finetune.gin, tiny_finetune.gin are the
+# experiments' fine-tuning add-ons, not experiments).
+GIN_FILES = ("experiments/cpu.gin", "experiments/tiny.gin", "experiments/xlmr_base.gin")
+
 FLAGS = (
     ("--dry_run", "print the plan (every run and evaluation, what is done) and its "
      "estimated time from measured step rates; run nothing"),
@@ -29,7 +33,7 @@ def help_text() -> str:
         "arm (meta, xlmr, joint, xling_only) x seed, fine-tunes and evaluates each final "
         "checkpoint on the configured tasks, writes results.json, report.md and plots "
         "into MODEL_DIR. Rerunning the same command resumes; nothing finished is redone.",
-        gin_files=("experiments/*.gin",),
+        gin_files=GIN_FILES,
         example="python -m xlmeta_jax.experiment --gin_file=gin/experiments/cpu.gin "
                 "--gin.MODEL_DIR=\"'runs/cpu_experiment'\" --dry_run",
         flags=FLAGS,

@@ -36,6 +36,10 @@ from xlmeta_jax.cli import runs
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
 from xlmeta_jax.evaluation import results as evaluation_results
 
+# The task files --help lists, and the CPU-size add-on (finetune/base.gin is included by
+# every task file, not run alone).
+GIN_FILES = ("finetune/[!b]*.gin", "finetune/bucc.gin")
+
 
 def help_text() -> str:
     return gin_cli.help_text(
@@ -46,7 +50,7 @@ def help_text() -> str:
         "run (its MODEL_DIR), a phase or step folder, a Hugging Face XLM-R folder, a `hf "
         "to_flax` output or init:tiny. Writes MODEL_DIR/results.json and config.gin and "
         "prints the per-language table.",
-        gin_files=("finetune/*.gin",),
+        gin_files=GIN_FILES,
         example="python -m xlmeta_jax.finetune --gin_file=gin/finetune/pawsx.gin "
                 "--gin_file=gin/finetune/demo.gin --gin.INITIAL_CHECKPOINT_PATH=\"'init:tiny'\" "
                 "--gin.MODEL_DIR=\"'/tmp/pawsx_demo'\"",

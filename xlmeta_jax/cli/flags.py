@@ -125,12 +125,17 @@ def help_text(prog: str, summary: str, *, gin_files: Sequence[str], example: str
         out.append(f"  {flag:<{width}}{wrapped[0]}")
         out += [" " * (width + 2) + w for w in wrapped[1:]]
     out += ["", "gin files it takes (in gin/):"]
-    names = sorted({os.fspath(p.relative_to(REPO_GIN_DIR)) for pattern in gin_files
-                    for p in REPO_GIN_DIR.glob(pattern)})
+    names = listed_gin_files(gin_files)
     out += textwrap.wrap("  ".join(names) or "(none found)", 86, initial_indent="  ",
                          subsequent_indent="  ")
     out += ["", "example:", f"  {example}"]
     return "\n".join(out)
+
+
+def listed_gin_files(patterns: Sequence[str]) -> list[str]:
+    """The files of ``gin/`` that ``patterns`` name (a ``--help``'s list; tests parse each)."""
+    return sorted({os.fspath(p.relative_to(REPO_GIN_DIR)) for pattern in patterns
+                   for p in REPO_GIN_DIR.glob(pattern)})
 
 
 def wants_help(argv: Sequence[str]) -> bool:

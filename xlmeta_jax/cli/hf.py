@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from xlmeta_jax import errors
 from xlmeta_jax.interop.hf.convert import to_flax, to_hf
+from xlmeta_jax.pretrain import loading
 
 
 def _help_epilog(subparsers: Mapping[str, argparse.ArgumentParser]) -> str:
@@ -46,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="permit pytorch_model.bin (pickle) weights; only for trusted files")
     p = to_hf_parser = sub.add_parser("to_hf", help="our checkpoint -> HF save_pretrained dir")
     p.add_argument("--checkpoint", required=True,
-                   help="dir written by to_flax, or a pretraining MODEL_DIR / phase / step dir")
+                   help="dir written by to_flax, or a pretraining MODEL_DIR / phase / step dir "
+                   "(a MODEL_DIR: its last phase's final step; the step exported is printed)")
     p.add_argument("--output", required=True,
                    help="new output dir (config.json, model.safetensors, tokenizer files)")
     p.add_argument("--vocab_path", default=None,
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         out = to_flax(args.hf_path, args.output, scan_layers=args.scan_layers,
                       allow_pickle=args.allow_pickle)
     else:
+        # A MODEL_DIR or phase names no step: say which one is exported.
+        print(f"exporting {loading.find_step_dir(args.checkpoint)}")
         out = to_hf(args.checkpoint, args.output, vocab_path=args.vocab_path)
     print(f"wrote {out}")
     return 0

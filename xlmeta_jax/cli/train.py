@@ -78,6 +78,9 @@ POSITIVE_PARAMETERS = (
     "xlmeta_jax.pretrain.trainer.train.log_every",
 )
 
+# The run files (and the model and corpus files added after one) --help lists.
+GIN_FILES = ("native/meta.gin", "native/xlmr.gin", "demo.gin", "models/*.gin", "data/*.gin")
+
 HELP_FLAGS = (
     ("--coordinator_address=HOST:PORT", "jax.distributed coordinator (multi-process runs; "
      "with --process_count and --process_index)"),
@@ -94,7 +97,7 @@ def help_text() -> str:
         "pretraining: English, then the 100-language mixture from phase 1's parameters; "
         "the XLM-R baseline: one phase). Rerunning the same command resumes where it "
         "stopped; Ctrl-C stops at a step boundary with a checkpoint.",
-        gin_files=("*.gin", "models/*.gin", "data/*.gin"),
+        gin_files=GIN_FILES,
         example="python -m xlmeta_jax.train --gin_file=gin/demo.gin "
                 "--gin.MODEL_DIR=\"'runs/demo'\"",
         flags=HELP_FLAGS,

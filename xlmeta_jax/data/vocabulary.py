@@ -416,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m xlmeta_jax.data.vocabulary`` (see the module docstring)."""
     parser = argparse.ArgumentParser(
         prog="python -m xlmeta_jax.data.vocabulary",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train the multilingual unigram SentencePiece vocabulary on an "
         "alpha-sampled sample and print per-language fertility.",
         epilog="No gin files. Example: python -m xlmeta_jax.data.vocabulary "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import shlex
 
 import jax
 
@@ -58,5 +59,5 @@ def log_summary(summary: dict) -> None:
             f"  {p['phase']:<8} {p['task'][:28]:<28} {p['steps']:>7} {loss:>8} {acc:>7}  "
             f"{p['checkpoint']}"
         )
-    lines.append(f"  TensorBoard: tensorboard --logdir {summary['model_dir']}")
+    lines.append(f"  TensorBoard: tensorboard --logdir {shlex.quote(summary['model_dir'])}")
     log.info("\n".join(lines))

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import jax
 
 from xlmeta_jax import errors, logs
+from xlmeta_jax.cli import experiment as experiment_cli
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.experiment.arms import Budget, arm_phases
@@ -361,7 +362,7 @@ def help_text() -> str:
         "tries remat policies, microbatches and FSDP meshes and prints the smallest "
         "change that fits as --gin. flags. Takes the train command's gin files and "
         "overrides; MODEL_DIR, VOCAB_PATH and the corpora need no value.",
-        gin_files=("native/*.gin", "demo.gin", "experiments/*.gin", "models/*.gin"),
+        gin_files=(*train_cli.GIN_FILES[:3], *experiment_cli.GIN_FILES, "models/*.gin"),
         example=f"python -m {PROG} --topology=v4-32 --gin_file=gin/native/meta.gin",
         flags=HELP_FLAGS,
     )

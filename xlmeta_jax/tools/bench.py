@@ -391,6 +391,7 @@ def _parser() -> argparse.ArgumentParser:
     d = BenchOptions()
     p = argparse.ArgumentParser(
         prog="python -m xlmeta_jax.tools.bench",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Time the MLM training step (and Hugging Face's, for reference). The "
                     "model: --gin_file=models/<size>.gin and --gin.NAME=VALUE overrides, "
                     "e.g. --gin.xlmeta_jax.model.network.get_config.dtype=\"'float32'\".",

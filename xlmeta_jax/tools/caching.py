@@ -125,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     flags = gin_cli.parse_gin_flags(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
+        prog="python -m xlmeta_jax.tools.caching",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Cache a task's tokens in seqio's format (gin flags: --gin_file, "
         "--gin.NAME=VALUE name the corpora)."
     )

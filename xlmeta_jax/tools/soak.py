@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, train_args = argv[:i], argv[i + 1:]
     parser = argparse.ArgumentParser(
         prog="python -m xlmeta_jax.tools.soak",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=__doc__.split("\n\n")[1],
         epilog="example: python -m xlmeta_jax.tools.soak --work_dir=/tmp/soak --kills=20",
     )
