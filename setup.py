@@ -1,6 +1,14 @@
 """Installs xlmeta_jax: cross-lingual language model meta-pretraining in JAX/Flax."""
 
+import pathlib
+import re
+
 import setuptools
+
+# One place for the repository URL (xlmeta_jax/__init__.py), read without importing the package.
+_REPOSITORY = re.search(
+    r'^REPOSITORY = "([^"]+)"', (pathlib.Path(__file__).parent / "xlmeta_jax" / "__init__.py")
+    .read_text(), re.M).group(1)
 
 _RUNTIME = [
     # jax[cpu] by default; the `tpu` / `cuda` extras below pick accelerator builds.
@@ -53,7 +61,7 @@ setuptools.setup(
     name="xlmeta_jax",
     version="0.1.0",
     description="Cross-lingual language model meta-pretraining (XLM-R-style MLM) in JAX/Flax",
-    url="https://github.com/xlmeta/xlmeta_jax",
+    url=_REPOSITORY,
     packages=setuptools.find_packages(include=["xlmeta_jax", "xlmeta_jax.*", "tasks", "tasks.*"]),
     package_data={"": ["*.gin"]},
     python_requires=">=3.10",

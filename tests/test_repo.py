@@ -1,7 +1,10 @@
 """README's two set-up commands and CI agree."""
 
+import json
 import pathlib
 import re
+
+import xlmeta_jax
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -43,3 +46,19 @@ def test_ci_installs_t5x_before_the_tests():
     install = next(i for i, line in enumerate(lines) if "--no-deps" in line and ".whl" in line)
     assert "'.[t5x]'" in lines[install]
     assert install < lines.index(tests.strip())
+
+
+def test_every_mention_of_the_repository_is_the_one_constant():
+    owner_name = xlmeta_jax.REPOSITORY.removeprefix("https://github.com/")
+    texts = {"README.md": (REPO / "README.md").read_text(),
+             "setup.py": (REPO / "setup.py").read_text()}
+    for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        texts[nb.name] = "".join("".join(c["source"]) for c in cells)
+        # The Colab badge opens this very notebook of this repository.
+        badge = f"colab.research.google.com/github/{owner_name}/blob/main/notebooks/{nb.name}"
+        assert badge in texts[nb.name], nb.name
+    mentions = {(name, m) for name, text in texts.items()
+                for m in re.findall(r"github(?:\.com)?/([\w.-]+/xlmeta_jax)\b", text)}
+    assert mentions and {m for _, m in mentions} == {owner_name}, mentions
+    assert "url=_REPOSITORY" in texts["setup.py"]
