@@ -92,7 +92,8 @@ def format_fertility_table(rows: Sequence[FertilityRow], *, tsv: bool = False) -
     """
     spaced = [r.tokens_per_word for r in rows if r.lang not in UNSPACED_LANGUAGES]
     median_tpw = statistics.median(spaced) if spaced else 0.0
-    header = ["lang", "name", "q", "sample_lines", "tokens/word", "chars/token", "fallback%", ""]
+    header = ["lang", "name", "q", "sample_lines", "tokens/word", "chars/token", "fallback%",
+              "starved?"]
     body = []
     for r in rows:
         body.append(
@@ -104,7 +105,7 @@ def format_fertility_table(rows: Sequence[FertilityRow], *, tsv: bool = False) -
                 f"{r.tokens_per_word:.2f}",
                 f"{r.chars_per_token:.2f}",
                 f"{100 * r.fallback_share:.2f}",
-                "STARVED?" if _starved(r, median_tpw) else "",
+                "STARVED" if _starved(r, median_tpw) else "",
             ]
         )
     if tsv:

@@ -263,6 +263,10 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
         state, metrics = fns.train_step(state, batch)
         phase_step += 1
         steps_since_log += 1
+        if phase_step == first_step + 1 and phase_step % run.log_every:
+            # This process's first step compiled the step: its time is no step's time (the
+            # first rate and ETA after a start or a resume would include the compile).
+            t_log, steps_since_log = time.time(), 0
         if pending is not None:
             last_metrics = check(*pending)
         pending = (phase_step, metrics)

@@ -290,7 +290,8 @@ def write_report(
 
 def main(argv: list[str] | None = None) -> pathlib.Path:
     parser = argparse.ArgumentParser(
-        prog="python -m xlmeta_jax.tools.report", description=__doc__.splitlines()[0],
+        prog="python -m xlmeta_jax.tools.report",
+        description=__doc__.splitlines()[0].replace("``", ""),
         epilog="example: python -m xlmeta_jax.tools.report meta=runs/meta_eval "
                "xlmr=runs/xlmr_eval --output reports/meta_vs_xlmr (no gin files)",
     )
