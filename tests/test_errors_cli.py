@@ -137,21 +137,28 @@ def test_hf_export_of_corrupted_metadata(finished, tmp_path):
 
 @pytest.mark.parametrize("module, parts", [
     ("xlmeta_jax.train", ["--gin_file", "--gin.NAME=VALUE", "--coordinator_address",
-                          "--debug", "meta.gin", "models/tiny.gin", "example:"]),
+                          "native/meta.gin", "models/tiny.gin", "example:"]),
     ("xlmeta_jax.finetune", ["--gin_file", "finetune/xnli.gin", "finetune/tatoeba.gin",
                              "--seeds", "example:"]),
+    ("xlmeta_jax.experiment", ["experiments/cpu.gin", "--dry_run", "example:"]),
     ("xlmeta_jax.hf", ["to_flax", "--hf_path", "to_hf", "--checkpoint", "examples:"]),
     ("xlmeta_jax.data.vocabulary", ["--files", "--num_threads", "this machine's cores",
-                                    "No gin files", "Example"]),
+                                    "No gin files", "Example", "(default: 2000000)"]),
     ("xlmeta_jax.tools.report", ["--output", "example:", "no gin files"]),
     ("xlmeta_jax.tools.bench", ["--batch", "models/small.gin", "example:"]),
     ("xlmeta_jax.tools.aot", ["--topology", "--gin_file", "native/meta.gin", "example:"]),
+    ("xlmeta_jax.tools.soak", ["--kills", "(default:"]),
+    ("xlmeta_jax.tools.throughput", ["python -m xlmeta_jax.tools.throughput", "--seconds"]),
+    ("xlmeta_jax.tools.caching", ["python -m xlmeta_jax.tools.caching", "--task"]),
 ])
 def test_every_command_has_a_help(module, parts):
     out = _run([sys.executable, "-m", module, "--help"], timeout=120)
     assert out.returncode == 0, out.stderr
-    for part in parts:
+    # Every command takes --debug (errors.run_command), and its help says so.
+    for part in [*parts, "--debug"]:
         assert part in out.stdout, (part, out.stdout)
+    # Only the t5x trainer's files are t5x's: our commands' help does not list them.
+    assert "  meta.gin" not in out.stdout and "pretrain.gin" not in out.stdout
 
 
 def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):

@@ -137,6 +137,12 @@ def _quiet_failed_checkpoint_reads() -> None:
         asyncio_log.addFilter(_DropFailedCheckpointReads())
 
 
+def add_debug_flag(parser) -> None:
+    """Lists ``--debug`` in an argparse command's ``--help`` (run_command consumes it)."""
+    parser.add_argument(DEBUG_FLAG, action="store_true",
+                        help=f"show the traceback of an error (also {DEBUG_ENV}=1)")
+
+
 def debug_requested(argv: Sequence[str]) -> bool:
     return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 

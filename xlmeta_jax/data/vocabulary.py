@@ -456,6 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--train_extremely_large_corpus", action="store_true",
         help="SentencePiece option needed for very large samples with big vocabularies",
     )
+    errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

@@ -428,6 +428,7 @@ def _parser() -> argparse.ArgumentParser:
                         "per model part printed (TensorBoard/Perfetto open the trace)")
     p.add_argument("--profile_steps", type=int, default=3, help="steps inside each profile")
     p.add_argument("--json_out", default="", help="also write the report as JSON here")
+    errors.add_debug_flag(p)
     return p
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from xlmeta_jax import errors
 from xlmeta_jax.cli import configurables
 from xlmeta_jax.data.vocabulary import EOS_ID
 
@@ -135,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", default="train")
     parser.add_argument("--num_shards", type=int, default=1)
     parser.add_argument("--overwrite", action="store_true")
+    errors.add_debug_flag(parser)
     args = parser.parse_args(flags.remaining)
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
     for name in args.task:
@@ -148,4 +150,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    errors.exit_with(main, prog="xlmeta_jax.tools.caching")

@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> pathlib.Path:
     parser.add_argument("--output", required=True, help="folder for report.md and PNG plots")
     parser.add_argument("--allow_mixed", action="store_true",
                         help="tabulate runs whose data source or settings differ")
+    errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
         path = write_report(args.runs, args.output, args.allow_mixed)

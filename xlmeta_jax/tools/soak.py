@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from xlmeta_jax import errors
 from xlmeta_jax.pretrain import checkpoints, loading
 
 SOAK_GIN = """
@@ -251,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="steps per phase of the built-in tiny run")
     parser.add_argument("--max_wait", type=float, default=600.0,
                         help="seconds one attempt may run before it is killed regardless")
+    errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
     result = soak(args.work_dir, args.kills, train_args=train_args, seed=args.seed,
                   steps=args.steps, max_wait=args.max_wait)
@@ -267,4 +269,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    errors.exit_with(main, prog="xlmeta_jax.tools.soak")

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 
 import jax
 
+from xlmeta_jax import errors
 from xlmeta_jax.data import english_pd as english_pd_lib
 from xlmeta_jax.data import feeding, tasks, vocabulary
 from xlmeta_jax.data import task_names as names
@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup_batches", type=int, default=5)
     parser.add_argument("--cache_shards", type=int, default=4)
     parser.add_argument("--vocab_size", type=int, default=8000)
+    errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         results = run(
@@ -166,4 +167,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    errors.exit_with(main, prog="xlmeta_jax.tools.throughput")
