@@ -113,6 +113,9 @@ def test_notebooks_run_headless_at_tiny_size(kernel_env, request):
                  "vi", "zh"):
         assert f"| {lang} |" in xnli_table
     assert fill_table.count("\n| ") == 6  # One row per language.
+    # The XNLI table is shown once: rendered, not also printed by the command.
+    (xnli_cell,) = [c for c in transfer if "xnli.gin" in c.source]
+    assert "| en |" not in "".join(_outputs(xnli_cell, "stream"))
     assert len([c for c in transfer if _outputs(c, "image/png")]) == 2
     assert (run_dir / "xnli" / "results.json").is_file()
     assert (run_dir / "tatoeba" / "results.json").is_file()

@@ -21,5 +21,7 @@ Modules:
 * :mod:`~xlmeta_jax.experiment.runner`: configuration (gin), stages, resume;
 * :mod:`~xlmeta_jax.experiment.plan`: the plan and its time estimate;
 * :mod:`~xlmeta_jax.experiment.report`: tables and plots from results.json;
+* :mod:`~xlmeta_jax.experiment.plots`: the figures (chance lines, layers), also the
+  notebooks';
 * :mod:`~xlmeta_jax.data.experiment_corpus`: the CPU experiment's corpus from ../shared/data.
 """

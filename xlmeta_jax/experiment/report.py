@@ -10,12 +10,17 @@
   one point per arm and seed (generalisation against transfer);
 * ``<task>_languages.png``: per-language bars, one colour per arm (mean over seeds,
   error bars: standard deviation);
-* ``retrieval_layers.png``: retrieval accuracy of every layer per arm;
+* ``retrieval_layers.png``: retrieval accuracy of every hidden state per arm, with the
+  reported layer marked;
 * ``pretraining_loss.png``: MLM loss over tokens seen, per arm and seed;
 * the paired comparison of ``meta`` with every other arm, per task and score: the
   per-seed differences' mean ± std, 95% interval, exact sign-flip p-value and its Holm
   adjustment over all comparisons, and what the number of seeds can detect
   (:mod:`xlmeta_jax.experiment.statistics`).
+
+Accuracy plots draw the chance level and include it in their range
+(:mod:`xlmeta_jax.experiment.plots`). ``figure_*`` build a plot's Figure without saving
+it; ``plot_*`` save it as PNG.
 
 The input format (``runs`` is what the experiment measured; nothing else is read)::
 
@@ -25,7 +30,9 @@ The input format (``runs`` is what the experiment measured; nothing else is read
         "pretraining": {"tokens", "phases": [...],
                         "loss_curve": {"tokens": [...], "loss": [...], "phase": [...]}},
         "evaluations": {task: {"metric", "english", "average_target", "transfer_gap",
-                                "languages": {lang: score}, "layer_sweep": {layer: acc}}}}}}
+                                "languages": {lang: score}, "num_examples": {lang: n},
+                                "layer_sweep": {hidden_states index: acc},
+                                "layer", "hidden_states_index"}}}}}
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from xlmeta_jax import files
-from xlmeta_jax.experiment import statistics
+from xlmeta_jax.experiment import plots, statistics
 
 SUMMARY_KEYS = ("english", "average_target", "transfer_gap")
 
@@ -145,8 +152,7 @@ def markdown(results: Mapping[str, Any], images: Sequence[str] = ()) -> str:
     lines.append("")
     lines += _pretraining_table(results)
     for task, arms in summary.items():
-        metric = next((r["evaluations"][task].get("metric", "") for r in results["runs"].values()
-                       if task in r.get("evaluations", {})), "")
+        metric = _metric(results, task)
         lines += [f"## {task} ({metric})", "", "| arm | English | target avg | gap |",
                   "|---|---|---|---|"]
         for arm, stats in arms.items():
@@ -201,6 +207,12 @@ def _paired_section(results: Mapping[str, Any], alpha: float = 0.05) -> list[str
     return lines
 
 
+def _metric(results: Mapping[str, Any], task: str) -> str:
+    """The task's headline metric as its evaluations name it ("" when none does)."""
+    return next((r["evaluations"][task].get("metric", "") for r in results["runs"].values()
+                 if task in r.get("evaluations", {})), "")
+
+
 def _differences(results: Mapping[str, Any], task: str) -> list[str]:
     """How the task's evaluations differ from XTREME's protocol (union over runs)."""
     out: list[str] = []
@@ -231,120 +243,132 @@ def _pretraining_table(results: Mapping[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------------------
 
 
-def _pyplot():
-    import matplotlib  # noqa: PLC0415 - matplotlib only when plotting
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
-
-    return plt
-
-
-def _save(fig, path: str) -> bool:
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    _pyplot().close(fig)
-    return True
+def _num_examples(results: Mapping[str, Any], task: str) -> dict[str, int]:
+    """{lang: evaluated examples} of a task (the first run that recorded them)."""
+    out: dict[str, int] = {}
+    for run in results["runs"].values():
+        for lang, n in (run.get("evaluations", {}).get(task, {}).get("num_examples")
+                        or {}).items():
+            if n:
+                out.setdefault(lang, n)
+    return out
 
 
-def _colors(arms: Sequence[str]) -> dict[str, Any]:
-    cmap = _pyplot().get_cmap("tab10")
-    return {arm: cmap(i % 10) for i, arm in enumerate(arms)}
+def _chance(results: Mapping[str, Any], task: str, langs) -> dict[str, float]:
+    """Chance level of ``task`` for each of ``langs`` where it is known."""
+    counts = _num_examples(results, task)
+    return plots.chance_by_language(task, {lang: counts.get(lang) for lang in langs})
 
 
-def plot_english_vs_target(results: Mapping[str, Any], path: str) -> bool:
-    """English score against target-language average, per task, arm and seed."""
+def figure_english_vs_target(results: Mapping[str, Any]):
+    """English score against target-language average, per task, arm and seed (None: no data).
+
+    Chance (where known) is drawn on both axes and both ranges include it.
+    """
     by_arm = _runs_by_arm(results)
     tasks = [t for t in _tasks(results) if any(
         r.get("evaluations", {}).get(t, {}).get("english") is not None
         and r["evaluations"][t].get("average_target") is not None
         for runs in by_arm.values() for r in runs)]
     if not tasks:
-        return False
-    plt = _pyplot()
-    colors = _colors(list(by_arm))
+        return None
+    plt = plots.pyplot()
+    colors = plots.colors(list(by_arm))
     markers = "osD^v<>pP*X"
     fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
+        xs, ys, langs = [], [], set()
         for arm, runs in by_arm.items():
             for i, run in enumerate(runs):
                 ev = run.get("evaluations", {}).get(task)
                 if not ev or ev.get("english") is None or ev.get("average_target") is None:
                     continue
+                xs.append(ev["english"])
+                ys.append(ev["average_target"])
+                langs.update(ev.get("languages") or {})
                 ax.scatter(ev["english"], ev["average_target"], color=colors[arm],
                            marker=markers[i % len(markers)],
                            label=f"{arm} seed {run['seed']}")
+        chance = _chance(results, task, langs)
+        levels = sorted(set(chance.values()))
+        if len(levels) == 1:
+            ax.axhline(levels[0], color="black", ls="--", lw=1, gid="chance",
+                       label=plots.chance_label(task, chance))
+            ax.axvline(levels[0], color="black", ls="--", lw=1, gid="chance")
+        # One range for both axes: a point's distance from the diagonal is its gap.
+        limits = plots.accuracy_limits(xs + ys, xs + ys, levels)
+        ax.set_xlim(*limits)
+        ax.set_ylim(*limits)
         ax.set_title(task)
         ax.set_xlabel("English")
         ax.set_ylabel("target-language average")
         ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=7)
-    fig.tight_layout(rect=(0, 0, 0.85, 1))
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return True
+    # One legend for all tasks (an arm x seed has one marker everywhere), outside the axes.
+    handles: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    labels = list(handles)
+    fig.legend([handles[label] for label in labels], labels, loc="center left",
+               bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
-def plot_languages(results: Mapping[str, Any], task: str, path: str) -> bool:
-    """Per-language bars of one task, one colour per arm (mean, std error bars)."""
+def figure_languages(results: Mapping[str, Any], task: str):
+    """Per-language bars of one task, one colour per arm (mean, std error bars), chance."""
     data = per_language(results, task)
     if not data:
-        return False
-    langs = sorted({lang for v in data.values() for lang in v})
-    langs = (["en"] if "en" in langs else []) + [lang for lang in langs if lang != "en"]
-    plt = _pyplot()
-    colors = _colors(list(data))
-    width = 0.8 / len(data)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(langs) * len(data)), 3.5))
-    x = np.arange(len(langs))
-    for i, (arm, by_lang) in enumerate(data.items()):
-        means = [by_lang.get(lang, {}).get("mean") or 0.0 for lang in langs]
-        errs = [by_lang.get(lang, {}).get("std") or 0.0 for lang in langs]
-        ax.bar(x + i * width - 0.4 + width / 2, means, width, yerr=errs, color=colors[arm],
-               label=arm, capsize=1.5)
-    ax.set_xticks(x, langs, rotation=90 if len(langs) > 20 else 0, fontsize=7)
-    ax.set_title(task)
-    ax.legend(fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+        return None
+    series = {arm: {lang: (s["mean"] or 0.0, s["std"] or 0.0) for lang, s in by_lang.items()}
+              for arm, by_lang in data.items()}
+    chance = _chance(results, task, {lang for by_lang in data.values() for lang in by_lang})
+    metric = _metric(results, task)
+    return plots.language_bars(series, title=task, ylabel=f"{metric} (%)", chance=chance,
+                               chance_text=plots.chance_label(task, chance))
 
 
-def plot_layers(results: Mapping[str, Any], path: str) -> bool:
-    """Retrieval accuracy (xx->en, averaged over languages) per layer, per arm."""
+def figure_layers(results: Mapping[str, Any]):
+    """Retrieval accuracy (en -> xx, averaged over languages) per hidden state, per arm.
+
+    Draws the reported layer and the mean of the languages' chance levels (None: no sweep).
+    """
     tasks = [t for t in _tasks(results) if layer_sweep(results, t)]
     if not tasks:
-        return False
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.5), squeeze=False)
+        return None
+    # Wide: each plot's legend (long entries) sits right of its axes.
+    fig, axes = plots.pyplot().subplots(1, len(tasks), figsize=(10.0 * len(tasks), 3.5),
+                                        squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        data = layer_sweep(results, task)
-        colors = _colors(list(data))
-        for arm, layers in data.items():
-            xs = list(layers)
-            means = [layers[x]["mean"] for x in xs]
-            errs = [layers[x]["std"] or 0.0 for x in xs]
-            ax.errorbar(xs, means, yerr=errs, color=colors[arm], marker="o", label=arm,
-                        capsize=2)
-        ax.set_title(f"{task}: accuracy per layer")
-        ax.set_xlabel("layer (0 = embeddings)")
-        ax.set_ylabel("accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, path)
+        series = {arm: {x: (s["mean"], s["std"] or 0.0) for x, s in by_layer.items()}
+                  for arm, by_layer in layer_sweep(results, task).items()}
+        langs = {lang for by_lang in per_language(results, task).values() for lang in by_lang}
+        chance = _chance(results, task, langs)
+        reported = {run["arm"]: run["evaluations"][task]["hidden_states_index"]
+                    for run in results["runs"].values()
+                    if run.get("evaluations", {}).get(task, {}).get("hidden_states_index")
+                    is not None}
+        if len(set(reported.values())) == 1:
+            # Every arm reports the same layer: one line, not one per arm.
+            reported = {"": next(iter(reported.values()))}
+        plots.layer_curves(
+            series, title=f"{task}: accuracy per layer", ylabel="accuracy (%)",
+            reported=reported, chance=float(np.mean(list(chance.values()))) if chance else None,
+            chance_text=plots.chance_label(task, chance, average=True), ax=ax)
+    fig.tight_layout()
+    return fig
 
 
-def plot_loss(results: Mapping[str, Any], path: str) -> bool:
-    """Pretraining MLM loss over tokens seen, one line per arm and seed."""
+def figure_loss(results: Mapping[str, Any]):
+    """Pretraining MLM loss over tokens seen, one line per arm and seed (None: no curve)."""
     by_arm = _runs_by_arm(results)
     curves = [(arm, run) for arm, runs in by_arm.items() for run in runs
               if (run.get("pretraining") or {}).get("loss_curve", {}).get("loss")]
     if not curves:
-        return False
-    plt = _pyplot()
-    colors = _colors(list(by_arm))
+        return None
+    colors = plots.colors(list(by_arm))
     styles = ["-", "--", ":", "-."]
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = plots.pyplot().subplots(figsize=(6.5, 3.8))
     for arm, run in curves:
         curve = run["pretraining"]["loss_curve"]
         seeds = [r["seed"] for r in by_arm[arm]]
@@ -355,7 +379,31 @@ def plot_loss(results: Mapping[str, Any], path: str) -> bool:
     ax.set_ylabel("MLM loss (training batches)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return fig
+
+
+def _plot(fig, path: str) -> bool:
+    return fig is not None and plots.save(fig, path)
+
+
+def plot_english_vs_target(results: Mapping[str, Any], path: str) -> bool:
+    """Saves :func:`figure_english_vs_target` to ``path``; False when there is nothing."""
+    return _plot(figure_english_vs_target(results), path)
+
+
+def plot_languages(results: Mapping[str, Any], task: str, path: str) -> bool:
+    """Saves :func:`figure_languages` to ``path``; False when there is nothing."""
+    return _plot(figure_languages(results, task), path)
+
+
+def plot_layers(results: Mapping[str, Any], path: str) -> bool:
+    """Saves :func:`figure_layers` to ``path``; False when there is nothing."""
+    return _plot(figure_layers(results), path)
+
+
+def plot_loss(results: Mapping[str, Any], path: str) -> bool:
+    """Saves :func:`figure_loss` to ``path``; False when there is nothing."""
+    return _plot(figure_loss(results), path)
 
 
 def _safe(name: str) -> str:

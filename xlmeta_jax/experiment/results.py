@@ -55,9 +55,16 @@ def _evaluation_summary(results: dict) -> dict:
     out = {key: results.get(key) for key in ("metric", "english", "average_target",
                                              "transfer_gap", "average")}
     out["languages"] = {lang: v[metric] for lang, v in results["languages"].items()}
+    # Tatoeba's chance level is 100 / the candidate sentences of each language.
+    out["num_examples"] = {lang: v.get("num_examples")
+                           for lang, v in results["languages"].items()}
     if results.get("layer_sweep"):
         # The headline direction of Tatoeba (XTREME's): English queries, xx is searched.
+        # Keys count hidden states (0 = embedding output); the reported layer is
+        # hidden_states_index there.
         out["layer_sweep"] = {layer: v["en2xx"] for layer, v in results["layer_sweep"].items()}
+        out["layer"] = results.get("layer")
+        out["hidden_states_index"] = results.get("hidden_states_index")
     for key in ("total_seconds", "eval_seconds"):
         if key in results:
             out[key] = results[key]
