@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from xlmeta_jax import errors
 from xlmeta_jax.model import mlm, partitioning
 from xlmeta_jax.model.network import EncoderConfig, resolve_attention_impl
 from xlmeta_jax.model.optimizer import OptimizerConfig
@@ -482,6 +483,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from xlmeta_jax import errors
-
     errors.exit_with(main, prog="xlmeta_jax.tools.bench")
