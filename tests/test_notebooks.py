@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+import xlmeta_jax
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -22,9 +24,7 @@ CELL_TIMEOUT_S = 900
 
 
 def _repo_url() -> str:
-    match = re.search(r'url="(https://github\.com/[^"]+)"', (REPO / "setup.py").read_text())
-    assert match, "setup.py names the repository url"
-    return match.group(1)
+    return xlmeta_jax.REPOSITORY
 
 
 def _code(nb) -> list:
