@@ -253,8 +253,8 @@ def finetune_argv(exp: Experiment, arm: str, seed: int, task: str) -> list[str]:
     ]
 
 
-def evaluation_config(exp: Experiment, arm: str, seed: int, task: str
-                      ) -> evaluation_finetune.FineTuneConfig:
+def evaluation_config(exp: Experiment, arm: str, seed: int, task: str,
+                      checkpoint: str) -> evaluation_finetune.FineTuneConfig:
     """The evaluation of one arm x seed's final checkpoint on ``task``.
 
     The task's config (its gin files with the experiment's fine-tune files and
@@ -265,7 +265,6 @@ def evaluation_config(exp: Experiment, arm: str, seed: int, task: str
     template = exp.finetunes.get(task)
     if template is None:
         raise ExperimentError(f"no fine-tuning config of task {task!r} (experiment.tasks)")
-    checkpoint = final_checkpoint(exp, arm, seed)
     model_dir = exp.eval_dir(arm, seed, task)
     first_seed = seed * exp.finetune_seeds
     config_text = template.config_text
@@ -290,7 +289,7 @@ def evaluate(exp: Experiment, arm: str, seed: int, task: str) -> dict:
         return done
     log.info("[%s seed %d] %s (as python -m xlmeta_jax.finetune %s)", arm, seed, task,
              " ".join(finetune_argv(exp, arm, seed, task)))
-    evaluation_finetune.finetune(evaluation_config(exp, arm, seed, task))
+    evaluation_finetune.finetune(evaluation_config(exp, arm, seed, task, checkpoint))
     results = evaluation_done(exp, arm, seed, task, checkpoint)
     if results is None:
         raise ExperimentError(f"the {task} evaluation of {checkpoint} wrote no results.json")

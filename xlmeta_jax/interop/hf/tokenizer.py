@@ -46,7 +46,6 @@ import pathlib
 from typing import Any
 
 import numpy as np
-from sentencepiece import sentencepiece_model_pb2
 from sentencepiece import sentencepiece_model_pb2 as pb
 
 from xlmeta_jax import errors
@@ -71,7 +70,7 @@ class VocabularyLayoutError(errors.UserError, ValueError):
 
 
 def _model_proto(data: bytes):
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = pb.ModelProto()
     proto.ParseFromString(data)
     return proto
 
