@@ -1,6 +1,7 @@
 """The batch stream the trainer sees: global arrays, exact resume, determinism,
 dynamic masking, the offline cache, phase-1 English and the throughput command."""
 
+import json
 import os
 
 import jax
@@ -115,10 +116,11 @@ def test_masks_differ_each_epoch_and_repeat_for_a_seed(toy, mesh, tmp_path):
     """One short document: the stream repeats every T tokens; its masks must not."""
     vocab = seqio.SentencePieceVocabulary(toy["vocab"])
     lines = [line for doc in toy["docs"]["en"] for line in doc]
-    # Pick k lines whose token count T (+ eos) has a divisor d: blocks of d + 1
-    # tokens then recur exactly every T / d blocks.
+    # Pick k lines whose token count T (an eos after each line and after the document)
+    # has a divisor d: blocks of d + 1 tokens then recur exactly every T / d blocks.
     for k in range(3, 40):
-        total = sum(len(ids) for ids in vocab.encode_tf(tf.constant(lines[:k])).to_list()) + 1
+        ids = vocab.encode_tf(tf.constant(lines[:k])).to_list()
+        total = sum(len(line) + 1 for line in ids) + 1
         divisors = [d for d in range(15, 48) if total % d == 0 and total // d >= 2]
         if divisors:
             break
@@ -149,20 +151,51 @@ def test_masks_differ_each_epoch_and_repeat_for_a_seed(toy, mesh, tmp_path):
     np.testing.assert_array_equal(again["weights"], run["weights"])
 
 
-def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path):
-    _register(toy)
+@pytest.fixture
+def own_cache_dirs():
+    """seqio's cache folders are global: a test's own alone are searched, then restored."""
+    before = list(seqio.utils.get_global_cache_dirs())
+    seqio.utils.set_global_cache_dirs([])
+    yield
+    seqio.utils.set_global_cache_dirs(before)
+
+
+@pytest.mark.parametrize("eos_after", ["line", "document"])
+def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, own_cache_dirs):
+    # New Task objects: seqio's tasks remember the cache folder they first found.
+    tasks.register(vocab_path=toy["vocab"])
+    _register(toy, eos_after=eos_after)
     task = names.cc100_task("de")
     cache_dir = str(tmp_path / "cache")
     out = caching.cache_task(task, cache_dir, num_shards=1)
     assert os.path.exists(os.path.join(out, "COMPLETED"))
     with pytest.raises(FileExistsError):
         caching.cache_task(task, cache_dir)
+    # One cache example per document, whatever the convention (reading several shards
+    # interleaves whole documents).
+    with open(seqio.utils.get_cached_stats_path(out, "train")) as f:
+        cached_docs = json.load(f)["examples"]
+    assert cached_docs == len(toy["docs"]["de"])
     kw = dict(shuffle=False, num_epochs=1)
     fly = _iterator(mesh, task, **kw)
     cached = _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
     _assert_equal_batches(
         [_host(next(cached)) for _ in range(4)], [_host(next(fly)) for _ in range(4)]
     )
+    # A run with the other convention refuses the cache instead of training on it.
+    other = "document" if eos_after == "line" else "line"
+    _register(toy, eos_after=other)
+    with pytest.raises(text_files.CorpusError, match=f"after each {eos_after}, this run after"):
+        _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
+
+
+def test_document_ends_of_a_token_stream():
+    eos = vocabulary.EOS_ID
+    run = np.array([7, eos, 8, eos, eos, 9, eos])
+    np.testing.assert_array_equal(caching.document_ends(run, "document", False), [1, 3, 4, 6])
+    np.testing.assert_array_equal(caching.document_ends(run, "line", False), [4])
+    # A document whose closing eos starts the next run of the stream.
+    np.testing.assert_array_equal(caching.document_ends(np.array([eos, 5]), "line", True), [0])
 
 
 def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):

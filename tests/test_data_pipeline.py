@@ -20,6 +20,7 @@ from data_toy import (  # noqa: E402
 )
 
 from xlmeta_jax.data import (  # noqa: E402
+    preprocessors,
     providers,
     rates,
     tasks,  # noqa: E402
@@ -193,8 +194,9 @@ def test_documents_are_sharded_whole(toy):
 # ----------------------------------------------------------------------------- packing
 
 
-def test_packing_is_lossless_full_length_and_starts_with_bos(toy):
-    _register_toy(toy)
+@pytest.mark.parametrize("eos_after", ["line", "document"])
+def test_packing_is_lossless_full_length_and_starts_with_bos(toy, eos_after):
+    _register_toy(toy, eos_after=eos_after)
     length = 48
     task = seqio.get_mixture_or_task(names.cc100_task("de"))
     blocks = _take(
@@ -204,11 +206,14 @@ def test_packing_is_lossless_full_length_and_starts_with_bos(toy):
     # The pipeline's tokenizer (tf_text) breaks a few score ties unlike the Python
     # sentencepiece package ("2000": 2|00|0 vs 2|0|00), so the reference uses it too.
     vocab = seqio.SentencePieceVocabulary(toy["vocab"])
+    eos = vocabulary.EOS_ID
     stream = []
     for doc in toy["docs"]["de"]:
         for ids in vocab.encode_tf(tf.constant(doc)).to_list():
-            stream += ids
-        stream.append(vocabulary.EOS_ID)
+            # fairseq: each line of text ends in </s>, and the blank line after a
+            # document adds one more; 'document': one </s> per document.
+            stream += ids + [eos] if eos_after == "line" else ids
+        stream.append(eos)
     body = length - 1
     assert len(blocks) == len(stream) // body
     for i, block in enumerate(blocks):
@@ -216,11 +221,13 @@ def test_packing_is_lossless_full_length_and_starts_with_bos(toy):
         assert targets.shape == (length,) and targets.dtype == np.int32
         assert targets[0] == vocabulary.BOS_ID
         assert vocabulary.PAD_ID not in targets
-        # The bodies are the document stream, in order, eos-separated, cut every L - 1 tokens.
+        # The bodies are the token stream, in order, cut every L - 1 tokens.
         np.testing.assert_array_equal(targets[1:], stream[i * body : (i + 1) * body])
-    assert sum(int((b["targets"] == vocabulary.EOS_ID).sum()) for b in blocks) >= (
-        len(toy["docs"]["de"]) - 2
-    )
+    lines = sum(len(doc) for doc in toy["docs"]["de"])
+    documents = len(toy["docs"]["de"])
+    expected = lines + documents if eos_after == "line" else documents
+    assert stream.count(eos) == expected
+    assert sum(int((b["targets"] == eos).sum()) for b in blocks) >= expected - 2 * length
 
 
 # ----------------------------------------------------------------------------- mixing, masking
@@ -492,6 +499,33 @@ def test_undecodable_and_enormous_lines_are_skipped_and_counted(toy, tmp_path, c
     # last, partial block is dropped).
     assert len(words) > 0.9 * len(expected)
     assert words[:-1] == expected[: len(words) - 1]
+
+
+@pytest.mark.parametrize("eos_after", ["line", "document"])
+def test_tfds_documents_get_eos_per_line_or_per_document(toy, eos_after):
+    # TFDS sources yield one document per element; per line, it is cut at newlines and
+    # blank lines are dropped, as fairseq's one-line-per-row text would have them.
+    vocab = seqio.SentencePieceVocabulary(toy["vocab"])
+    features = {"targets": seqio.Feature(vocab)}
+    docs = ["Eins zwei.\n\n  \nDrei vier.\n", "Fünf."]
+    ds = tf.data.Dataset.from_tensor_slices({"text": docs, "ends_document": [True, True]})
+    out = preprocessors.tokenize_documents(ds, features, eos_after=eos_after)
+    got = np.concatenate([ex["tokens"] for ex in out.as_numpy_iterator()]).tolist()
+
+    def enc(text):
+        return vocab.encode_tf(tf.constant(text)).numpy().tolist()
+
+    eos = vocabulary.EOS_ID
+    if eos_after == "line":
+        want = enc("Eins zwei.") + [eos] + enc("Drei vier.") + [eos, eos] + enc("Fünf.") + [
+            eos, eos]
+    else:
+        want = enc(docs[0]) + [eos] + enc(docs[1]) + [eos]
+    assert got == want
+    with pytest.raises(ValueError, match="eos_after"):
+        preprocessors.tokenize_documents(ds, features, eos_after="paragraph")
+    with pytest.raises(text_files.CorpusError, match="eos_after"):
+        _register_toy(toy, eos_after="sentence")
 
 
 def test_tfds_english_and_mc4_tasks(toy):

@@ -2,7 +2,8 @@
 
 The optimizer is checked against a hand-written NumPy AdamW (with global-norm
 clipping and decoupled, masked weight decay) over several steps, so a wrong
-beta, epsilon placement, bias correction, decay mask or clipping order fails.
+beta, epsilon placement, bias correction, decay mask or clipping order fails; the
+schedule against fairseq's ``polynomial_decay`` as its trainer drives it.
 """
 
 import dataclasses
@@ -58,9 +59,12 @@ def _flat(tree):
 
 
 def test_roberta_defaults():
+    # RoBERTa's pretraining command: --adam-betas '(0.9,0.98)' --adam-eps 1e-6
+    # --weight-decay 0.01 --clip-norm 0.0; fairseq's Adam decays every parameter.
     cfg = OptimizerConfig()
     assert (cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay) == (0.9, 0.98, 1e-6, 0.01)
-    assert cfg.max_grad_norm == 1.0
+    assert cfg.max_grad_norm == 0.0
+    assert cfg.decay_all_parameters is True
     assert cfg.end_learning_rate == 0.0
 
 
@@ -70,12 +74,14 @@ def test_decay_mask_on_model_parameters():
     assert mask == _DECAYED
 
 
-def test_weight_decay_applied_only_where_expected():
+@pytest.mark.parametrize("decay_all", [True, False])
+def test_weight_decay_applied_only_where_expected(decay_all):
     # Zero gradients make Adam's step exactly 0 (0 / (0 + eps)), so after one
     # update each parameter is either untouched or shrunk by lr * weight_decay.
     shapes = _tiny_param_shapes()
     params = jax.tree.map(lambda s: np.full(s.shape, 2.0, np.float32), shapes)
-    cfg = OptimizerConfig(learning_rate=0.1, warmup_steps=0, total_steps=10, weight_decay=0.5)
+    cfg = OptimizerConfig(learning_rate=0.1, warmup_steps=0, total_steps=10, weight_decay=0.5,
+                          decay_all_parameters=decay_all)
     tx = optimizer.make_optimizer(cfg)
 
     @jax.jit
@@ -87,7 +93,7 @@ def test_weight_decay_applied_only_where_expected():
     new = _flat(one_step(params))
     assert set(new) == set(_DECAYED)
     for path, decayed in _DECAYED.items():
-        expected = 2.0 * (1 - 0.1 * 0.5) if decayed else 2.0
+        expected = 2.0 * (1 - 0.1 * 0.5) if decayed or decay_all else 2.0
         np.testing.assert_allclose(np.asarray(new[path]), expected, rtol=1e-6, err_msg=path)
 
 
@@ -105,6 +111,38 @@ def test_schedule_shape():
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
     assert got.argmax() == 10 and got[10] == pytest.approx(1.0)
     assert got[0] == 0.0 and got[30] == pytest.approx(0.1)
+
+
+def _fairseq_rates(lr, warmup, total, end, updates):
+    """The rate of each update under fairseq's polynomial_decay (power 1), as its trainer runs it.
+
+    fairseq/optim/lr_scheduler/polynomial_decay_schedule.py ``step_update``; the trainer
+    calls ``step_update(0)`` when it builds the scheduler (``Trainer._build_optimizer``)
+    and ``step_update(num_updates)`` after each update, so update ``t`` (0-based) runs at
+    the rate ``step_update(t)`` set.
+    """
+
+    def step_update(num_updates):
+        if warmup > 0 and num_updates <= warmup:
+            return num_updates / float(warmup) * lr
+        if num_updates >= total:
+            return end
+        pct_remaining = 1 - (num_updates - warmup) / (total - warmup)
+        return (lr - end) * pct_remaining + end
+
+    return [step_update(t) for t in range(updates)]
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 10])
+def test_schedule_equals_fairseq_polynomial_decay(warmup):
+    cfg = OptimizerConfig(learning_rate=6e-4, warmup_steps=warmup, total_steps=30,
+                          end_learning_rate=1e-5)
+    sched = optimizer.linear_warmup_linear_decay(cfg)
+    got = [float(sched(t)) for t in range(40)]
+    want = _fairseq_rates(6e-4, warmup, 30, 1e-5, 40)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+    if warmup:
+        assert got[0] == 0.0  # fairseq's first update, too, has rate 0
 
 
 def test_schedule_without_warmup_starts_at_peak():
@@ -173,13 +211,16 @@ def _tiny_problem(rng):
     return params, grads, mask
 
 
+@pytest.mark.parametrize("decay_all", [True, False])
 @pytest.mark.parametrize("max_grad_norm", [1.0, 0.0])
-def test_adamw_matches_numpy_reference(max_grad_norm):
+def test_adamw_matches_numpy_reference(max_grad_norm, decay_all):
     params, grads, mask = _tiny_problem(np.random.default_rng(0))
+    if decay_all:
+        mask = {k: True for k in mask}
     # Default betas/eps; a large rate and decay so every term is visible.
     cfg = OptimizerConfig(learning_rate=0.05, warmup_steps=2, total_steps=6,
                           end_learning_rate=0.01, weight_decay=0.3,
-                          max_grad_norm=max_grad_norm)
+                          max_grad_norm=max_grad_norm, decay_all_parameters=decay_all)
     got = _run_optax(params, grads, cfg)
     want = _numpy_adamw(params, grads, cfg, mask)
     for k in params:
@@ -190,8 +231,11 @@ def test_reference_is_sensitive_to_each_hyper_parameter():
     # The comparison above would not notice a hyper-parameter that changes nothing.
     params, grads, mask = _tiny_problem(np.random.default_rng(0))
     base = OptimizerConfig(learning_rate=0.05, warmup_steps=2, total_steps=6,
-                           end_learning_rate=0.01, weight_decay=0.3, max_grad_norm=1.0)
+                           end_learning_rate=0.01, weight_decay=0.3, max_grad_norm=1.0,
+                           decay_all_parameters=False)
     want = _numpy_adamw(params, grads, base, mask)
+    every = _numpy_adamw(params, grads, base, {k: True for k in mask})
+    assert max(np.abs(every[k] - want[k]).max() for k in params) > 1e-4, "decay mask"
     variants = {
         "b1": dict(b1=0.8), "b2": dict(b2=0.999), "eps": dict(eps=1e-8),
         "weight_decay": dict(weight_decay=0.0), "max_grad_norm": dict(max_grad_norm=0.0),
@@ -235,3 +279,16 @@ def test_clipping_uses_global_norm():
 def test_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=f"OptimizerConfig.{field}"):
         OptimizerConfig(**kwargs)
+
+
+def test_state_structure_does_not_depend_on_clipping_or_decay_mask():
+    # A run resumes (and restores onto another mesh) by the state's tree structure:
+    # changing clipping or the decay mask must not change it.
+    params = {"dense": {"kernel": np.zeros((2, 3), np.float32), "bias": np.zeros(3, np.float32)}}
+    structures = {
+        (clip, every): jax.tree.structure(optimizer.make_optimizer(OptimizerConfig(
+            warmup_steps=1, total_steps=10, max_grad_norm=clip, decay_all_parameters=every,
+        )).init(params))
+        for clip in (0.0, 1.0) for every in (True, False)
+    }
+    assert len(set(structures.values())) == 1, structures

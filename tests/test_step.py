@@ -43,7 +43,7 @@ SEED = 17
 CFG = network.get_config("tiny", pad_token_id=0)
 # No warm-up, so the first step already moves the parameters; gradient norms of
 # the tiny model (~2.3) exceed max_grad_norm=1, so clipping is active too.
-OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10, max_grad_norm=1.0)
 STEPS = 2
 
 

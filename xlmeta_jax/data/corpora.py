@@ -29,6 +29,9 @@ from xlmeta_jax.data import rates, text_files
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
 from xlmeta_jax.model import mlm
 
+# Where </s> can go: after every line (fairseq) or after each document (Corpora.eos_after).
+EOS_AFTER = ("line", "document")
+
 
 @dataclasses.dataclass(frozen=True)
 class Corpora:
@@ -78,6 +81,10 @@ class Corpora:
     # Blocks held for shuffling over a whole task or mixture (each language of a mixture
     # holds max(16, size x its sampling rate)); several times the per-host batch.
     shuffle_buffer_size: int = 1024
+    # Where </s> goes in the token stream: 'line' after every line and once more at each
+    # document's end (fairseq's binarised text, so RoBERTa and XLM-R); 'document' only
+    # after each document.
+    eos_after: str = "line"
     # How blocks are masked; the number of prediction slots follows from it.
     masking: mlm.Masking = mlm.DEFAULT_MASKING
     # Share of the joint mixture's tokens (xlmeta_joint) from the English task, the rest
@@ -114,6 +121,10 @@ class Corpora:
         if int(self.max_line_bytes) <= 0:
             raise text_files.CorpusError(
                 f"max_line_bytes must be positive, got {self.max_line_bytes}"
+            )
+        if self.eos_after not in EOS_AFTER:
+            raise text_files.CorpusError(
+                f"eos_after must be one of {EOS_AFTER}, got {self.eos_after!r}"
             )
         if int(self.shuffle_buffer_size) <= 0:
             raise text_files.CorpusError(

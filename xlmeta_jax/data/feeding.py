@@ -153,6 +153,10 @@ def host_dataset(
     if shard is None:
         shard = seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())
     provider = seqio.get_mixture_or_task(task_or_mixture)
+    if use_cached:
+        from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, as above
+
+        tasks.check_cache_convention(task_or_mixture, split)
     kwargs = dict(
         sequence_length={"inputs": int(sequence_length), "targets": int(sequence_length)},
         split=split,

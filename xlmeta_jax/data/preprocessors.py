@@ -2,7 +2,7 @@
 
 The pretraining tasks run, in order::
 
-  tokenize_documents        {"text", "ends_document"} -> {"tokens"}  (eos after each document)
+  tokenize_documents        {"text", "ends_document"} -> {"tokens"}  (eos after each line)
   seqio.CacheDatasetPlaceholder()                      (offline cache of tokens, optional)
   pack_blocks               {"tokens"} -> {"targets": [L]}  contiguous full blocks
   mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.model.mlm)
@@ -11,6 +11,13 @@ The pretraining tasks run, in order::
 seqio repeats the dataset between the cache placeholder and ``pack_blocks``, so
 packing runs across epoch boundaries and each epoch draws new masks (dynamic
 masking, as RoBERTa).
+
+``</s>`` (eos) follows every line of text and ends every document once more, as in
+fairseq's binarised data, where each line of the raw text (a blank line between
+documents included) is encoded with ``</s>`` appended: a document of lines ``a, b``
+is ``a </s> b </s> </s>``. ``Corpora.eos_after='document'`` instead puts one
+``</s>`` after each document only (``a b </s>``). TFDS documents are cut into lines
+at ``\n`` (blank lines dropped) for the per-line form.
 
 Packing: documents (each ending in ``eos``) are concatenated and cut into blocks
 of ``L - 1`` tokens, each prefixed with ``<s>``; every block is full, none is
@@ -41,11 +48,15 @@ from collections.abc import Mapping
 import seqio
 import tensorflow as tf
 
+from xlmeta_jax.data.corpora import EOS_AFTER
 from xlmeta_jax.data.vocabulary import BOS_ID, EOS_ID, MASK_ID, NUM_SPECIAL_TOKENS
 from xlmeta_jax.model import mlm
 
 # Documents tokenized per SentencePiece call (sources of one document per element).
 _TOKENIZE_BATCH = 64
+# Lines tokenized per SentencePiece call when TFDS documents are cut into lines.
+_TOKENIZE_LINES = 256
+
 # Token runs concatenated per packing step.
 _PACK_BATCH = 16
 
@@ -69,27 +80,58 @@ def block_length(sequence_length: Mapping[str, int] | None) -> int:
 
 
 def tokenize_documents(
-    dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature]
+    dataset: tf.data.Dataset,
+    output_features: Mapping[str, seqio.Feature],
+    eos_after: str = "line",
 ) -> tf.data.Dataset:
-    """``{"text", "ends_document"}`` -> ``{"tokens": int32[n]}``, eos after each document.
+    """``{"text", "ends_document"}`` -> ``{"tokens": int32[n]}``, with ``eos`` as configured.
 
     Each output element is a contiguous run of the corpus' token stream: one
-    document (TFDS sources, which yield scalars, are tokenized
-    _TOKENIZE_BATCH documents per call) or one batch of paragraphs (text files).
+    batch of lines or documents (TFDS sources, which yield one document per
+    element, are tokenized _TOKENIZE_BATCH documents or _TOKENIZE_LINES lines per
+    call) or one batch of paragraphs (text files).
+
+    Args:
+      dataset: the source's elements (``text`` and ``ends_document``, scalars or vectors;
+        an entry ``("", True)`` marks the end of a document).
+      output_features: the task's features (the ``targets`` vocabulary encodes).
+      eos_after: ``'line'`` (fairseq): ``eos`` after every entry, so after each line and
+        once more at each document's end; ``'document'``: only after each document.
     """
+    if eos_after not in EOS_AFTER:
+        raise ValueError(f"eos_after must be one of {EOS_AFTER}, got {eos_after!r}")
     vocab = output_features["targets"].vocabulary
     if dataset.element_spec["text"].shape.rank == 0:
-        dataset = dataset.batch(_TOKENIZE_BATCH)
+        if eos_after == "line":
+            dataset = dataset.map(_document_lines, num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = dataset.unbatch().batch(_TOKENIZE_LINES)
+        else:
+            dataset = dataset.batch(_TOKENIZE_BATCH)
 
     @_no_autograph
     def tokenize(batch):
         pieces = tf.cast(vocab.encode_tf(batch["text"]), tf.int32)
-        eos = tf.where(batch["ends_document"], EOS_ID, -1)[:, None]
+        ends = batch["ends_document"]
+        if eos_after == "line":
+            ends = tf.ones_like(ends)
+        eos = tf.where(ends, EOS_ID, -1)[:, None]
         eos = tf.RaggedTensor.from_tensor(eos, padding=-1)
         return {"tokens": tf.concat([pieces, eos], axis=1).flat_values}
 
     ds = dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.filter(lambda ex: tf.size(ex["tokens"]) > 0)
+
+
+@_no_autograph
+def _document_lines(ex):
+    """One TFDS document as its non-blank lines and the ``("", True)`` that ends it."""
+    lines = tf.strings.split(ex["text"], "\n")
+    lines = tf.boolean_mask(lines, tf.strings.length(tf.strings.strip(lines)) > 0)
+    n = tf.size(lines)
+    return {
+        "text": tf.concat([lines, [""]], axis=0),
+        "ends_document": tf.concat([tf.zeros([n], tf.bool), [True]], axis=0),
+    }
 
 
 def pack_blocks(

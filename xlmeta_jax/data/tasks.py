@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 from collections.abc import Sequence
@@ -57,7 +58,8 @@ class _Plan:
 
     def add_task(self, name, source, *, shuffle_buffer_size, language=None):
         steps = [
-            preprocessors.tokenize_documents,
+            functools.partial(preprocessors.tokenize_documents,
+                              eos_after=self.corpora.eos_after),
             # Offline caches (xlmeta_jax.tools.caching or seqio's cache_tasks_main) hold tokens.
             seqio.CacheDatasetPlaceholder(),
             preprocessors.pack_blocks,
@@ -301,6 +303,46 @@ def check_registered(name: str, registered: Sequence[str]) -> str:
             f"{sorted(registered) or 'none'})" + (f"; set {hint}" if hint else "")
         )
     return name
+
+
+def registered_corpora() -> corpora_lib.Corpora | None:
+    """The settings of the last successful :func:`register` call (None before one)."""
+    return None if _registered is None else _registered[0]
+
+
+# The info.{split}.json key of an offline token cache that says where its </s> are
+# (xlmeta_jax.tools.caching); caches without it hold documents with one </s> each.
+CACHE_EOS_KEY = "xlmeta_eos_after"
+
+
+def check_cache_convention(task_or_mixture: str, split: str) -> None:
+    """Refuses offline token caches tokenized with another ``eos_after`` than this run's.
+
+    seqio reads a task's cache in place of the steps before its
+    ``CacheDatasetPlaceholder``, so a cache written with the other ``</s>`` convention
+    would silently train on it.
+
+    Raises:
+      CorpusError: naming the cache folder and both conventions.
+    """
+    corpora = registered_corpora()
+    if corpora is None:
+        return
+    for task in seqio.get_subtasks(seqio.get_mixture_or_task(task_or_mixture)):
+        if not task.supports_caching or not task.cache_dir:
+            continue
+        path = seqio.utils.get_cached_info_path(task.cache_dir, split)
+        if not tf.io.gfile.exists(path):
+            continue
+        with tf.io.gfile.GFile(path) as f:
+            cached = json.load(f).get(CACHE_EOS_KEY, "document")
+        if cached != corpora.eos_after:
+            raise text_files.CorpusError(
+                f"the token cache {task.cache_dir} puts </s> after each {cached}, this run "
+                f"after each {corpora.eos_after} (Corpora.eos_after): rebuild the cache with "
+                "python -m xlmeta_jax.tools.caching --overwrite, or set "
+                f"xlmeta_jax.data.corpora.Corpora.eos_after='{cached}'"
+            )
 
 
 def language_probabilities(mixture_name: str) -> dict[str, float]:

@@ -1,4 +1,16 @@
-"""AdamW and learning-rate schedules as RoBERTa / XLM-R train them (optax)."""
+"""AdamW and learning-rate schedules as RoBERTa / XLM-R train them (optax).
+
+The defaults are fairseq's, as RoBERTa's pretraining README runs it (``--optimizer adam
+--adam-betas '(0.9,0.98)' --adam-eps 1e-6 --clip-norm 0.0 --weight-decay 0.01
+--lr-scheduler polynomial_decay``):
+
+- the learning rate of update ``t`` (0-based) is ``lr * t / warmup`` during warm-up, so the
+  first update has rate 0: fairseq's trainer calls ``step_update(0)`` right after
+  building the scheduler, which overrides the ``lr / warmup`` its constructor set;
+- no gradient clipping (``max_grad_norm = 0``);
+- weight decay on every parameter (fairseq's Adam decays all of them; HF's fine-tuning
+  scripts, and so :mod:`xlmeta_jax.evaluation`, exempt biases and LayerNorm).
+"""
 
 from __future__ import annotations
 
@@ -32,10 +44,13 @@ class OptimizerConfig:
     b2: float = 0.98
     # Adam epsilon (RoBERTa: 1e-6).
     eps: float = 1e-6
-    # Decoupled weight decay, not applied to biases and LayerNorm parameters.
+    # Decoupled weight decay (AdamW), multiplied by the learning rate as fairseq's Adam does.
     weight_decay: float = 0.01
-    # Clip gradients to this global norm (0 disables clipping).
-    max_grad_norm: float = 1.0
+    # Which parameters decay: True every one (fairseq, hence RoBERTa/XLM-R); False all but
+    # biases and LayerNorm parameters (HF's `no_decay` list, BERT's recipe).
+    decay_all_parameters: bool = True
+    # Clip gradients to this global norm; 0 disables clipping (RoBERTa: --clip-norm 0.0).
+    max_grad_norm: float = 0.0
 
     def __post_init__(self):
         if self.total_steps <= 0:
@@ -71,7 +86,12 @@ class OptimizerConfig:
 
 
 def linear_warmup_linear_decay(cfg: OptimizerConfig) -> optax.Schedule:
-    """0 -> peak over ``warmup_steps``, then peak -> end at ``total_steps``."""
+    """0 -> peak over ``warmup_steps``, then peak -> end at ``total_steps``.
+
+    The rate of update ``t`` (0-based) is fairseq's ``polynomial_decay`` (power 1) after
+    ``t`` updates: ``lr * t / warmup_steps`` while ``t <= warmup_steps``, then linear to
+    ``end_learning_rate`` at ``total_steps``; the first update's rate is 0 in both.
+    """
     warmup = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
     decay = optax.linear_schedule(
         cfg.learning_rate,
@@ -98,22 +118,31 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def decay_all(params):
+    """True for every parameter (fairseq's Adam decays all of them); ``decay_mask``'s form."""
+    return jax.tree.map(lambda _: True, params)
+
+
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    """Global-norm clipping followed by AdamW on the warm-up/decay schedule."""
-    parts = []
-    if cfg.max_grad_norm > 0:
-        parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
-    parts.append(
+    """AdamW on the warm-up/decay schedule, after global-norm clipping if it is set.
+
+    The state has one structure whatever the settings (a clipping stage, identity when
+    clipping is off; a decay mask, all True when every parameter decays), so a run
+    resumes, or restores onto another mesh, after either is changed.
+    """
+    clip = optax.clip_by_global_norm(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else (
+        optax.identity())
+    return optax.chain(
+        clip,
         optax.adamw(
             learning_rate=linear_warmup_linear_decay(cfg),
             b1=cfg.b1,
             b2=cfg.b2,
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
-            mask=decay_mask,
-        )
+            mask=decay_all if cfg.decay_all_parameters else decay_mask,
+        ),
     )
-    return optax.chain(*parts)
 
 
 def global_norm(tree) -> jax.Array:

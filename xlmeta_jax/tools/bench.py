@@ -143,8 +143,10 @@ class OursRun(timing.TimedRun):
             )
         self.mesh_shape = shape
         self.mesh = partitioning.create_mesh(*shape, devices=devices)
-        # One warm-up step of the schedule, so the learning rate is non-zero when timed.
-        opt_cfg = OptimizerConfig(warmup_steps=1, total_steps=10**6)
+        # One warm-up step of the schedule, so the learning rate is non-zero when timed;
+        # clipping and the decay mask as the Hugging Face step timed beside it.
+        opt_cfg = OptimizerConfig(warmup_steps=1, total_steps=10**6, max_grad_norm=1.0,
+                                  decay_all_parameters=False)
         fns = make_step_functions(
             cfg, opt_cfg, self.mesh, seed=opts.seed, full_head=opts.full_head,
             rng_impl=opts.rng_impl,

@@ -8,8 +8,11 @@ writes the same layout with a single process — TFRecords of
 ``COMPLETED`` under ``{cache_dir}/{task_name}/`` — which seqio then reads with
 ``use_cached=True`` (``seqio.add_global_cache_dirs([cache_dir])``).
 
-Examples in the cache are whole tokenized *documents* (each ending in eos), so
-the interleaved reading of cache shards never splits a document.
+Examples in the cache are whole tokenized *documents* (each ending in eos; with
+``Corpora.eos_after='line'`` every line ends in eos and a document in two), so the
+interleaved reading of cache shards never splits a document. ``info.{split}.json``
+records the convention (``xlmeta_eos_after``); a run with the other one refuses the
+cache.
 
 Command::
 
@@ -35,7 +38,23 @@ import tensorflow as tf
 
 from xlmeta_jax import errors
 from xlmeta_jax.cli import configurables
+from xlmeta_jax.data import tasks
 from xlmeta_jax.data.vocabulary import EOS_ID
+
+
+def document_ends(run: np.ndarray, eos_after: str, previous_eos: bool) -> np.ndarray:
+    """Indices of ``run`` where a document ends (its last eos).
+
+    Args:
+      run: a run of the token stream.
+      eos_after: the tasks' ``Corpora.eos_after``.
+      previous_eos: whether the token before ``run`` in the stream is eos.
+    """
+    is_eos = run == EOS_ID
+    if eos_after == "document":
+        return np.flatnonzero(is_eos)
+    before = np.concatenate([[previous_eos], is_eos[:-1]])
+    return np.flatnonzero(is_eos & before)
 
 
 def cache_task(
@@ -73,6 +92,8 @@ def cache_task(
     tf.io.gfile.makedirs(out)
     for old in tf.io.gfile.glob(f"{prefix}-*"):
         tf.io.gfile.remove(old)
+    corpora = tasks.registered_corpora()
+    eos_after = corpora.eos_after if corpora is not None else "line"
     ds = task.source.get_dataset(split=split, shuffle=False)
     ds = task.preprocess_precache(ds)
     writers = [
@@ -88,11 +109,15 @@ def cache_task(
         documents += 1
         tokens += int(doc.size)
 
+    previous_eos = False  # whether the stream's last token so far is eos
     try:
-        # Elements are runs of the token stream; documents end at eos.
+        # Elements are runs of the token stream; documents end at an eos ('document') or
+        # at the eos that follows a line's eos ('line').
         for ex in ds.as_numpy_iterator():
             run = ex["tokens"]
-            ends = np.flatnonzero(run == EOS_ID)
+            ends = document_ends(run, eos_after, previous_eos)
+            if run.size:
+                previous_eos = bool(run[-1] == EOS_ID)
             start = 0
             for end in ends:
                 write(np.concatenate([*pending, run[start : end + 1]]))
@@ -110,6 +135,7 @@ def cache_task(
         "num_shards": num_shards,
         "features": {"tokens": {"shape": [None], "dtype": "int32"}},
         "seqio_version": seqio.__version__,
+        tasks.CACHE_EOS_KEY: eos_after,
     }
     with tf.io.gfile.GFile(seqio.utils.get_cached_info_path(out, split), "w") as f:
         json.dump(info, f, indent=2, sort_keys=True)

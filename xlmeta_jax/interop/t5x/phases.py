@@ -35,7 +35,7 @@ from t5x import gin_utils as t5x_gin_utils
 from t5x import utils as t5x_utils
 
 from xlmeta_jax import errors
-from xlmeta_jax.data import seeds
+from xlmeta_jax.data import seeds, tasks
 from xlmeta_jax.model import network
 from xlmeta_jax.pretrain import checkpoints
 
@@ -145,6 +145,8 @@ def get_dataset(cfg: t5x_utils.DatasetConfig, shard_id: int, num_shards: int,
     logging.info("dataset %s: shard %d of %d, %d examples per batch, seed %d",
                  cfg.mixture_or_task_name, shard_id, num_shards,
                  cfg.batch_size // num_shards, seed)
+    if cfg.use_cached:
+        tasks.check_cache_convention(cfg.mixture_or_task_name, cfg.split)
     return seqio.get_dataset(
         mixture_or_task_name=cfg.mixture_or_task_name,
         task_feature_lengths=cfg.task_feature_lengths,
