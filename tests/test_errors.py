@@ -446,6 +446,27 @@ def test_vocabulary_refuses_an_unknown_language(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
 
 
+def test_vocabulary_on_a_small_text_says_what_it_trains_on(tmp_path, capsys, caplog):
+    """--num_lines is reached by repeating lines: the log says how many are distinct, and
+    SentencePiece's refusal of the settings is one line."""
+    import logging
+
+    from xlmeta_jax.data import vocabulary
+
+    (tmp_path / "t.txt").write_text("Hello world, this is a test line.\nAnother line here.\n")
+    args = ["--files", f"en={tmp_path}/t.txt", f"--output_prefix={tmp_path}/v",
+            "--num_lines=1000", "--num_threads=1"]
+    caplog.set_level(logging.INFO)
+    code = errors.run_command(vocabulary.main, [*args, "--vocab_size=1000"],
+                              prog="xlmeta_jax.data.vocabulary")
+    assert "on 1000 sampled lines, 2 of them distinct" in caplog.text
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR
+    assert err.splitlines() == [err] and "Vocabulary size too high (1000)" in err, err
+    assert errors.run_command(vocabulary.main, [*args, "--vocab_size=280"],
+                              prog="xlmeta_jax.data.vocabulary") == 0
+
+
 def test_corpus_of_undecodable_bytes_is_refused_naming_the_file(tmp_path):
     import random
 

@@ -1,5 +1,7 @@
 """Report command: results.json files of several runs -> markdown tables and PNG plots."""
 
+import re
+
 import pytest
 
 from xlmeta_jax.evaluation import scorers, tasks
@@ -57,6 +59,55 @@ def test_report_tables_and_plots(runs, tmp_path):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
         assert f"]({png})" in text
+
+
+def _lines(ax, gid):
+    return [line for line in ax.get_lines() if line.get_gid() == gid]
+
+
+def test_report_plots_chance_and_the_reported_layer(runs, tmp_path):
+    """The command's figures are the experiment report's: read their data back."""
+    from xlmeta_jax.experiment import plots
+
+    tasks_by_run = report.gather([str(runs / "meta"), f"baseline={runs / 'xlmr'}"])
+    try:
+        # Tatoeba per hidden state: the chance line (9 candidates: 100/9) and, for values
+        # near it, 0 in range; the reported layer sits where its label says; the legend is
+        # outside the axes.
+        tatoeba = tasks_by_run["tatoeba"]
+        for r in tatoeba.values():
+            r["layer_sweep"] = {"0": {"en2xx": 20.0, "xx2en": 21.0}, "1": {"en2xx": 25.0,
+                                "xx2en": 24.0}, "2": {"en2xx": 23.0, "xx2en": 22.0}}
+            r.update(layer=0, hidden_states_index=1)
+        ax = report.figure_layers("tatoeba", tatoeba).axes[0]
+        (chance,) = _lines(ax, "chance")
+        assert list(chance.get_ydata()) == [pytest.approx(100 / 9)] * 2
+        assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] >= 25.0
+        (marker,) = _lines(ax, "reported")
+        named = re.search(r"hidden state (\d+) \(XTREME layer (\d+)\)", marker.get_label())
+        assert list(marker.get_xdata()) == [int(named.group(1))] * 2 == [1, 1]
+        assert int(named.group(2)) == 0
+        assert ax.get_legend().get_bbox_to_anchor().x0 >= ax.get_window_extent().x1
+        # One error-bar curve per run and direction, the sweep's values at its keys.
+        curves = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}
+        assert list(ax.containers[0].lines[0].get_xdata()) == [0, 1, 2]
+        assert curves["meta: en → xx (XTREME's)"] == [20.0, 25.0, 23.0]
+        assert curves["baseline: xx → en"] == [21.0, 24.0, 22.0]
+        # A results.json without hidden_states_index: XTREME's layer + 1.
+        del tatoeba["meta"]["hidden_states_index"], tatoeba["baseline"]["hidden_states_index"]
+        (marker,) = _lines(report.figure_layers("tatoeba", tatoeba).axes[0], "reported")
+        assert list(marker.get_xdata()) == [1, 1]
+
+        # Per-language bars: one bar per run and language; F1 has no chance line.
+        ax = report.figure_languages("tydiqa", tasks_by_run["tydiqa"]).axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["en", "sw", "te"]
+        assert sorted(p.get_height() for p in ax.patches) == [40, 50, 50, 60, 70, 80]
+        assert not _lines(ax, "chance")
+        ax = report.figure_languages("tatoeba", tatoeba).axes[0]
+        assert [float(y) for y in _lines(ax, "chance")[0].get_ydata()] == [
+            pytest.approx(100 / 9)] * 2
+    finally:
+        plots.pyplot().close("all")
 
 
 def test_report_bad_input(runs, tmp_path):

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from xlmeta_jax.cli import hf as hf_cli  # noqa: E402
 from xlmeta_jax.evaluation import encoders  # noqa: E402
-from xlmeta_jax.interop.hf import convert  # noqa: E402
+from xlmeta_jax.interop.hf import card, convert  # noqa: E402
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer  # noqa: E402
 from xlmeta_jax.interop.hf import weights as hf  # noqa: E402
 from xlmeta_jax.model.network import EncoderConfig, XLMRForMaskedLM  # noqa: E402
@@ -121,11 +121,14 @@ def test_export_writes_xlmr_ids_and_normal_permissions(export, model):
     config = transformers.AutoConfig.from_pretrained(export)
     assert (config.bos_token_id, config.pad_token_id, config.eos_token_id) == (0, 1, 2)
     assert config.vocab_size == cfg.vocab_size
-    assert config.max_position_embeddings == cfg.max_position_embeddings + 1
+    # XLM-R's shapes: 2 rows more than the longest input, as 514 / 512.
+    assert config.max_position_embeddings == cfg.max_position_embeddings
+    assert transformers.AutoTokenizer.from_pretrained(export).model_max_length == (
+        cfg.max_position_embeddings - 2)
     names = sorted(p.name for p in export.iterdir())
     assert names == sorted([
         "config.json", "model.safetensors", "sentencepiece.bpe.model", "tokenizer.json",
-        "tokenizer_config.json", "special_tokens_map.json",
+        "tokenizer_config.json", "special_tokens_map.json", "README.md",
     ])
     for p in export.iterdir():
         assert stat.S_IMODE(p.stat().st_mode) == 0o644, p.name
@@ -200,6 +203,48 @@ def test_exported_logits_match_ours(export, model, vocab, texts):
     np.testing.assert_allclose(got[mask], ref[..., rows][mask], atol=1e-4, rtol=0)
 
 
+def test_exported_logits_match_ours_at_the_longest_input(export, model, vocab, texts):
+    """``model_max_length`` tokens read the last row of the exported position table."""
+    cfg, params = model
+    ours = spm.SentencePieceProcessor(model_file=vocab)
+    length = transformers.AutoTokenizer.from_pretrained(export).model_max_length
+    pieces = [i for text in texts for i in ours.encode(text)][: length - 2]
+    our_ids = np.array([[3, *pieces, 1]], np.int32)
+    assert our_ids.shape[1] == length
+    ref = np.asarray(_apply(cfg)({"params": params}, our_ids))
+    loaded = transformers.AutoModelForMaskedLM.from_pretrained(export).eval()
+    with torch.no_grad():
+        got = loaded(input_ids=torch.from_numpy(_ours_to_hf(cfg.vocab_size)[our_ids])).logits
+    rows = hf_tokenizer.hf_rows(VOCAB_SIZE, cfg.vocab_size)
+    np.testing.assert_allclose(got.numpy()[0], ref[0][:, rows], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("pad", [0, 1])
+def test_export_has_xlmr_shapes_for_either_pad_id(export, model, vocab, pad, tmp_path):
+    """A base-sized position table (514 rows) exports as XLM-R base's: 514 / 512, from our
+    ids (pad 0) and from XLM-R's (pad 1, the export's own vocabulary)."""
+    cfg, params = model
+    cfg = cfg.replace(max_position_embeddings=514)
+    params = _random_params(cfg, 1)
+    if pad == 1:
+        cfg, params = hf.load_hf(hf.save_hf(tmp_path / "pad0", cfg, params, vocab_path=vocab))
+        assert cfg.pad_token_id == 1
+        vocab = str(tmp_path / "pad0" / hf_tokenizer.SPM_NAME)
+    out = hf.save_hf(tmp_path / "hf", cfg, params, vocab_path=vocab)
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert (config.max_position_embeddings, config.pad_token_id) == (514, 1)
+    assert transformers.AutoTokenizer.from_pretrained(out).model_max_length == 512
+    assert "Inputs of up to 512 tokens" in (out / "README.md").read_text()
+
+
+def test_model_card_says_which_tokenizer_to_load(export, tmp_path):
+    card = (export / "README.md").read_text()
+    # Our vocabulary has byte fallback: the card warns against the XLM-R class.
+    assert "AutoTokenizer.from_pretrained" in card
+    assert "Do not name `XLMRobertaTokenizer` explicitly" in card
+    assert "to_flax" in card and "`<mask>` 1199" in card
+
+
 def test_fill_mask_predictions_equal_ours(export, model, vocab):
     cfg, params = model
     ours = spm.SentencePieceProcessor(model_file=vocab)
@@ -228,7 +273,14 @@ def test_to_flax_undoes_the_export(export, model, vocab, tmp_path, texts):
     assert hf_cli.main(["to_flax", f"--hf_path={export}", f"--output={tmp_path / 'flax'}"]) == 0
     cfg2, params2, vocab2 = loading.load_pretrained(tmp_path / "flax")
     assert cfg2 == cfg
-    jax.tree.map(np.testing.assert_array_equal, params2, params)
+    # Exact but for the last position row, which XLM-R's shape has no room for.
+    table, table2 = (p["encoder"]["embeddings"]["position_embeddings"] for p in (params, params2))
+    np.testing.assert_array_equal(table2[:-1], table[:-1])
+    np.testing.assert_array_equal(table2[-1], 0)
+    rest, rest2 = (jax.tree_util.tree_map_with_path(
+        lambda k, x: None if "position_embeddings" in jax.tree_util.keystr(k) else x, p)
+        for p in (params, params2))
+    jax.tree.map(np.testing.assert_array_equal, rest2, rest)
     assert vocab2 == str(tmp_path / "flax" / hf.FLAX_VOCAB_NAME)
     back = spm.SentencePieceProcessor(model_file=vocab2)
     ours = spm.SentencePieceProcessor(model_file=vocab)
@@ -326,6 +378,9 @@ def test_vocabulary_without_byte_fallback_gets_the_xlmr_tokenizer_class(tmp_path
     (out / "config.json").write_text(json.dumps({"model_type": "xlm-roberta"}))
     auto = transformers.AutoTokenizer.from_pretrained(out)
     assert type(auto).__name__ == "XLMRobertaTokenizer"
+    notes = card.model_card({**hf.hf_config_from_config(EncoderConfig()), "vocab_size": 300},
+                            type(auto).__name__, pieces)
+    assert "Do not name" not in notes and "`AutoTokenizer` builds `XLMRobertaTokenizer`" in notes
     ours = spm.SentencePieceProcessor(model_file=model)
     to_hf = np.argsort(hf_tokenizer.hf_rows(pieces, 300))
     for text in texts:

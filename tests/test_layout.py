@@ -28,9 +28,10 @@ LAYERS = (
     ("xlmeta_jax.errors", 0), ("xlmeta_jax.files", 0), ("xlmeta_jax.logs", 0),
     ("xlmeta_jax.hosts", 0),
     ("xlmeta_jax.model", 1),
-    # Hugging Face's file formats: parameter layout, tokenizer files, weights.
+    # Hugging Face's file formats: parameter layout, tokenizer files, weights, model card.
     ("xlmeta_jax.interop.hf.layout", 2), ("xlmeta_jax.interop.hf.tokenizer", 2),
     ("xlmeta_jax.interop.hf.weights", 2), ("xlmeta_jax.interop.hf.hf_config", 2),
+    ("xlmeta_jax.interop.hf.card", 2),
     ("xlmeta_jax.data", 3),
     ("xlmeta_jax.pretrain", 4),
     ("xlmeta_jax.evaluation", 5),

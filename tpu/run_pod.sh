@@ -36,10 +36,10 @@ fi
 SETUP+=" cd $WORKDIR; python3 -m venv .venv;"
 case "$ENTRY" in
   native)
-    SETUP+=" .venv/bin/pip install -q -e '.[tpu]';"
+    SETUP+=" .venv/bin/pip install -q -c constraints.txt -e '.[tpu]';"
     MODULE=xlmeta_jax.train ;;
   t5x)
-    SETUP+=" .venv/bin/pip install -q -e '.[tpu,t5x]';"
+    SETUP+=" .venv/bin/pip install -q -c constraints.txt -e '.[tpu,t5x]';"
     SETUP+=" .venv/bin/pip install -q --no-deps ${T5X_GIT[*]};"
     MODULE=t5x.train ;;
   *)

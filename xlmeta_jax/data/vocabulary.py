@@ -242,7 +242,12 @@ def train_sentencepiece(
     else:
         options["sentence_iterator"] = iter(sentences)
     spm.set_random_generator_seed(int(seed))
-    spm.SentencePieceTrainer.train(model_prefix=model_prefix, **options)
+    try:
+        spm.SentencePieceTrainer.train(model_prefix=model_prefix, **options)
+    except RuntimeError as e:
+        # SentencePiece's settings checks ("Vocabulary size too high (300). Please set it to
+        # a value <= 284."), prefixed with its source location.
+        raise VocabularyError(f"SentencePiece: {str(e).rpartition('] ')[2]}") from e
     return f"{model_prefix}.model"
 
 
@@ -331,8 +336,13 @@ def train_vocabulary(
         with open(sample_path, "w", encoding="utf-8") as f:
             for line in all_lines:
                 f.write(line.replace("\n", " ") + "\n")
-        logging.info("training the %d-piece SentencePiece model on %d lines (%d threads)",
-                     int(vocab_size), len(all_lines), int(num_threads))
+        # --num_lines is the sample's size, reached by repeating lines where a language has
+        # fewer than its share: say how much text that is.
+        distinct = len(set(all_lines))
+        logging.info("training the %d-piece SentencePiece model (%d threads) on %d sampled "
+                     "lines, %d of them distinct%s", int(vocab_size), int(num_threads),
+                     len(all_lines), distinct, "" if distinct == len(all_lines) else
+                     ": a language with fewer lines than its share of the sample repeats them")
         model_path = train_sentencepiece(
             output_prefix,
             vocab_size,

@@ -12,7 +12,9 @@ average, the average over non-English languages, English and the transfer gap; m
 std over seeds where a run has several) and PNG plots: ``<task>_languages.png``
 (per-language bars, one colour per run), ``english_vs_transfer.png`` (English score
 next to the non-English average, per task and run) and, for Tatoeba,
-``tatoeba_layers.png`` (accuracy of every layer).
+``<task>_layers.png`` (accuracy of every hidden state, the reported layer marked). The
+figures are the experiment report's (:mod:`xlmeta_jax.experiment.plots`): chance drawn
+where it is known, a y range that includes it, legends outside the data.
 
 Under each table: every run's data source, training set and whether its numbers are
 comparable with XTREME's published ones (results.json ``provenance``). Runs of one task
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from xlmeta_jax import errors
+from xlmeta_jax.experiment import plots
 
 SUMMARY_KEYS = ("average", "average_target", "english", "transfer_gap")
 # Settings that may differ between compared runs (bookkeeping, not protocol).
@@ -187,30 +190,60 @@ def task_table(task: str, by_run: dict[str, dict], allow_mixed: bool = False) ->
     return "\n".join(lines)
 
 
-def _plot_languages(task, by_run, path):
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
+def _num_examples(by_run: dict[str, dict]) -> dict[str, int | None]:
+    """{language: evaluated examples} (the first run that recorded them); Tatoeba's chance."""
+    out: dict[str, int | None] = {}
+    for r in by_run.values():
+        for lang, v in r["languages"].items():
+            if out.get(lang) is None:
+                out[lang] = v.get("num_examples")
+    return out
 
+
+def figure_languages(task: str, by_run: dict[str, dict]):
+    """Per-language bars of one task, one colour per run (seeds: std error bars), chance."""
     metric = next(iter(by_run.values()))["metric"]
-    langs = _languages(by_run)
-    width = 0.8 / len(by_run)
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(langs) * max(1, len(by_run) / 2)), 4))
-    x = np.arange(len(langs))
-    for i, (label, r) in enumerate(by_run.items()):
-        values = [r["languages"].get(lang, {}).get(metric, np.nan) for lang in langs]
-        ax.bar(x + i * width - 0.4 + width / 2, values, width, label=label)
-    ax.set_xticks(x, langs, rotation=90 if len(langs) > 20 else 0)
-    ax.set_ylabel(metric)
-    ax.set_title(f"{task}: {metric} per language")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    series = {label: {lang: (v[metric], v.get(f"{metric}_std") or 0.0)
+                      for lang, v in r["languages"].items() if v.get(metric) is not None}
+              for label, r in by_run.items()}
+    chance = plots.chance_by_language(task, _num_examples(by_run))
+    return plots.language_bars(series, title=f"{task}: {metric} per language",
+                               ylabel=f"{metric} (%)", chance=chance,
+                               chance_text=plots.chance_label(task, chance))
+
+
+def _reported_hidden_state(r: dict) -> int | None:
+    """The reported layer as a hidden-states index (the sweep's keys): ``layer`` counts
+    XTREME's way, one less, in results.json files that predate the index."""
+    if r.get("hidden_states_index") is not None:
+        return int(r["hidden_states_index"])
+    return None if r.get("layer") is None else int(r["layer"]) + 1
+
+
+def figure_layers(task: str, by_run: dict[str, dict]):
+    """Accuracy per hidden state of the runs with a ``layer_sweep``, both directions, with
+    each run's reported layer and the mean of the languages' chance levels."""
+    series = {}
+    for label, r in by_run.items():
+        sweep = r["layer_sweep"]
+        for direction, name in (("en2xx", "en → xx (XTREME's)"), ("xx2en", "xx → en")):
+            series[f"{label}: {name}"] = {int(i): (v[direction], 0.0) for i, v in sweep.items()}
+    reported = {label: index for label, r in by_run.items()
+                if (index := _reported_hidden_state(r)) is not None}
+    if len(set(reported.values())) == 1:
+        # Every run reports the same layer: one line, not one per run.
+        reported = {"": next(iter(reported.values()))}
+    chance = plots.chance_by_language(task, _num_examples(by_run))
+    return plots.layer_curves(
+        series, title=f"{task}: retrieval accuracy per layer",
+        ylabel="mean accuracy over languages (%)", reported=reported,
+        chance=float(np.mean(list(chance.values()))) if chance else None,
+        chance_text=plots.chance_label(task, chance, average=True))
 
 
 def _plot_transfer(tasks, path):
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
-
-    fig, axes = plt.subplots(1, len(tasks), figsize=(3.5 * len(tasks), 4), squeeze=False)
+    fig, axes = plots.pyplot().subplots(1, len(tasks), figsize=(3.5 * len(tasks), 4),
+                                        squeeze=False)
     for ax, (task, by_run) in zip(axes[0], tasks.items()):
         labels = list(by_run)
         x = np.arange(len(labels))
@@ -225,28 +258,7 @@ def _plot_transfer(tasks, path):
     fig.legend(handles, names, loc="lower center", ncol=2)
     fig.suptitle("English vs zero-shot transfer")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _plot_layers(by_run, path):
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib only when plotting
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, r in by_run.items():
-        sweep = r["layer_sweep"]
-        layers = sorted(sweep, key=int)
-        ax.plot([int(i) for i in layers], [sweep[i]["en2xx"] for i in layers], "o-",
-                label=f"{label} en→xx (XTREME)")
-        ax.plot([int(i) for i in layers], [sweep[i]["xx2en"] for i in layers], "x--",
-                label=f"{label} xx→en")
-    ax.set_xlabel("hidden_states index (0 = embeddings; XTREME's layer = index - 1)")
-    ax.set_ylabel("mean accuracy (%)")
-    ax.set_title("Tatoeba retrieval by layer")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 def write_report(
@@ -260,9 +272,6 @@ def write_report(
     """
     tasks = gather(runs)
     tables = {task: task_table(task, tasks[task], allow_mixed) for task in sorted(tasks)}
-    import matplotlib  # noqa: PLC0415 - matplotlib only when plotting
-
-    matplotlib.use("Agg")
     output = pathlib.Path(output)
     output.mkdir(parents=True, exist_ok=True)
     parts = ["# Zero-shot cross-lingual evaluation", ""]
@@ -273,10 +282,10 @@ def write_report(
     for task in sorted(tasks):
         by_run = tasks[task]
         parts += ["", tables[task], "", f"![{task}]({task}_languages.png)"]
-        _plot_languages(task, by_run, output / f"{task}_languages.png")
+        plots.save(figure_languages(task, by_run), output / f"{task}_languages.png")
         if any("layer_sweep" in r for r in by_run.values()):
-            _plot_layers({k: r for k, r in by_run.items() if "layer_sweep" in r},
-                         output / f"{task}_layers.png")
+            swept = {k: r for k, r in by_run.items() if "layer_sweep" in r}
+            plots.save(figure_layers(task, swept), output / f"{task}_layers.png")
             parts += ["", f"![{task} layers]({task}_layers.png)"]
     with_english = {t: b for t, b in tasks.items()
                     if any(r.get("english") is not None for r in b.values())}

@@ -22,8 +22,8 @@ permutation is a bijection of the first ``N`` ids::
     HF    1        2       3        0      N-1       4 .. N-2
 
 Rows past ``N`` (a model vocabulary padded beyond the SentencePiece model) keep their
-ids. Since RoBERTa counts positions from ``pad_token_id + 1``, the position table gains
-one leading row as well (``xlmeta_jax.hf.save_hf``). ``config.json`` then carries
+ids. Since RoBERTa counts positions from ``pad_token_id + 1``, the position table moves
+down one row as well, keeping XLM-R's shape (``weights.save_hf``). ``config.json`` then carries
 XLM-R's special ids, and records the permutation (:data:`CONFIG_KEY`) so
 ``hf to_flax`` can undo it and the round trip is exact.
 
@@ -35,7 +35,8 @@ default) ``tokenizer_config.json`` names the generic ``PreTrainedTokenizerFast``
 loads ``tokenizer.json`` as written; a vocabulary without byte fallback gets
 ``XLMRobertaTokenizer``. Either way the ids agree with ``XLMRobertaTokenizer``'s: the
 one difference is that the latter (in transformers 5) maps a character outside the
-vocabulary to ``<unk>`` where SentencePiece emits its UTF-8 byte pieces.
+vocabulary to ``<unk>`` where SentencePiece emits its UTF-8 byte pieces; the export's
+model card (:mod:`xlmeta_jax.interop.hf.card`) tells users to load ``AutoTokenizer``.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def tokenizer_files(vocab_path: str | os.PathLike, vocab_size: int,
       vocab_path: our SentencePiece ``.model`` (or an XLM-R ``sentencepiece.bpe.model``
         for a model already in XLM-R's ids).
       vocab_size: rows of the model's embedding table.
-      model_max_length: longest input in tokens (max_position_embeddings - pad - 1).
+      model_max_length: longest input in tokens (XLM-R's max_position_embeddings - 2).
 
     Returns:
       ``(files, num_pieces)``: file name -> bytes, and for a vocabulary in our layout

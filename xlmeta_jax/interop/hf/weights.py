@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from xlmeta_jax import files
+from xlmeta_jax.interop.hf import card
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
 from xlmeta_jax.interop.hf.hf_config import config_from_hf, hf_config_from_config
 from xlmeta_jax.interop.hf.layout import (
@@ -155,23 +156,29 @@ def _permute_vocab_rows(state: dict[str, Any], rows: np.ndarray) -> dict[str, An
 
 
 def _to_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    """A state dict in our seqio ids (pad 0) -> XLM-R's ids (pad 1).
+    """A state dict in our seqio ids (pad 0) -> XLM-R's ids (pad 1), same table sizes.
 
     Besides the vocabulary rows, the position table moves: positions count from
     ``pad_token_id + 1`` (RoBERTa), so the first token reads row 1 with pad 0 and row 2
-    with pad 1. The table gains a leading row (a copy of row 0; XLM-R never reads row
-    0) and ``max_position_embeddings`` grows by one; the longest input stays the same.
+    with pad 1. The table keeps its ``max_position_embeddings`` rows, XLM-R's shape
+    (514 rows for 512 tokens, ``model_max_length`` 512): it gains a leading row (a copy
+    of row 0; XLM-R never reads row 0) and loses its last, the row of the one position
+    pad 0 leaves room for beyond ``max_position_embeddings - 2`` tokens, which
+    pretraining at that length never reads.
     """
     out = _permute_vocab_rows(state, rows)
     positions = to_numpy(out[_POSITIONS_KEY])
-    out[_POSITIONS_KEY] = np.ascontiguousarray(np.concatenate([positions[:1], positions]))
+    out[_POSITIONS_KEY] = np.ascontiguousarray(np.concatenate([positions[:1], positions[:-1]]))
     return out
 
 
 def _from_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    """Inverse of :func:`_to_xlmr_ids`."""
+    """Inverse of :func:`_to_xlmr_ids`; the dropped last position row comes back as zeros
+    (the export has no values for it), so the table keeps its size."""
     out = _permute_vocab_rows(state, np.argsort(rows))
-    out[_POSITIONS_KEY] = np.ascontiguousarray(to_numpy(out[_POSITIONS_KEY])[1:])
+    positions = to_numpy(out[_POSITIONS_KEY])
+    out[_POSITIONS_KEY] = np.ascontiguousarray(
+        np.concatenate([positions[1:], np.zeros_like(positions[:1])]))
     return out
 
 
@@ -216,11 +223,7 @@ def load_hf(
             )
         rows = hf_tokenizer.hf_rows(int(pieces), int(hf_config["vocab_size"]))
         state = _from_xlmr_ids(normalise_keys(state), rows)
-        config_overrides = {
-            "pad_token_id": 0,
-            "max_position_embeddings": int(hf_config["max_position_embeddings"]) - 1,
-            **config_overrides,
-        }
+        config_overrides = {"pad_token_id": 0, **config_overrides}
     cfg = config_from_hf(hf_config, **config_overrides)
     return cfg, params_from_hf_state_dict(state, cfg)
 
@@ -241,7 +244,8 @@ def write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
 def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, Any],
             *, vocab_path: str | os.PathLike | None = None,
             **config_kwargs) -> pathlib.Path:
-    """Writes a directory that transformers loads as is: weights, config, tokenizer.
+    """Writes a directory that transformers loads as is: weights, config, tokenizer, and a
+    model card (``README.md``, :mod:`xlmeta_jax.interop.hf.card`) that says how to load it.
 
     With our vocabulary (pad 0) the vocabulary rows are permuted into XLM-R's ids and
     the SentencePiece model is rewritten to match, so ``AutoTokenizer`` and
@@ -275,8 +279,9 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
         )
     if vocab_path is not None:
         try:
+            # XLM-R's shapes: max_position_embeddings - 2 tokens whatever the pad id.
             files, seqio_pieces = hf_tokenizer.tokenizer_files(
-                vocab_path, cfg.vocab_size, cfg.max_length
+                vocab_path, cfg.vocab_size, cfg.max_position_embeddings - 2
             )
             if seqio_pieces is not None:
                 rows = hf_tokenizer.hf_rows(seqio_pieces, cfg.vocab_size)
@@ -288,17 +293,21 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
                 f"{vocab_path} uses pad id {want_pad} but the model's pad_token_id is "
                 f"{cfg.pad_token_id}"
             )
-    names = [CONFIG_NAME, SAFE_WEIGHTS_NAME, *files]
+    names = [CONFIG_NAME, SAFE_WEIGHTS_NAME, card.README_NAME, *files]
     existing = [n for n in names if (path / n).exists()]
     if existing:
         raise ConversionError(f"{path} already holds {existing}; export into a new directory")
     state = hf_state_dict_from_params(params, cfg, include_tied=False)
     if rows is not None:
         state = _to_xlmr_ids(state, rows)
-        cfg = cfg.replace(pad_token_id=1, max_position_embeddings=cfg.max_position_embeddings + 1)
+        cfg = cfg.replace(pad_token_id=1)
     hf_config = hf_config_from_config(cfg, **config_kwargs)
     if rows is not None:
         hf_config[hf_tokenizer.CONFIG_KEY] = seqio_pieces
+    tokenizer_config = files.get(hf_tokenizer.TOKENIZER_CONFIG_NAME)
+    files[card.README_NAME] = card.model_card(
+        hf_config, tokenizer_config and json.loads(tokenizer_config)["tokenizer_class"],
+        seqio_pieces).encode()
     path.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         write_file(path / name, lambda p, data=data: pathlib.Path(p).write_bytes(data))
