@@ -57,7 +57,9 @@ def _assert_refused(out, *parts):
     (["--gin.xlmeta_jax.model.network.get_config.pad_token_id=3"],
      ["EncoderConfig.pad_token_id=3 differs from the pad id"]),
     (["--gin.WARMUP_STEPS=10000"], ["warmup_steps=10000 must be in [0, total_steps=4]"]),
-    (["--gin.CC100_LANGUAGES=['en', 'af']"], ["CC-100 language 'af': no file matches"]),
+    # Phase 2's corpus, checked by phase 2 (phase 1 registers only the English it reads).
+    (["--gin.CC100_LANGUAGES=['en', 'af']", "--gin.PHASE=2"],
+     ["CC-100 language 'af': no file matches"]),
     (["--gin.PHASE=2"], ["phase 2 starts from phase 1's final checkpoint", "--gin.PHASE=1"]),
 ])
 def test_bad_setting_is_one_line_before_t5x_builds_anything(corpus, tmp_path, extra, parts):
