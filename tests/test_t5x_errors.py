@@ -92,3 +92,54 @@ def test_non_finite_loss_stops_before_the_checkpoint_naming_the_step():
             action.run(state, {"train": {"loss": _scalar(bad)}})
     assert isinstance(t5x_checks.actions()["TRAIN"][0], t5x_checks.StopOnNonFiniteLoss)
     assert errors.user_message(t5x_checks.NonFiniteLossError("x")) == "x"
+
+
+def test_progress_lines_replace_t5x_info_log(tmp_path):
+    """The progress action's line per LOG_EVERY; t5x's INFO records become lines or nothing."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    from xlmeta_jax import logs
+    from xlmeta_jax.interop.t5x import progress as t5x_progress
+
+    lines = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    keep = _Keep()
+    logs.progress.addHandler(keep)
+    handler = absl_logging.get_absl_handler()
+    try:
+        action = t5x_progress.ProgressAction(str(tmp_path / "run" / "phase1"), total_steps=40)
+        quiet = t5x_progress._QUIET
+        if not errors.debug_requested(()):
+            assert quiet in handler.filters  # installed by the import, as run.gin's is
+
+        def passes(level, msg, *args):
+            return quiet.filter(logging.LogRecord("absl", level, "t5x", 1, msg, args, None))
+
+        assert not passes(logging.INFO, "Gin Configuration:")
+        assert not passes(logging.ERROR, "DatasetIterator.load() is deprecated. Please use "
+                                         "restore().")
+        assert passes(logging.WARNING, "something t5x warns about")
+        assert not passes(logging.INFO, "Starting main loop over steps %d-%d", 20, 40)
+        metrics = {"loss": _scalar(6.5), "accuracy": _scalar(0.25),
+                   "learning_rate/current": _scalar(3e-4),
+                   "timing/steps_per_second": _scalar(4.0),
+                   "timing/tokens_per_second": _scalar(12345.0)}
+        state = types.SimpleNamespace(step=np.int32(30))
+        assert action.run(state, {"train": metrics}) is False
+        assert not passes(logging.INFO, "Finished.")
+        assert lines[0].startswith("[phase1] resuming from step 20/40 on ")
+        assert lines[1] == ("[phase1] step 30/40 | loss 6.5000 | acc 0.2500 | lr 0.0003 | "
+                            "12.3k tok/s | ETA 0:00:02")
+        assert lines[2].startswith(f"[phase1] done at step 30: {tmp_path}/run/phase1 ")
+        assert not passes(logging.WARNING, "Total training steps and checkpoint step were "
+                                           "both %d, so no training will be done.", 40)
+        assert lines[3] == f"[phase1] already complete at step 40 ({tmp_path}/run/phase1)"
+        assert isinstance(t5x_checks.actions(action)["TRAIN"][0], t5x_progress.ProgressAction)
+    finally:
+        logs.progress.removeHandler(keep)

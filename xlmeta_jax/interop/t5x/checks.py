@@ -136,9 +136,15 @@ class StopOnNonFiniteLoss(t5x_trainer.BaseAction):
         return False
 
 
-def actions() -> dict:
-    """t5x's ``train.actions``: the non-finite-loss stop on the train metrics (gin)."""
-    return {"TRAIN": [StopOnNonFiniteLoss()]}
+def actions(progress: t5x_trainer.BaseAction | None = None) -> dict:
+    """t5x's ``train.actions`` (gin): ``progress``, then the non-finite-loss stop.
+
+    Args:
+      progress: the action that prints the progress lines
+        (:class:`xlmeta_jax.interop.t5x.progress.ProgressAction`), run first so that
+        the step with the non-finite loss has its line before the error's.
+    """
+    return {"TRAIN": [*([progress] if progress is not None else []), StopOnNonFiniteLoss()]}
 
 
 install_error_handler()
