@@ -28,16 +28,18 @@ def corpus(shared_data, tmp_path_factory):
     return write_corpus(shared_data, str(tmp_path_factory.mktemp("corpus")))
 
 
-def _t5x_train(model_dir, corpus, *extra):
+def _t5x_train(model_dir, corpus, *extra, command="t5x.train"):
     cmd = [
-        sys.executable, "-m", "t5x.train", "--gin_file=gin/meta.gin",
+        sys.executable, "-m", command, "--gin_file=gin/meta.gin",
         "--gin_file=gin/models/tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
         *corpus_flags(corpus), "--gin.META_STEPS=4", "--gin.XLING_STEPS=2",
         "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.WARMUP_STEPS=2", *extra,
     ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # As from a shell (conftest sets TensorFlow's log level for the tests' own process).
     env.pop(errors.DEBUG_ENV, None)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -67,6 +69,15 @@ def test_bad_setting_is_one_line_before_t5x_builds_anything(corpus, tmp_path, ex
     out = _t5x_train(model_dir, corpus, *extra)
     _assert_refused(out, *parts)
     assert not model_dir.exists()
+
+
+def test_the_quiet_command_prints_the_error_line_alone(corpus, tmp_path):
+    # python -m xlmeta_jax.t5x_train: t5x's command without TensorFlow's start-up lines, so
+    # a setting refused before t5x builds anything is all there is on the terminal.
+    out = _t5x_train(tmp_path / "run", corpus, "--gin.WARMUP_STEPS=10000",
+                     command="xlmeta_jax.t5x_train")
+    _assert_refused(out, "warmup_steps=10000 must be in [0, total_steps=4]")
+    assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
 
 
 def test_model_dir_in_use_is_refused(corpus, tmp_path):

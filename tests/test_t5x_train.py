@@ -91,7 +91,7 @@ def _train_metrics(log, name):
 
 def _check_logs_are_quiet(runs):
     # t5x's INFO log (the gin dump, its metrics lines) stays off the terminal; what is left of
-    # python -m t5x.train's own is TensorFlow's start-up.
+    # python -m t5x.train's own is TensorFlow's start-up (xlmeta_jax.t5x_train drops it too).
     for name, log in runs["logs"].items():
         assert len(log.splitlines()) <= 40, (name, log)
         for noise in ("Gin Configuration", "collection=train", "deprecated", "Traceback"):
