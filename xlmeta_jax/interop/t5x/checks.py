@@ -47,6 +47,15 @@ class _OneLineErrors(app.ExceptionHandler):
     absl calls installed handlers with the exception before re-raising it (which would
     print the traceback); exiting here is the only way to keep the traceback out and
     give the user-error status, since absl swallows a ``SystemExit`` a handler raises.
+
+    ``os._exit`` does not wait for an Orbax save still running in the background, and
+    t5x keeps its checkpoint manager to itself (no public handle to wait on), but no
+    checkpoint a run relies on can be in flight here: the checks fail before anything is
+    saved, and t5x waits for every periodic save (``wait_until_finished``) before its loop
+    goes on, so a non-finite loss is raised with no save pending but possibly step 0's,
+    the initial state a rerun rebuilds (Orbax removes the unfinished directory then).
+    Only saves at an explicit ``SaveCheckpointConfig.checkpoint_steps`` list, which our
+    gin files do not bind, go on without a wait.
     """
 
     def wants(self, exc: BaseException) -> bool:
