@@ -423,6 +423,32 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
         gin.clear_config(clear_constants=True)
 
 
+def test_a_task_registers_only_the_corpora_it_reads(toy, tmp_path):
+    """t5x's phase 1 (@registered() of the English task) needs no CC-100 files yet."""
+    from xlmeta_jax.cli import configurables
+    from xlmeta_jax.data import corpora
+
+    settings = corpora.Corpora(
+        vocab_path=toy["vocab"], english_files=[os.path.join(toy["cc_dir"], "en.txt")],
+        cc100_dir=os.fspath(tmp_path / "not_yet_downloaded"), languages=["en", "de"],
+        joint_english_share=0.5,
+    )
+    english = tasks.reading(names.ENGLISH_TEXT_TASK, settings)
+    assert english.english_files == settings.english_files
+    assert english.cc100_dir is None and english.joint_english_share is None
+    cc100 = tasks.reading(names.CC100_MIXTURE, settings)
+    assert cc100.english_files is None and cc100.cc100_dir == settings.cc100_dir
+    assert tasks.reading(names.cc100_task("de"), settings) == cc100
+    assert tasks.reading(names.JOINT_MIXTURE, settings) == settings
+    assert tasks.reading("someone_elses_task", settings) == settings
+
+    assert configurables.registered(names.ENGLISH_TEXT_TASK, settings) == names.ENGLISH_TEXT_TASK
+    assert names.CC100_MIXTURE not in seqio.MixtureRegistry.names()
+    # The phase that reads CC-100 checks it.
+    with pytest.raises(text_files.CorpusError, match="CC-100 language 'en': no file matches"):
+        configurables.registered(names.CC100_MIXTURE, settings)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

@@ -42,6 +42,7 @@ LAYERS = (
     ("xlmeta_jax.tools", 9),
     # `python -m xlmeta_jax.train` etc.: thin aliases of cli/ (README's commands).
     ("xlmeta_jax.train", 10), ("xlmeta_jax.finetune", 10), ("xlmeta_jax.hf", 10),
+    ("xlmeta_jax.t5x_train", 10),
     ("xlmeta_jax.experiment.__main__", 10),
 )
 

@@ -28,16 +28,18 @@ def corpus(shared_data, tmp_path_factory):
     return write_corpus(shared_data, str(tmp_path_factory.mktemp("corpus")))
 
 
-def _t5x_train(model_dir, corpus, *extra):
+def _t5x_train(model_dir, corpus, *extra, command="t5x.train"):
     cmd = [
-        sys.executable, "-m", "t5x.train", "--gin_file=gin/meta.gin",
+        sys.executable, "-m", command, "--gin_file=gin/meta.gin",
         "--gin_file=gin/models/tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
         *corpus_flags(corpus), "--gin.META_STEPS=4", "--gin.XLING_STEPS=2",
         "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.WARMUP_STEPS=2", *extra,
     ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # As from a shell (conftest sets TensorFlow's log level for the tests' own process).
     env.pop(errors.DEBUG_ENV, None)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -57,7 +59,9 @@ def _assert_refused(out, *parts):
     (["--gin.xlmeta_jax.model.network.get_config.pad_token_id=3"],
      ["EncoderConfig.pad_token_id=3 differs from the pad id"]),
     (["--gin.WARMUP_STEPS=10000"], ["warmup_steps=10000 must be in [0, total_steps=4]"]),
-    (["--gin.CC100_LANGUAGES=['en', 'af']"], ["CC-100 language 'af': no file matches"]),
+    # Phase 2's corpus, checked by phase 2 (phase 1 registers only the English it reads).
+    (["--gin.CC100_LANGUAGES=['en', 'af']", "--gin.PHASE=2"],
+     ["CC-100 language 'af': no file matches"]),
     (["--gin.PHASE=2"], ["phase 2 starts from phase 1's final checkpoint", "--gin.PHASE=1"]),
 ])
 def test_bad_setting_is_one_line_before_t5x_builds_anything(corpus, tmp_path, extra, parts):
@@ -65,6 +69,15 @@ def test_bad_setting_is_one_line_before_t5x_builds_anything(corpus, tmp_path, ex
     out = _t5x_train(model_dir, corpus, *extra)
     _assert_refused(out, *parts)
     assert not model_dir.exists()
+
+
+def test_the_quiet_command_prints_the_error_line_alone(corpus, tmp_path):
+    # python -m xlmeta_jax.t5x_train: t5x's command without TensorFlow's start-up lines, so
+    # a setting refused before t5x builds anything is all there is on the terminal.
+    out = _t5x_train(tmp_path / "run", corpus, "--gin.WARMUP_STEPS=10000",
+                     command="xlmeta_jax.t5x_train")
+    _assert_refused(out, "warmup_steps=10000 must be in [0, total_steps=4]")
+    assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
 
 
 def test_model_dir_in_use_is_refused(corpus, tmp_path):
@@ -90,3 +103,54 @@ def test_non_finite_loss_stops_before_the_checkpoint_naming_the_step():
             action.run(state, {"train": {"loss": _scalar(bad)}})
     assert isinstance(t5x_checks.actions()["TRAIN"][0], t5x_checks.StopOnNonFiniteLoss)
     assert errors.user_message(t5x_checks.NonFiniteLossError("x")) == "x"
+
+
+def test_progress_lines_replace_t5x_info_log(tmp_path):
+    """The progress action's line per LOG_EVERY; t5x's INFO records become lines or nothing."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    from xlmeta_jax import logs
+    from xlmeta_jax.interop.t5x import progress as t5x_progress
+
+    lines = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    keep = _Keep()
+    logs.progress.addHandler(keep)
+    handler = absl_logging.get_absl_handler()
+    try:
+        action = t5x_progress.ProgressAction(str(tmp_path / "run" / "phase1"), total_steps=40)
+        quiet = t5x_progress._QUIET
+        if not errors.debug_requested(()):
+            assert quiet in handler.filters  # installed by the import, as run.gin's is
+
+        def passes(level, msg, *args):
+            return quiet.filter(logging.LogRecord("absl", level, "t5x", 1, msg, args, None))
+
+        assert not passes(logging.INFO, "Gin Configuration:")
+        assert not passes(logging.ERROR, "DatasetIterator.load() is deprecated. Please use "
+                                         "restore().")
+        assert passes(logging.WARNING, "something t5x warns about")
+        assert not passes(logging.INFO, "Starting main loop over steps %d-%d", 20, 40)
+        metrics = {"loss": _scalar(6.5), "accuracy": _scalar(0.25),
+                   "learning_rate/current": _scalar(3e-4),
+                   "timing/steps_per_second": _scalar(4.0),
+                   "timing/tokens_per_second": _scalar(12345.0)}
+        state = types.SimpleNamespace(step=np.int32(30))
+        assert action.run(state, {"train": metrics}) is False
+        assert not passes(logging.INFO, "Finished.")
+        assert lines[0].startswith("[phase1] resuming from step 20/40 on ")
+        assert lines[1] == ("[phase1] step 30/40 | loss 6.5000 | acc 0.2500 | lr 0.0003 | "
+                            "12.3k tok/s | ETA 0:00:02")
+        assert lines[2].startswith(f"[phase1] done at step 30: {tmp_path}/run/phase1 ")
+        assert not passes(logging.WARNING, "Total training steps and checkpoint step were "
+                                           "both %d, so no training will be done.", 40)
+        assert lines[3] == f"[phase1] already complete at step 40 ({tmp_path}/run/phase1)"
+        assert isinstance(t5x_checks.actions(action)["TRAIN"][0], t5x_progress.ProgressAction)
+    finally:
+        logs.progress.removeHandler(keep)

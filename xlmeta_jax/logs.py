@@ -86,3 +86,14 @@ progress = logging.getLogger("xlmeta_jax.train")
 def quiet_save_waits() -> None:
     """Installs the "waiting for previous save" filter on absl's logger (idempotent)."""
     logging.getLogger("absl").addFilter(_SAVE_WAIT_FILTER)
+
+
+def show_progress() -> None:
+    """Prints the progress lines on stdout, whatever absl's verbosity (idempotent)."""
+    if not progress.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    # Not also through absl's handler on the root logger, in absl's format.
+    progress.propagate = False

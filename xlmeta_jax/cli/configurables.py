@@ -14,8 +14,8 @@ binding names where its code is:
   the registered tasks and the synthetic stream both take it from here
   (``Corpora.masking`` is not a gin binding);
 * ``xlmeta_jax.data.feeding.make_mlm_iterator`` — the feeder's options;
-* ``xlmeta_jax.cli.configurables.registered`` — registers the configured corpora and
-  names a task, e.g. t5x's ``mixture_or_task_name = @registered()``.
+* ``xlmeta_jax.cli.configurables.registered`` — registers the corpora a task reads and
+  names it, e.g. t5x's ``mixture_or_task_name = @registered()``.
 
 Our own commands' names (the trainer's ``train`` and ``Phase``, the experiment, the
 fine-tuning, the corpus builders) are in :mod:`xlmeta_jax.cli.runs`, which t5x configs
@@ -67,7 +67,10 @@ def register(settings: corpora.Corpora | None = None) -> tuple[str, ...]:
 
 @gin.configurable(module="xlmeta_jax.cli.configurables")
 def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None) -> str:
-    """Registers the configured corpora and returns ``name``, checked to be registered.
+    """Registers the corpora ``name`` reads and returns ``name``, checked to be registered.
+
+    Only those: a t5x run trains on one task or mixture (phase 1 of meta-pretraining on
+    English does not check or count phase 2's corpora, which its own run does).
 
     Args:
       name: a task or mixture name (xlmeta_jax/data/task_names.py), e.g. ``'xlmeta_cc100'``.
@@ -78,4 +81,5 @@ def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None
     """
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
 
-    return tasks.check_registered(name, register(settings))
+    settings = corpora_settings() if settings is None else settings
+    return tasks.check_registered(name, register(tasks.reading(name, settings)))

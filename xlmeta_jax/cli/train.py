@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Sequence
 
 import jax
@@ -58,12 +57,7 @@ def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
 
 def setup_logging() -> None:
     """Progress lines on stdout (independent of absl's root-logger setup)."""
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    logs.show_progress()
     logs.quiet_save_waits()
 
 

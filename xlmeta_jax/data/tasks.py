@@ -288,6 +288,35 @@ _SETTING = {
 }
 
 
+# The settings of each corpus, unset in reading(name, ...) for the corpora name does not read.
+_CORPUS_SETTINGS = {
+    names.ENGLISH_TEXT_TASK: {"english_files": None, "english_validation_files": None},
+    names.ENGLISH_TFDS_TASK: {"english_tfds_name": None},
+    names.CC100_MIXTURE: {"cc100_dir": None, "cc100_validation_dir": None},
+    names.MC4_MIXTURE: {"mc4_tfds_name": None},
+}
+
+
+def reading(name: str, corpora: corpora_lib.Corpora) -> corpora_lib.Corpora:
+    """``corpora`` with only the corpora the task or mixture ``name`` reads still set.
+
+    What one run registers when it trains on one task (a phase of meta-pretraining under
+    t5x): its own files are checked and counted, another phase's are not needed yet.
+    The joint mixture reads English and the multilingual corpus; an unknown name gets
+    ``corpora`` unchanged (:func:`check_registered` then names what registers it).
+    """
+    if name == names.JOINT_MIXTURE:
+        return corpora
+    own = next((k for k in _CORPUS_SETTINGS if name == k or name.startswith(k + "_")), None)
+    if own is None:
+        return corpora
+    unset = {"joint_english_share": None}
+    for corpus, settings in _CORPUS_SETTINGS.items():
+        if corpus != own:
+            unset.update(settings)
+    return dataclasses.replace(corpora, **unset)
+
+
 def check_registered(name: str, registered: Sequence[str]) -> str:
     """``name`` if it is among the ``registered`` names :func:`register` returned.
 

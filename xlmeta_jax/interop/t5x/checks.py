@@ -47,6 +47,15 @@ class _OneLineErrors(app.ExceptionHandler):
     absl calls installed handlers with the exception before re-raising it (which would
     print the traceback); exiting here is the only way to keep the traceback out and
     give the user-error status, since absl swallows a ``SystemExit`` a handler raises.
+
+    ``os._exit`` does not wait for an Orbax save still running in the background, and
+    t5x keeps its checkpoint manager to itself (no public handle to wait on), but no
+    checkpoint a run relies on can be in flight here: the checks fail before anything is
+    saved, and t5x waits for every periodic save (``wait_until_finished``) before its loop
+    goes on, so a non-finite loss is raised with no save pending but possibly step 0's,
+    the initial state a rerun rebuilds (Orbax removes the unfinished directory then).
+    Only saves at an explicit ``SaveCheckpointConfig.checkpoint_steps`` list, which our
+    gin files do not bind, go on without a wait.
     """
 
     def wants(self, exc: BaseException) -> bool:
@@ -136,9 +145,15 @@ class StopOnNonFiniteLoss(t5x_trainer.BaseAction):
         return False
 
 
-def actions() -> dict:
-    """t5x's ``train.actions``: the non-finite-loss stop on the train metrics (gin)."""
-    return {"TRAIN": [StopOnNonFiniteLoss()]}
+def actions(progress: t5x_trainer.BaseAction | None = None) -> dict:
+    """t5x's ``train.actions`` (gin): ``progress``, then the non-finite-loss stop.
+
+    Args:
+      progress: the action that prints the progress lines
+        (:class:`xlmeta_jax.interop.t5x.progress.ProgressAction`), run first so that
+        the step with the non-finite loss has its line before the error's.
+    """
+    return {"TRAIN": [*([progress] if progress is not None else []), StopOnNonFiniteLoss()]}
 
 
 install_error_handler()

@@ -34,7 +34,7 @@ from absl import logging
 from t5x import gin_utils as t5x_gin_utils
 from t5x import utils as t5x_utils
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, logs
 from xlmeta_jax.data import seeds, tasks
 from xlmeta_jax.model import network
 from xlmeta_jax.pretrain import checkpoints
@@ -183,8 +183,8 @@ class PhaseInitializer(t5x_utils.TrainStateInitializer):
         state = super().from_scratch(init_rng)
         if not self.init_params_from:
             return state
-        logging.info("parameters from %s; fresh optimizer state and step",
-                     self.init_params_from)
+        logs.progress.info("parameters from %s; fresh optimizer state and step",
+                           self.init_params_from)
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params
         )
