@@ -433,9 +433,11 @@ def restore_items(step_dir, abstract: dict) -> dict:
         )
     except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
         raise _damaged(step_dir, e) from e
-    # t5x's checkpoints have no metadata item of ours (and so no recorded checksums).
-    meta = read_meta(step_dir) if (epath.Path(step_dir) / META).exists() else {}
-    checksums.verify(step_dir, meta.get(CHECKSUMS), restored)
+    if (epath.Path(step_dir) / META).exists():
+        stored = read_meta(step_dir).get(CHECKSUMS)
+    else:  # t5x's checkpoint: its record lies beside it
+        stored = checksums.read_t5x_record(step_dir)
+    checksums.verify(step_dir, stored, restored)
     return restored
 
 
