@@ -13,7 +13,11 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+import jax
+import orbax.checkpoint as ocp
 import tensorstore as ts
+
+from xlmeta_jax.errors import CheckpointError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +73,19 @@ def array_spans(state_dir) -> dict[str, list[Span]]:
     return out
 
 
+def restore_targets(step_dir) -> dict:
+    """Every entry of a checkpoint's state as restore targets on the first device.
+
+    ``{entry: pytree of ShapeDtypeStructs}`` for ``checkpoints.restore_items``: the whole
+    state (parameters, optimizer state, step), as a resumed run reads it.
+    """
+    meta = ocp.PyTreeCheckpointer().metadata(pathlib.Path(step_dir, "state"))
+    tree = dict(getattr(getattr(meta, "item_metadata", meta), "tree", meta))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        tree, is_leaf=lambda x: hasattr(x, "shape"))
+
+
 def flip(span: Span, at: float = 0.5) -> bytes:
     """Flips one bit of the byte at fraction ``at`` of ``span``; returns the file as it was.
 
@@ -79,3 +96,52 @@ def flip(span: Span, at: float = 0.5) -> bytes:
     flipped[span.offset + min(span.length - 1, int(span.length * at))] ^= 0x10
     span.path.write_bytes(bytes(flipped))
     return data
+
+
+def flip_each_array(step_dir, read) -> dict[str, str | None]:
+    """Flips one byte of each array of ``step_dir`` in turn, calling ``read`` each time.
+
+    An array kept in a data file gets its byte in the middle of its (first) chunk, and
+    further in while ``read`` accepts the flip (a flip can land where the decoder does not
+    look); an array inline in a b-tree node gets its byte in that node, at its own place
+    (the inline arrays of a node are spread over it). The file is restored after each read.
+
+    Args:
+      step_dir: ``<step>`` with its ``state/`` item.
+      read: reads and checks every array of the checkpoint; raises CheckpointError.
+
+    Returns:
+      ``{array name: the refusal's message, or None when every flip was accepted}``.
+    """
+    spans = array_spans(pathlib.Path(step_dir, "state"))
+    inline = sorted(name for name, [span, *_] in spans.items() if span.inline)
+    outcomes: dict[str, str | None] = {}
+    for name, [span, *_] in sorted(spans.items()):
+        places = ([(inline.index(name) + 0.5) / len(inline)] if span.inline
+                  else [0.5, 0.6, 0.7, 0.8, 0.9])
+        outcomes[name] = None
+        for at in places:
+            data = flip(span, at)
+            try:
+                read()
+            except CheckpointError as e:
+                outcomes[name] = str(e)
+                break
+            finally:
+                span.path.write_bytes(data)
+    return outcomes
+
+
+def assert_each_flip_refused(step_dir, outcomes: dict[str, str | None], kinds) -> None:
+    """Every array's flip was refused in one line naming the checkpoint: by our checksum
+    naming the array, or (chunk or node not decodable) as damaged; ``kinds`` are name
+    prefixes that must all occur (parameters, both AdamW moments, step counters)."""
+    for kind in kinds:
+        assert any(n.startswith(kind) for n in outcomes), (kind, sorted(outcomes))
+    accepted = sorted(n for n, line in outcomes.items() if line is None)
+    assert not accepted, f"flips accepted silently: {accepted}"
+    for name, line in outcomes.items():
+        assert "\n" not in line and f"checkpoint {step_dir} " in line, (name, line)
+        assert (f"is damaged: array {name} differs" in line
+                or "is damaged or incomplete (its array " in line), (
+            name, line)

@@ -152,6 +152,22 @@ def flip_a_parameter(step_dir) -> str:
     raise AssertionError(f"no flip in {step_dir} silently changes one parameter matrix")
 
 
+def test_a_flip_in_each_array_of_a_t5x_checkpoint_is_named_or_refused(t5x_run, tmp_path):
+    """One flipped byte in each array in turn (parameters, both AdamW moments, the step
+    counters), located through the OCDBT b-tree: reading the whole state names the array
+    by its recorded checksum or refuses the checkpoint as damaged, never silently."""
+    run = tmp_path / "run"
+    shutil.copytree(t5x_run[0], run)
+    step_dir = run / "checkpoint_2"
+    targets = ocdbt_layout.restore_targets(step_dir)
+    outcomes = ocdbt_layout.flip_each_array(
+        step_dir, lambda: checkpoints.restore_items(step_dir, targets))
+    assert set(outcomes) == set(raw_state(step_dir))
+    ocdbt_layout.assert_each_flip_refused(step_dir, outcomes, (
+        "target.", "state.param_states.1.0.mu.", "state.param_states.1.0.nu.",
+        "state.param_states.1.0.count", "state.step"))
+
+
 def _one_line(err: str, prog: str, *parts: str) -> None:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: "), err
