@@ -124,6 +124,26 @@ def test_a_flip_in_each_array_is_named_or_refused(finished, tmp_path):
         "opt_state.1.2.count", "step"))
 
 
+def test_damaged_checkpoint_is_refused_before_data_is_prepared(finished, tmp_path, capsys,
+                                                               monkeypatch):
+    """The stored run is checked before the trainer prepares data or builds a pipeline."""
+    from xlmeta_jax.cli import runs
+
+    prepared = []
+    monkeypatch.setattr(runs, "prepare_data", lambda: prepared.append("prepare"))
+    model_dir = copy_run(finished[0], tmp_path / "run")
+    name = _flip_a_parameter(model_dir / "phase1" / str(STEPS))
+    gin.clear_config()
+    capsys.readouterr()
+    code = errors.run_command(train_cli.main, train_argv(finished[1], model_dir),
+                              prog="xlmeta_jax.train")
+    gin.clear_config()
+    captured = capsys.readouterr()
+    assert code == errors.EXIT_USER_ERROR, captured.err
+    _one_line(captured.err, "xlmeta_jax.train", "phase1/4 is damaged", f"array {name}")
+    assert prepared == [] and "building the input pipeline" not in captured.out
+
+
 def _tree(flat: dict) -> dict:
     """``{name: array}`` back into ``{entry: {rest of name: array}}`` for checksums.damaged."""
     out: dict = {}
