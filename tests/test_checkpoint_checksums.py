@@ -12,6 +12,7 @@ from __future__ import annotations
 import gin
 import jax
 import numpy as np
+import ocdbt_layout
 import orbax.checkpoint as ocp
 import pytest
 from errors_fixtures import STEPS, array_files, copy_run, digest, train_argv, write_gin
@@ -42,15 +43,6 @@ def _raw(step_dir) -> dict:
     return {checksums.name_of(entry, path): np.asarray(x)
             for entry in tree
             for path, x in jax.tree_util.tree_leaves_with_path(tree[entry])}
-
-
-def _abstract(step_dir) -> dict:
-    """The whole train state (params, optimizer state, step) as restore targets."""
-    meta = ocp.PyTreeCheckpointer().metadata(step_dir / "state")
-    tree = dict(getattr(getattr(meta, "item_metadata", meta), "tree", meta))
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                        tree, is_leaf=lambda x: hasattr(x, "shape"))
 
 
 def _frames(path) -> list[tuple[int, int]]:
@@ -111,9 +103,45 @@ def test_each_flipped_byte_is_caught_naming_the_array(finished, tmp_path):
     # The flips reached parameters and both AdamW moments. (One flip per compressed chunk
     # does not reach every array: a chunk holds several, and small arrays sit inline in
     # OCDBT's b-tree nodes, which carry a CRC-32C of their own, so a flip there fails the
-    # read and is refused as damaged, see test_flip_refused_by_every_reader.)
+    # read and is refused as damaged, see test_a_flip_in_each_array_is_named_or_refused.)
     for kind in ("params.", "opt_state.1.0.mu.", "opt_state.1.0.nu."):
         assert any(n.startswith(kind) for n in named), (kind, sorted(named))
+
+
+def test_a_flip_in_each_array_is_named_or_refused(finished, tmp_path):
+    """One flipped byte in each array in turn (parameters, both AdamW moments, the step
+    counters), located through the OCDBT b-tree: a full restore names the array by its
+    checksum or, where the chunk or the b-tree node holding it no longer decodes, refuses
+    the checkpoint as damaged; in one line naming the checkpoint, never silently."""
+    model_dir = copy_run(finished[0], tmp_path / "run")
+    step_dir = model_dir / "phase2" / str(STEPS)
+    targets = ocdbt_layout.restore_targets(step_dir)
+    outcomes = ocdbt_layout.flip_each_array(
+        step_dir, lambda: checkpoints.restore_items(step_dir, targets))
+    assert set(outcomes) == set(_raw(step_dir))
+    ocdbt_layout.assert_each_flip_refused(step_dir, outcomes, (
+        "params.", "opt_state.1.0.mu.", "opt_state.1.0.nu.", "opt_state.1.0.count",
+        "opt_state.1.2.count", "step"))
+
+
+def test_damaged_checkpoint_is_refused_before_data_is_prepared(finished, tmp_path, capsys,
+                                                               monkeypatch):
+    """The stored run is checked before the trainer prepares data or builds a pipeline."""
+    from xlmeta_jax.cli import runs
+
+    prepared = []
+    monkeypatch.setattr(runs, "prepare_data", lambda: prepared.append("prepare"))
+    model_dir = copy_run(finished[0], tmp_path / "run")
+    name = _flip_a_parameter(model_dir / "phase1" / str(STEPS))
+    gin.clear_config()
+    capsys.readouterr()
+    code = errors.run_command(train_cli.main, train_argv(finished[1], model_dir),
+                              prog="xlmeta_jax.train")
+    gin.clear_config()
+    captured = capsys.readouterr()
+    assert code == errors.EXIT_USER_ERROR, captured.err
+    _one_line(captured.err, "xlmeta_jax.train", "phase1/4 is damaged", f"array {name}")
+    assert prepared == [] and "building the input pipeline" not in captured.out
 
 
 def _tree(flat: dict) -> dict:
@@ -178,5 +206,5 @@ def test_flip_refused_by_every_reader(finished, tmp_path, capsys):
     with pytest.raises(checkpoints.CheckpointError, match=f"array {name}"):
         loading.load_pretrained(model_dir)
     with pytest.raises(checkpoints.CheckpointError, match=f"array {name}"):
-        checkpoints.restore_items(step_dir, _abstract(step_dir))
+        checkpoints.restore_items(step_dir, ocdbt_layout.restore_targets(step_dir))
     assert digest(model_dir) == before

@@ -20,6 +20,7 @@ from t5x import optimizers as t5x_optimizers  # noqa: E402
 
 from xlmeta_jax.data import seeds  # noqa: E402
 from xlmeta_jax.interop.t5x import checks as t5x_checks  # noqa: E402
+from xlmeta_jax.interop.t5x import checksums as t5x_checksums  # noqa: E402
 from xlmeta_jax.interop.t5x import model as t5x_model  # noqa: E402
 from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
 from xlmeta_jax.model import network  # noqa: E402
@@ -109,7 +110,12 @@ def test_meta_gin_phase_1(tmp_path):
     lengths = _evaluate(gin.query_parameter("train/utils.DatasetConfig.task_feature_lengths"))
     assert lengths == {"inputs": 512, "targets": 512}
     assert _evaluate(gin.query_parameter("train/utils.DatasetConfig.batch_size")) == 8192
-    assert _evaluate(args["checkpoint_cfg"]).save.save_dataset
+    save = _evaluate(args["checkpoint_cfg"]).save
+    assert save.save_dataset
+    # Every checkpoint's checksums, recorded beside it in the phase directory.
+    [recorder] = save.state_transformation_fns
+    assert isinstance(recorder, t5x_checksums.RecordChecksums)
+    assert (recorder.model_dir, recorder.dtype) == (str(tmp_path / "phase1"), save.dtype)
     assert _evaluate(args["train_eval_dataset_cfg"]) is None
     assert _evaluate(gin.query_parameter(
         "t5x_phases.PhaseInitializer.init_params_from")) is None
@@ -155,6 +161,8 @@ def test_meta_gin_phase_2_starts_from_phase_1(tmp_path):
 def test_xlmr_gin_is_the_equal_compute_baseline(tmp_path):
     args = _train_args(["gin/xlmr.gin"], f"MODEL_DIR = '{tmp_path}'")
     assert _evaluate(args["model_dir"]) == str(tmp_path)
+    assert _evaluate(args["checkpoint_cfg"]).save.state_transformation_fns[0].model_dir == (
+        str(tmp_path))
     assert _evaluate(args["total_steps"]) == 100000 + 400000
     assert _task(args) == "xlmeta_cc100"
     assert _model().config.hidden_size == 768

@@ -43,8 +43,9 @@ prepare_shared_corpus = gin.external_configurable(
 
 # ---------------------------------------------------------------------------- pretraining
 Phase = gin.external_configurable(trainer.Phase, module="xlmeta_jax.pretrain.trainer")
-train = gin.external_configurable(trainer.train, module="xlmeta_jax.pretrain.trainer",
-                                  denylist=["corpora", "feeder", "config_text", "describe"])
+train = gin.external_configurable(
+    trainer.train, module="xlmeta_jax.pretrain.trainer",
+    denylist=["corpora", "feeder", "config_text", "describe", "prepare"])
 
 # ----------------------------------------------------------------------------- experiment
 experiment = gin.external_configurable(runner.experiment, module="xlmeta_jax.experiment.runner",
@@ -62,8 +63,9 @@ def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
 def prepare_data(prepare: Callable[[], Any] | None = None) -> None:
     """Runs the data preparation the config names (e.g. the demo's corpus), if any.
 
-    The commands call it after parsing and before the run is checked, so a gin
-    value such as ``VOCAB_PATH`` stays a plain path and reading it has no side effect.
+    The trainer calls it (``train(prepare=...)``) once it holds MODEL_DIR's lock and the
+    checks that need no data passed, so a second start or a bad setting never builds a
+    corpus; a gin value such as ``VOCAB_PATH`` stays a plain path, read without effect.
     """
     if prepare is not None:
         prepare()

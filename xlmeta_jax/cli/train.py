@@ -121,8 +121,11 @@ def main(argv: Sequence[str]) -> dict:
 
 
 def run_configured() -> dict:
-    """Runs the trainer as the parsed gin config binds it; returns its summary."""
-    runs.prepare_data()
+    """Runs the trainer as the parsed gin config binds it; returns its summary.
+
+    The data the config prepares (the demo's corpus) is written by the trainer, once it
+    holds MODEL_DIR and the checks that need no data passed (``prepare``).
+    """
     try:
         return runs.train(
             model=configured_model(),
@@ -130,6 +133,7 @@ def run_configured() -> dict:
             feeder=configurables.make_mlm_iterator,
             config_text=gin_cli.config_text(),
             describe=gin_cli.binding_source,
+            prepare=runs.prepare_data,
         )
     except TypeError as e:
         # gin's call of train() without a required binding (a hand-written run file).

@@ -88,7 +88,7 @@ def _damaged(step_dir, e: BaseException, what: str | None = None) -> CheckpointE
         text = f"{what}: {type(e).__name__}: {text}"
     elif "TensorStore" in text or "reading array" in text or "OCDBT" in text:
         # TensorStore's own text is a multi-kilobyte spec dump; say what it means.
-        text = "its array data cannot be read: an array file is missing or truncated"
+        text = "its array data cannot be read: an array file is missing, truncated or corrupted"
     return CheckpointError(f"checkpoint {step_dir} is damaged or incomplete ({text[:300]})")
 
 
@@ -433,9 +433,11 @@ def restore_items(step_dir, abstract: dict) -> dict:
         )
     except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
         raise _damaged(step_dir, e) from e
-    # t5x's checkpoints have no metadata item of ours (and so no recorded checksums).
-    meta = read_meta(step_dir) if (epath.Path(step_dir) / META).exists() else {}
-    checksums.verify(step_dir, meta.get(CHECKSUMS), restored)
+    if (epath.Path(step_dir) / META).exists():
+        stored = read_meta(step_dir).get(CHECKSUMS)
+    else:  # t5x's checkpoint: its record lies beside it
+        stored = checksums.read_t5x_record(step_dir)
+    checksums.verify(step_dir, stored, restored)
     return restored
 
 
@@ -452,9 +454,13 @@ def _stored_tree(step_dir, state_dir) -> dict:
     try:
         meta = ocp.PyTreeCheckpointer().metadata(state_dir)
         tree = getattr(meta, "item_metadata", meta)
-        return dict(getattr(tree, "tree", tree))
+        tree = getattr(tree, "tree", tree)
     except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many kinds
         raise _damaged(step_dir, e, "its array metadata cannot be read") from e
+    if tree is None:  # Orbax logs a failed read (e.g. a b-tree node's CRC) and returns None
+        raise CheckpointError(f"checkpoint {step_dir} is damaged or incomplete (its array "
+                              "metadata cannot be read: an array file is corrupted or missing)")
+    return dict(tree)
 
 
 def restore_params(step_dir, abstract_params=None):

@@ -152,9 +152,9 @@ def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> No
         )
 
 
-def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig,
-                      data_seed: int | None = None) -> bool:
-    """Whether the phase's final checkpoint exists (finalised by Orbax).
+def latest_checkpoint(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig,
+                      data_seed: int | None = None) -> int | None:
+    """The phase's latest checkpoint (finalised by Orbax), None without one.
 
     Raises:
       run_dir.RunConfigMismatch: the phase's stored checkpoints were written for
@@ -162,7 +162,7 @@ def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.Encod
     """
     path = os.path.join(model_dir, phase.name)
     if not os.path.isdir(path):
-        return False
+        return None
     ckpt = checkpoints.PhaseCheckpoints(path, save_interval_steps=1, max_to_keep=None,
                                         read_only=True)
     try:
@@ -170,6 +170,38 @@ def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.Encod
         if latest is not None:
             run_dir.check_stored_config(os.fspath(ckpt.step_dir(latest)),
                                         ckpt.read_meta(latest), model, phase, data_seed)
-        return latest == phase.num_steps
+        return latest
     finally:
         ckpt.close()
+
+
+def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig,
+                      data_seed: int | None = None) -> bool:
+    """Whether the phase's final checkpoint exists (see :func:`latest_checkpoint`)."""
+    return latest_checkpoint(model_dir, phase, model, data_seed) == phase.num_steps
+
+
+def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
+                     model: network.EncoderConfig, data_seeds: Sequence[int]) -> set[str]:
+    """Checks what a rerun reads of MODEL_DIR; returns the names of the complete phases.
+
+    Needs no data, so it runs before any corpus is prepared or pipeline built: a damaged
+    checkpoint is reported in seconds. The checkpoint each phase would use (a complete
+    phase's final one, which a later phase, fine-tuning and export read; an unfinished
+    phase's latest, which the run resumes from) must match the requested run and have
+    readable metadata and parameters that match their checksums. (A resume reads the
+    optimizer state too, and checks its checksums then.)
+
+    Raises:
+      run_dir.RunConfigMismatch: a stored checkpoint was written for another run.
+      checkpoints.CheckpointError: a checkpoint is damaged, naming it.
+    """
+    complete = set()
+    for phase, data_seed in zip(phases, data_seeds):
+        latest = latest_checkpoint(model_dir, phase, model, data_seed)
+        if latest is None:
+            continue
+        checkpoints.verify_readable(os.path.join(model_dir, phase.name, str(latest)))
+        if latest == phase.num_steps:
+            complete.add(phase.name)
+    return complete

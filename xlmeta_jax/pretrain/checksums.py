@@ -24,21 +24,32 @@ A change of one element (any flipped bit or byte of it) changes ``a`` for certai
 difference of the element is non-zero and below 2**32, and an odd factor is invertible
 modulo 2**32. ``b`` adds 32 more bits, non-linear in the values, against errors that
 change several elements.
+
+Checkpoints of ``python -m t5x.train`` have no metadata item of ours: their record is a
+JSON file next to them, ``<run>/xlmeta_checksums/checkpoint_<step>.json``
+(:func:`t5x_record_path`), written before t5x starts writing the step (see
+``xlmeta_jax.interop.t5x.checksums``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
+from xlmeta_jax import files
 from xlmeta_jax.errors import CheckpointError
 
 # The algorithm's name, stored with the checksums: a later change of the algorithm
 # must not make every existing checkpoint look damaged.
 ALGORITHM = "wsum32-mix32-v1"
+# Folder of a t5x run directory holding the records of its checkpoints.
+T5X_RECORDS = "xlmeta_checksums"
 
 
 def _words(x: jax.Array) -> jax.Array:
@@ -158,3 +169,47 @@ def verify(step_dir, stored: dict | None, restored) -> None:
             f"checkpoint {step_dir} is damaged: array {bad[0]}{more} differs from the "
             "checksum recorded when it was saved"
         )
+
+
+def t5x_record_path(step_dir) -> epath.Path:
+    """Where the record of t5x's ``<run>/checkpoint_<step>`` lives: ``<run>/xlmeta_checksums/``.
+
+    Beside the step rather than inside it: t5x's Orbax manager writes the step into a
+    temporary folder and renames it when a background save finishes, so a file written
+    before the save starts (the only moment the values are at hand) cannot be inside.
+    """
+    step_dir = epath.Path(step_dir)
+    return step_dir.parent / T5X_RECORDS / f"{step_dir.name}.json"
+
+
+def write_t5x_record(step_dir, stored: dict) -> None:
+    """Writes :func:`record`'s output for t5x's checkpoint ``step_dir``, whole."""
+    path = t5x_record_path(step_dir)
+    text = json.dumps(stored, indent=1, sort_keys=True)
+    if "://" in os.fspath(path):  # an object store writes an object whole
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    os.makedirs(path.parent, exist_ok=True)
+    files.write_atomic(path, text)
+
+
+def read_t5x_record(step_dir) -> dict | None:
+    """The record of t5x's checkpoint ``step_dir``; None when it has none (written before).
+
+    Raises:
+      CheckpointError: the record exists but is not readable JSON.
+    """
+    path = t5x_record_path(step_dir)
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError, OSError) as e:
+        raise CheckpointError(
+            f"checkpoint checksums {path} are corrupted ({type(e).__name__}); the "
+            f"checkpoint {step_dir} cannot be checked"
+        ) from None
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"checkpoint checksums {path} are corrupted (not a JSON object)")
+    return stored

@@ -38,8 +38,8 @@ from xlmeta_jax.pretrain import (
 from xlmeta_jax.pretrain.checks import (
     ConfigError,
     check_model_dir,
+    check_stored_run,
     check_vocabulary,
-    phase_is_complete,
     validate,
 )
 from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
@@ -139,6 +139,7 @@ class _Run:
     # config.gin still to be (re)written: at this run's first checkpoint, so that a rerun
     # failing before it (a NaN, a bad binding found late) leaves the stored config alone.
     config_pending: bool = False
+    complete: set = dataclasses.field(default_factory=set)  # phases done (check_stored_run)
 
 
 def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
@@ -165,7 +166,7 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     # fresh or carried-over optimizer moments / schedule per the flags;
     # (3) INITIAL_CHECKPOINT_PATH params for a phase without init_from;
     # (4) random init from the seed.
-    # (The stored config matches the requested one: checked by validation.phase_is_complete.)
+    # (The stored config matches the requested one: checked by checks.check_stored_run.)
     latest = ckpt.latest_step()
     provenance = None
     step_offset = 0
@@ -177,7 +178,7 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
         return _phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
                               meta.get("initialized_from"), steps_run=0, wall=0.0)
     if latest is not None:
-        # (Its data seed equals this run's: checked by validation.phase_is_complete.)
+        # (Its data seed equals this run's: checked by checks.check_stored_run.)
         state, meta = ckpt.restore(latest, fns.abstract_state, iterator)
         phase_step = int(meta["phase_step"])
         step_offset = int(meta["step_offset"])
@@ -381,6 +382,7 @@ def train(
     feeder: Callable[..., Any] = feeding.make_mlm_iterator,
     config_text: str | None = None,
     describe: Callable[[str], str] = str,
+    prepare: Callable[[], Any] | None = None,
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
 
@@ -413,35 +415,38 @@ def train(
         run that trains (the command line passes its gin config).
       describe: names where a setting was given, for error messages (the command line
         passes its gin lookup, e.g. ``'META_STEPS'`` for a phase's step count).
+      prepare: writes data the run reads (the demo's corpus into MODEL_DIR), called once
+        MODEL_DIR is locked and the checks that need no data have passed.
     """
     # ---------------------------------------------------------------- validate
-    # Everything checkable is checked before any data is read or code compiled.
+    # Checked before any data is prepared or read or code compiled: the settings, then
+    # (MODEL_DIR locked) the stored run, then the vocabulary once prepared.
     if rng_impl not in step.RNG_IMPLS:
-        raise ConfigError(
-            f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}"
-        )
+        raise ConfigError(f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}")
     corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
                           microbatches, describe=describe)
-    check_vocabulary(vocab_path, model)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
     vocab_path = checkpoints.absolute(vocab_path) if vocab_path else None
     check_model_dir(model_dir)
     # One writer per run directory (on a pod: the primary host speaks for all).
-    lock = None
-    if jax.process_index() == 0 and run_dir.RunLock.supported(model_dir):
-        lock = run_dir.RunLock(model_dir).acquire()
+    lock = run_dir.RunLock(model_dir).acquire() if (
+        jax.process_index() == 0 and run_dir.RunLock.supported(model_dir)) else None
+    phase_seeds = seeds.phase_seeds([p.task for p in phases], seed)
     run = _Run(model_dir=model_dir, model=model, phases=list(phases), seed=seed,
                checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                async_checkpointing=async_checkpointing, log_every=log_every,
                initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
                peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
                microbatches=microbatches, corpora=corpora, feeder=feeder,
-               config_text=config_text,
-               phase_seeds=seeds.phase_seeds([p.task for p in phases], seed))
+               config_text=config_text, phase_seeds=phase_seeds)
     try:
+        run.complete = check_stored_run(model_dir, phases, model, phase_seeds)
+        if prepare is not None:
+            prepare()
+        check_vocabulary(vocab_path, model)
         with signals.StopSignals() as run.stop:
             summary = _train_all(run, mesh_shape)
     finally:
@@ -451,7 +456,7 @@ def train(
 
 
 def _train_all(run: _Run, mesh_shape) -> dict:
-    model_dir, model, phases, stop = run.model_dir, run.model, run.phases, run.stop
+    model_dir, phases, stop = run.model_dir, run.phases, run.stop
     run.mesh = partitioning.create_mesh(*mesh_shape)
     log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s", hardware.device_description(),
              mesh_shape,
@@ -460,10 +465,7 @@ def _train_all(run: _Run, mesh_shape) -> dict:
     # (except for phases that are already complete).
     iterators = {}
     for i, p in enumerate(phases):
-        if phase_is_complete(model_dir, p, model, run.phase_seeds[i]):
-            # Its parameters must be readable before it counts as complete: a later
-            # phase, fine-tuning and export read them.
-            checkpoints.verify_readable(os.path.join(model_dir, p.name, str(p.num_steps)))
+        if p.name in run.complete:  # its final checkpoint was read back by train()
             iterators[p.name] = None
             continue
         log.info("[%s] building the input pipeline of %s", p.name, p.task)
