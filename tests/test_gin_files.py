@@ -189,3 +189,20 @@ def test_every_gin_file_of_finetune_help_configures_an_evaluation(name):
     config = runs.finetune_config()
     assert config.task in evaluation_tasks.names()
     assert f"finetune/{config.task}.gin" in files
+
+
+@pytest.mark.parametrize("size, layers, width, dtype, batch, length, steps", [
+    ("tiny", 2, 64, "float32", 16, 64, 40),
+    ("colab", 4, 256, "bfloat16", 128, 128, 2000),
+])
+def test_notebook_sizes_are_the_demo_at_their_scale(size, layers, width, dtype, batch, length,
+                                                    steps, tmp_path):
+    """gin/notebooks/SIZE.gin: what both notebooks train (and the AOT table was compiled for)."""
+    gin_cli.apply_gin([f"notebooks/{size}.gin"], [f"MODEL_DIR = '{tmp_path}'"], finalize=False)
+    model = train_cli.configured_model()
+    assert (model.num_layers, model.hidden_size, model.dtype) == (layers, width, dtype)
+    assert model.vocab_size == 2000  # The demo's vocabulary.
+    p1, p2 = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
+    assert p2.init_from == "phase1"
+    for p in (p1, p2):
+        assert (p.batch_size, p.sequence_length, p.num_steps) == (batch, length, steps)

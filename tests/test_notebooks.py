@@ -1,8 +1,10 @@
 """The notebooks in notebooks/: stored without outputs, each with its Colab badge and its
-runtimes; executed headless at tiny size on CPU, where any failing cell fails the test."""
+runtimes; each executed headless at tiny size on CPU, alone in a fresh folder with its
+set-up cell run twice (as on a fresh Colab runtime), where any failing cell fails the test."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pathlib
 import re
@@ -51,17 +53,30 @@ def test_notebooks_are_stored_stripped_with_badge_and_runtimes():
         # One parameter cell (papermill's tag) that CI's environment variable sets.
         params = [c for c in _code(nb) if "parameters" in c.metadata.get("tags", [])]
         assert len(params) == 1 and "XLMETA_NOTEBOOK_SIZE" in params[0].source, path.name
+        # Runs kept on Google Drive on request (Colab only).
+        assert "USE_DRIVE = False" in params[0].source, path.name
+        assert any("drive.mount(" in c.source for c in _code(nb)), path.name
+        # The set-up cell installs the runtime's jax build: extras setup.py has.
+        extras = set(re.findall(r'"\[(\w+)\]"', _code(nb)[0].source))
+        assert extras == {"tpu", "cuda"} and extras <= set(
+            importlib.metadata.metadata("xlmeta_jax").get_all("Provides-Extra")), path.name
         # The same repository everywhere it is named.
         for url in re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", "".join(
                 c.source for c in nb.cells)):
             assert url == _repo_url(), (path.name, url)
 
 
-def _execute(path: pathlib.Path, env: dict[str, str]):
+def _execute(path: pathlib.Path, env: dict[str, str], workdir: pathlib.Path):
+    """Runs the notebook with its kernel started in ``workdir`` and the set-up cell run twice
+    (as a user reruns it): any failing cell raises."""
     nb = nbformat.read(path, as_version=4)
+    setup = _code(nb)[0]
+    assert '"pip", "install"' in setup.source
+    again = nbformat.v4.new_code_cell(setup.source, id="setup-again")
+    nb.cells.insert(nb.cells.index(setup) + 1, again)
     client = nbclient.NotebookClient(
         nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
+        resources={"metadata": {"path": str(workdir)}},
     )
     # Raises CellExecutionError at the first failing cell, CellTimeoutError past the limit.
     client.execute(env=env)
@@ -78,36 +93,60 @@ def _outputs(cell, kind: str) -> list:
     return out
 
 
-@pytest.fixture(scope="module")
-def kernel_env(tmp_path_factory):
+def _fresh(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, str]]:
+    """A working folder of the notebook's own (no other notebook's runs) and its kernel's
+    environment. Started there, the set-up cell finds the clone through the installed
+    package, as Colab's kernel starts in /content and finds the clone it made."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
     env = dict(os.environ)
+    env.pop("XLMETA_NOTEBOOK_CHECKPOINT", None)
     env.update(
         XLMETA_NOTEBOOK_SIZE="tiny",
-        XLMETA_NOTEBOOK_RUN_DIR=str(tmp_path_factory.mktemp("notebooks")),
+        XLMETA_NOTEBOOK_RUN_DIR=str(workdir / "runs"),
         JAX_PLATFORMS="cpu",
         # One CPU device, as on a laptop (the test session fakes eight).
         XLA_FLAGS="--xla_force_host_platform_device_count=1",
         MPLBACKEND="module://matplotlib_inline.backend_inline",
     )
-    return env
+    return workdir, env
+
+
+def _stdout(cells) -> str:
+    return "".join(t for c in cells for t in _outputs(c, "stream"))
+
+
+def _assert_pretrained(text: str, model_dir: pathlib.Path):
+    """Both phases of gin/notebooks/tiny.gin ran into ``model_dir``."""
+    assert "[phase1] step 40/40" in text and "[phase2] step 40/40" in text
+    assert (model_dir / "summary.json").is_file()
 
 
 @pytest.mark.slow
-def test_notebooks_run_headless_at_tiny_size(kernel_env, request):
-    """Pretraining, then transfer on its checkpoint (one test: the second needs the first's
-    run, and pytest-xdist would run a shared fixture once per worker)."""
-    run_dir = pathlib.Path(kernel_env["XLMETA_NOTEBOOK_RUN_DIR"])
-    meta = _code(_execute(META, kernel_env))
-    text = "".join(t for c in meta for t in _outputs(c, "stream"))
-    assert "[phase1] step 40/40" in text and "[phase2] step 40/40" in text
+def test_meta_pretraining_runs_alone(tmp_path):
+    """Both phases, their loss curves and the handoff, from a fresh folder."""
+    workdir, env = _fresh(tmp_path)
+    meta = _code(_execute(META, env, workdir))
+    text = _stdout(meta)
+    assert text.count("runtime cpu: not Colab") == 2  # The set-up cell, run twice.
+    _assert_pretrained(text, workdir / "runs" / "meta")
     assert "phase 2 started from" in text and "phase1/40: phase 1's final checkpoint" in text
     plots = [c for c in meta if _outputs(c, "image/png")]
     assert len(plots) == 1 and "scalar_series" in plots[0].source
-    assert (run_dir / "meta" / "summary.json").is_file()
 
+
+@pytest.mark.slow
+def test_zero_shot_transfer_runs_alone(tmp_path, request):
+    """With no checkpoint in its fresh folder, the notebook pretrains one, then evaluates it."""
     # The evaluation data (a skip naming the folder when absent; CI requires it).
     shared_data = request.getfixturevalue("shared_data")
-    transfer = _code(_execute(TRANSFER, dict(kernel_env, XLMETA_SHARED_DATA=str(shared_data))))
+    workdir, env = _fresh(tmp_path)
+    run_dir = workdir / "runs"
+    transfer = _code(_execute(TRANSFER, dict(env, XLMETA_SHARED_DATA=str(shared_data)), workdir))
+    text = _stdout(transfer)
+    assert text.count("runtime cpu: not Colab") == 2
+    assert f"no checkpoint at {run_dir / 'meta'}: training meta_pretraining.ipynb's tiny" in text
+    _assert_pretrained(text, run_dir / "meta")
     xnli_table, fill_table = [m for c in transfer for m in _outputs(c, "text/markdown")]
     for lang in ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur",
                  "vi", "zh"):
