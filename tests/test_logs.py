@@ -1,7 +1,13 @@
 """Third-party notices the commands turn into their own lines or drop (xlmeta_jax.logs)."""
 
+import glob
+import importlib.util
 import logging
+import os
+import subprocess
+import sys
 
+import pytest
 from absl import logging as absl_logging
 
 from xlmeta_jax import logs
@@ -42,3 +48,21 @@ def test_a_short_save_wait_is_dropped_and_a_long_one_is_a_progress_line():
         logs.progress.setLevel(level)
         logging.getLogger("absl").removeHandler(absl_handler)
         logging.getLogger("xlmeta_jax.train").removeHandler(our_handler)
+
+
+def test_an_installed_libtpu_without_tpu_chips_logs_nothing(tmp_path):
+    # With libtpu installed (the aot extra) and no TPU, JAX would try the TPU backend
+    # first and print a TPU VM's set-up errors; the commands' start-up picks the CPU.
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed (pip install -e '.[aot]')")
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or os.path.exists(
+            "/dev/nvidia0"):
+        pytest.skip("this host has accelerators: JAX's own choice applies")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    code = ("from xlmeta_jax import logs; logs.quiet_start(); import jax; "
+            "print(jax.default_backend())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cpu"
+    assert "INVALID_ARGUMENT" not in out.stderr and "TPU" not in out.stderr, out.stderr

@@ -5,18 +5,34 @@ applies, and on hosts without NVIDIA GPUs an ERROR line about ``cuInit``: our
 TensorFlow never runs on an accelerator (JAX owns them), so both are noise.
 Setting ``TF_CPP_MIN_LOG_LEVEL`` yourself (to anything but JAX's default "1") keeps
 TensorFlow's own behaviour.
+
+An installed libtpu (the ``aot`` extra, the TPU compiler) on a host without TPU chips
+is tried first as JAX's backend, and logs a TPU VM's set-up errors (``E0000 …
+INVALID_ARGUMENT … TPU_WORKER_HOSTNAMES``) before JAX falls back to the CPU; there the
+commands pick the CPU directly. Setting ``JAX_PLATFORMS`` yourself keeps JAX's choice.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
+import importlib.util
 import logging
 import os
 import sys
 
+import jax
+
 
 def _has_nvidia_device() -> bool:
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+def _libtpu_without_tpu() -> bool:
+    """libtpu is installed, but the host has no TPU chip (TPU VMs: /dev/accel*, /dev/vfio)."""
+    if importlib.util.find_spec("libtpu") is None:
+        return False
+    return not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 @contextlib.contextmanager
@@ -43,6 +59,9 @@ def quiet_start(*, import_tensorflow: bool = False) -> None:
     """
     # JAX's import sets "1" by default (os.environ.setdefault), so only another value
     # is the user's own choice.
+    if ("JAX_PLATFORMS" not in os.environ and not _has_nvidia_device()
+            and _libtpu_without_tpu()):
+        jax.config.update("jax_platforms", "cpu")
     user_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") != "1"
     if not user_level and not _has_nvidia_device():
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
