@@ -7,6 +7,7 @@ import pytest
 
 from xlmeta_jax import errors
 from xlmeta_jax.cli import finetune as finetune_cli
+from xlmeta_jax.data import vocabulary
 
 
 def _one_line(capsys, main, argv, prog, *parts):
@@ -23,3 +24,20 @@ def _one_line(capsys, main, argv, prog, *parts):
 def test_finetune_seeds_not_a_positive_integer(capsys, value):
     _one_line(capsys, finetune_cli.main, ["--gin_file=finetune/xnli.gin", f"--seeds={value}"],
               "xlmeta_jax.finetune", "--seeds", repr(value))
+
+
+@pytest.mark.parametrize("argv, parts", [
+    (["--gin_file=finetune/xnli.gin", "--steps=3"], ["unknown arguments", "--steps=3"]),
+    (["--gin.MODEL_DIR='/tmp/x'"], ["no --gin_file given"]),
+])
+def test_finetune_bad_flags(capsys, argv, parts):
+    _one_line(capsys, finetune_cli.main, argv, "xlmeta_jax.finetune", *parts)
+
+
+@pytest.mark.parametrize("argv, parts", [
+    (["--files=/data/en.txt"], ["--files expects LANG=GLOB", "/data/en.txt"]),
+    ([], ["--cc100_dir", "--files"]),
+])
+def test_vocabulary_without_a_source(capsys, tmp_path, argv, parts):
+    _one_line(capsys, vocabulary.main, [*argv, f"--output_prefix={tmp_path}/spm"],
+              "xlmeta_jax.data.vocabulary", *parts)

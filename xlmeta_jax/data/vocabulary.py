@@ -413,12 +413,12 @@ def _files_from_args(args) -> dict[str, list[str]]:
     for spec in args.files or []:
         lang, sep, pattern = spec.partition("=")
         if not sep or not lang or not pattern:
-            raise SystemExit(f"--files expects LANG=GLOB, got {spec!r}")
+            raise errors.UserError(f"--files expects LANG=GLOB, got {spec!r}")
         by_lang.setdefault(lang, []).append(pattern)
     if args.files:
         check_languages(sorted({spec.partition("=")[0] for spec in args.files}), what="--files")
     if not by_lang:
-        raise SystemExit("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
+        raise errors.UserError("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
     return by_lang
 
 
