@@ -3,11 +3,16 @@ with exit status 2 and one line ``<program>: error: ...`` naming the bad thing."
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from errors_fixtures import train_argv, write_gin
 
 from xlmeta_jax import errors
 from xlmeta_jax.cli import finetune as finetune_cli
+from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.data import vocabulary
+from xlmeta_jax.pretrain import trainer
 
 
 def _one_line(capsys, main, argv, prog, *parts):
@@ -41,3 +46,27 @@ def test_finetune_bad_flags(capsys, argv, parts):
 def test_vocabulary_without_a_source(capsys, tmp_path, argv, parts):
     _one_line(capsys, vocabulary.main, [*argv, f"--output_prefix={tmp_path}/spm"],
               "xlmeta_jax.data.vocabulary", *parts)
+
+
+def test_non_finite_loss_stops_in_one_line_after_the_checkpoint_in_flight(
+        capsys, tmp_path, fast_compiles, clean_gin, monkeypatch):
+    """Step 2 is checkpointed (in the background), step 3's loss is NaN: the run waits for
+    step 2's checkpoint, then stops with one line; no temporary directory stays."""
+    checks = []
+
+    class _Math:
+        def __getattr__(self, name):
+            return getattr(math, name)
+
+        @staticmethod
+        def isfinite(x):
+            checks.append(x)
+            return len(checks) < 3  # steps 1 and 2 pass, step 3 "diverges"
+
+    monkeypatch.setattr(trainer, "math", _Math())
+    model_dir = tmp_path / "run"
+    _one_line(capsys, train_cli.main, train_argv(write_gin(tmp_path), model_dir),
+              "xlmeta_jax.train", "[phase1] non-finite loss", "at step 3", "last checkpoint: 2")
+    phase1 = sorted(p.name for p in (model_dir / "phase1").iterdir())
+    assert "2" in phase1 and not [p for p in phase1 if "tmp" in p], phase1
+    assert (model_dir / "config.gin").exists()
