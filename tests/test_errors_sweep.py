@@ -3,7 +3,9 @@ with exit status 2 and one line ``<program>: error: ...`` naming the bad thing."
 
 from __future__ import annotations
 
+import gzip
 import math
+import random
 
 import pytest
 from errors_fixtures import train_argv, write_gin
@@ -70,3 +72,20 @@ def test_non_finite_loss_stops_in_one_line_after_the_checkpoint_in_flight(
     phase1 = sorted(p.name for p in (model_dir / "phase1").iterdir())
     assert "2" in phase1 and not [p for p in phase1 if "tmp" in p], phase1
     assert (model_dir / "config.gin").exists()
+
+
+@pytest.mark.parametrize("name, data, parts", [
+    ("bad.txt.gz", b"not a gzip stream" * 10, ["bad.txt.gz", "not a readable gzip file"]),
+    ("cut.txt.gz", gzip.compress(b"some english text\n" * 1000)[:40],
+     ["cut.txt.gz", "not a readable gzip file"]),
+    ("rand.txt", random.Random(0).randbytes(20_000), ["rand.txt", "not valid UTF-8"]),
+    ("long.txt", b"word " * 400, ["long.txt", "has no usable text", "exceed 1000 bytes"]),
+])
+def test_vocabulary_corpus_refused_in_one_line(capsys, tmp_path, name, data, parts):
+    """No traceback for a broken .gz, and no 'skipping N lines' warning before the line
+    that refuses the file."""
+    (tmp_path / name).write_bytes(data)
+    _one_line(capsys, vocabulary.main,
+              [f"--files=en={tmp_path / name}", f"--output_prefix={tmp_path}/spm",
+               "--vocab_size=100", "--max_line_bytes=1000"],
+              "xlmeta_jax.data.vocabulary", *parts)

@@ -39,7 +39,6 @@ import glob
 import logging
 import os
 import random
-import sys
 import tempfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -487,9 +486,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else None
             ),
         )
-    except (text_files.CorpusError, VocabularyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        # Corpus and vocabulary errors are user errors already; SentencePiece's own
+        # refusals (a vocabulary larger than the text allows) come as ValueError. The
+        # command's runner prints them as "<program>: error: ...".
+        if isinstance(e, errors.UserError):
+            raise
+        raise VocabularyError(str(e)) from e
     print(f"wrote {path} (fertility table: {args.output_prefix}.fertility.tsv)")
     return 0
 
