@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xlmeta_jax import errors
 from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.data import vocabulary
 from xlmeta_jax.evaluation import encoders, settings, tasks, training
@@ -81,9 +82,9 @@ def test_bad_inputs_fail_before_training(shared_data, vocab, tmp_path):
             task="xnli", **{**common, "initial_checkpoint_path": "/no/ckpt"}))
     with pytest.raises(ValueError, match="exceeds the encoder's 129 positions"):
         finetune(FineTuneConfig.from_kwargs(task="xnli", max_seq_length=256, **common))
-    with pytest.raises(SystemExit, match="unknown arguments"):
+    with pytest.raises(errors.UserError, match="unknown arguments"):
         finetune_cli.main(["--gin_file=finetune/xnli.gin", "--steps=3"])
-    with pytest.raises(SystemExit, match="--seeds needs a positive integer"):
+    with pytest.raises(errors.UserError, match="--seeds needs a positive integer"):
         finetune_cli.main(["--gin_file=finetune/xnli.gin", "--seeds=0"])
 
 

@@ -36,6 +36,10 @@ class NoSpaceError(UserError, OSError):
     """The disk filled up while writing (the partial output has been removed)."""
 
 
+class NonFiniteError(UserError, FloatingPointError):
+    """Training diverged: a non-finite loss, or parameters that would be checkpointed."""
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable, damaged or inconsistent with the run."""
 

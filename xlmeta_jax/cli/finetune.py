@@ -70,7 +70,7 @@ def _pop_seeds(argv: list[str]) -> tuple[list[str], int | None]:
             continue
         value = value if eq else next(it, "")
         if not value.isdigit() or int(value) < 1:
-            raise SystemExit(f"--seeds needs a positive integer, got {value!r}")
+            raise errors.UserError(f"--seeds needs a positive integer, got {value!r}")
         seeds = int(value)
     return rest, seeds
 

@@ -151,7 +151,7 @@ def parse_command_line(argv: Sequence[str], *, doc: str, example: str) -> GinFla
       example: a gin file to name when none is given (e.g. ``gin/finetune/tydiqa.gin``).
 
     Raises:
-      SystemExit: (one line) for unknown arguments or no ``--gin_file``.
+      UserError: (one line) for unknown arguments or no ``--gin_file``.
     """
     if wants_help(argv):
         print(doc)
@@ -159,14 +159,14 @@ def parse_command_line(argv: Sequence[str], *, doc: str, example: str) -> GinFla
     try:
         flags = parse_gin_flags(argv)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise UserError(str(e)) from None
     if flags.remaining:
-        raise SystemExit(
+        raise UserError(
             f"unknown arguments {flags.remaining}; use --gin_file, --gin_bindings, "
             "--gin.NAME=VALUE or --gin_search_paths (see --help)"
         )
     if not flags.gin_files:
-        raise SystemExit(f"no --gin_file given (e.g. --gin_file={example})")
+        raise UserError(f"no --gin_file given (e.g. --gin_file={example})")
     return flags
 
 

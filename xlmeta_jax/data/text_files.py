@@ -22,6 +22,7 @@ only for paths with a ``scheme://``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import gzip
@@ -30,6 +31,7 @@ import json
 import logging
 import math
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 
 from xlmeta_jax import errors, files
@@ -162,6 +164,15 @@ def _open_binary(path: str):
     return raw
 
 
+@contextlib.contextmanager
+def _gzip_errors(path: str):
+    """A ``.gz`` file that is not gzip, or is cut short, as a CorpusError naming it."""
+    try:
+        yield
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise CorpusError(f"{path}: not a readable gzip file ({errors.first_line(e)})") from e
+
+
 def iter_lines(path: str, max_line_bytes: int) -> Iterator[bytes | None]:
     """Yields the file's lines as bytes (without ``\\n`` and one trailing ``\\r``).
 
@@ -169,7 +180,7 @@ def iter_lines(path: str, max_line_bytes: int) -> Iterator[bytes | None]:
     ``max_line_bytes`` is yielded as None and is never held whole in memory.
     """
     limit = max_line_bytes + 1  # a trailing '\r' is only dropped at the end
-    with _open_binary(path) as f:
+    with _gzip_errors(path), _open_binary(path) as f:
         pending: list[bytes] = []
         pending_len = 0
         too_long = False
@@ -227,7 +238,7 @@ def check_utf8_encoding(path: str) -> None:
     Raises:
       CorpusError: naming the file and the encoding it appears to have.
     """
-    with _open_binary(path) as f:
+    with _gzip_errors(path), _open_binary(path) as f:
         head = f.read(_ENCODING_SNIFF_BYTES)
     for bom, encoding in _FOREIGN_BOMS:
         if head.startswith(bom):
@@ -384,15 +395,6 @@ def corpus_stats(
                 logging.warning("corpus stats for %s could not be cached", folder)
     out = [result[p] for p in files]
     for stats in out:
-        if stats.skipped_invalid_utf8 or stats.skipped_long_lines:
-            logging.warning(
-                "%s: skipping %d lines that are not valid UTF-8 and %d lines longer than "
-                "%d bytes",
-                stats.path,
-                stats.skipped_invalid_utf8,
-                stats.skipped_long_lines,
-                max_line_bytes,
-            )
         undecodable = stats.skipped_invalid_utf8 / max(1, stats.lines + stats.skipped_invalid_utf8)
         if stats.lines and undecodable > MAX_UNDECODABLE_SHARE:
             raise CorpusError(
@@ -405,6 +407,17 @@ def corpus_stats(
                 f"{stats.path} has no usable text: {stats.skipped_invalid_utf8} lines are not "
                 f"valid UTF-8, {stats.skipped_long_lines} exceed {max_line_bytes} bytes, the "
                 "rest are blank"
+            )
+    # Warned only once no file is refused: a refused file's line says it all.
+    for stats in out:
+        if stats.skipped_invalid_utf8 or stats.skipped_long_lines:
+            logging.warning(
+                "%s: skipping %d lines that are not valid UTF-8 and %d lines longer than "
+                "%d bytes",
+                stats.path,
+                stats.skipped_invalid_utf8,
+                stats.skipped_long_lines,
+                max_line_bytes,
             )
     return out
 

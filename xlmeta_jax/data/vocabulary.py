@@ -39,7 +39,6 @@ import glob
 import logging
 import os
 import random
-import sys
 import tempfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -413,12 +412,12 @@ def _files_from_args(args) -> dict[str, list[str]]:
     for spec in args.files or []:
         lang, sep, pattern = spec.partition("=")
         if not sep or not lang or not pattern:
-            raise SystemExit(f"--files expects LANG=GLOB, got {spec!r}")
+            raise errors.UserError(f"--files expects LANG=GLOB, got {spec!r}")
         by_lang.setdefault(lang, []).append(pattern)
     if args.files:
         check_languages(sorted({spec.partition("=")[0] for spec in args.files}), what="--files")
     if not by_lang:
-        raise SystemExit("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
+        raise errors.UserError("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
     return by_lang
 
 
@@ -487,9 +486,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else None
             ),
         )
-    except (text_files.CorpusError, VocabularyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        # Corpus and vocabulary errors are user errors already; SentencePiece's own
+        # refusals (a vocabulary larger than the text allows) come as ValueError. The
+        # command's runner prints them as "<program>: error: ...".
+        if isinstance(e, errors.UserError):
+            raise
+        raise VocabularyError(str(e)) from e
     print(f"wrote {path} (fertility table: {args.output_prefix}.fertility.tsv)")
     return 0
 

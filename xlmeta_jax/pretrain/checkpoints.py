@@ -34,7 +34,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_space
+from xlmeta_jax.errors import (
+    CheckpointError,
+    NonFiniteError,
+    NoSpaceError,
+    first_line,
+    is_no_space,
+)
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import checksums
 
@@ -236,7 +242,7 @@ class PhaseCheckpoints:
         if not force and not self.manager.should_save(step):
             return False
         if not all_finite(state.params):
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"refusing to write checkpoint {self.step_dir(step)}: parameters are not finite"
             )
         meta = {**meta, CHECKSUMS: checksums.record(state)}
@@ -318,7 +324,7 @@ def save_params(phase_dir, cfg: EncoderConfig, params, *, step: int = 0,
       FloatingPointError: the parameters are not finite.
     """
     if not all_finite(params):
-        raise FloatingPointError(f"refusing to write {phase_dir}: parameters are not finite")
+        raise NonFiniteError(f"refusing to write {phase_dir}: parameters are not finite")
     ckpt = PhaseCheckpoints(os.fspath(phase_dir), save_interval_steps=1, max_to_keep=None,
                             async_save=False)
     try:

@@ -250,7 +250,12 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     def check(pstep, metrics):
         host = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not math.isfinite(host["loss"]):
-            raise FloatingPointError(
+            # A checkpoint still being written holds the finite state of an earlier step:
+            # let it finish, so that the run stops with no write in flight (an exit during
+            # Orbax's background commit leaves a temporary directory and a traceback) and
+            # config.gin, written with it, names a checkpoint that exists.
+            ckpt.wait()
+            raise errors.NonFiniteError(
                 f"[{phase.name}] non-finite loss {host['loss']} at step {pstep} "
                 f"(global step {pstep + step_offset}); last checkpoint: "
                 f"{ckpt.latest_step()}. Lower the learning rate or check the data."

@@ -1,0 +1,91 @@
+"""Bad inputs found by a sweep of the commands: each is refused before anything is built,
+with exit status 2 and one line ``<program>: error: ...`` naming the bad thing."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+
+import pytest
+from errors_fixtures import train_argv, write_gin
+
+from xlmeta_jax import errors
+from xlmeta_jax.cli import finetune as finetune_cli
+from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.data import vocabulary
+from xlmeta_jax.pretrain import trainer
+
+
+def _one_line(capsys, main, argv, prog, *parts):
+    code = errors.run_command(main, argv, prog=prog)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == errors.EXIT_USER_ERROR, err
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), err
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "abc"])
+def test_finetune_seeds_not_a_positive_integer(capsys, value):
+    _one_line(capsys, finetune_cli.main, ["--gin_file=finetune/xnli.gin", f"--seeds={value}"],
+              "xlmeta_jax.finetune", "--seeds", repr(value))
+
+
+@pytest.mark.parametrize("argv, parts", [
+    (["--gin_file=finetune/xnli.gin", "--steps=3"], ["unknown arguments", "--steps=3"]),
+    (["--gin.MODEL_DIR='/tmp/x'"], ["no --gin_file given"]),
+])
+def test_finetune_bad_flags(capsys, argv, parts):
+    _one_line(capsys, finetune_cli.main, argv, "xlmeta_jax.finetune", *parts)
+
+
+@pytest.mark.parametrize("argv, parts", [
+    (["--files=/data/en.txt"], ["--files expects LANG=GLOB", "/data/en.txt"]),
+    ([], ["--cc100_dir", "--files"]),
+])
+def test_vocabulary_without_a_source(capsys, tmp_path, argv, parts):
+    _one_line(capsys, vocabulary.main, [*argv, f"--output_prefix={tmp_path}/spm"],
+              "xlmeta_jax.data.vocabulary", *parts)
+
+
+def test_non_finite_loss_stops_in_one_line_after_the_checkpoint_in_flight(
+        capsys, tmp_path, fast_compiles, clean_gin, monkeypatch):
+    """Step 2 is checkpointed (in the background), step 3's loss is NaN: the run waits for
+    step 2's checkpoint, then stops with one line; no temporary directory stays."""
+    checks = []
+
+    class _Math:
+        def __getattr__(self, name):
+            return getattr(math, name)
+
+        @staticmethod
+        def isfinite(x):
+            checks.append(x)
+            return len(checks) < 3  # steps 1 and 2 pass, step 3 "diverges"
+
+    monkeypatch.setattr(trainer, "math", _Math())
+    model_dir = tmp_path / "run"
+    _one_line(capsys, train_cli.main, train_argv(write_gin(tmp_path), model_dir),
+              "xlmeta_jax.train", "[phase1] non-finite loss", "at step 3", "last checkpoint: 2")
+    phase1 = sorted(p.name for p in (model_dir / "phase1").iterdir())
+    assert "2" in phase1 and not [p for p in phase1 if "tmp" in p], phase1
+    assert (model_dir / "config.gin").exists()
+
+
+@pytest.mark.parametrize("name, data, parts", [
+    ("bad.txt.gz", b"not a gzip stream" * 10, ["bad.txt.gz", "not a readable gzip file"]),
+    ("cut.txt.gz", gzip.compress(b"some english text\n" * 1000)[:40],
+     ["cut.txt.gz", "not a readable gzip file"]),
+    ("rand.txt", random.Random(0).randbytes(20_000), ["rand.txt", "not valid UTF-8"]),
+    ("long.txt", b"word " * 400, ["long.txt", "has no usable text", "exceed 1000 bytes"]),
+])
+def test_vocabulary_corpus_refused_in_one_line(capsys, tmp_path, name, data, parts):
+    """No traceback for a broken .gz, and no 'skipping N lines' warning before the line
+    that refuses the file."""
+    (tmp_path / name).write_bytes(data)
+    _one_line(capsys, vocabulary.main,
+              [f"--files=en={tmp_path / name}", f"--output_prefix={tmp_path}/spm",
+               "--vocab_size=100", "--max_line_bytes=1000"],
+              "xlmeta_jax.data.vocabulary", *parts)
