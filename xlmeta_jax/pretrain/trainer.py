@@ -75,9 +75,8 @@ class Phase:
     def optimizer_config(self) -> OptimizerConfig:
         if self.optimizer is not None:
             return self.optimizer
-        return OptimizerConfig(
-            total_steps=self.num_steps, warmup_steps=max(1, int(0.06 * self.num_steps))
-        )
+        return OptimizerConfig(total_steps=self.num_steps,
+                               warmup_steps=max(1, int(0.06 * self.num_steps)))
 
 
 def _make_iterator(run: _Run, phase: Phase, seed: int):
@@ -95,13 +94,8 @@ def _make_iterator(run: _Run, phase: Phase, seed: int):
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
 
     tasks.check_registered(phase.task, tasks.register(run.corpora))
-    return run.feeder(
-        phase.task,
-        sequence_length=phase.sequence_length,
-        global_batch_size=phase.batch_size,
-        mesh=run.mesh,
-        seed=seed,
-    )
+    return run.feeder(phase.task, sequence_length=phase.sequence_length,
+                      global_batch_size=phase.batch_size, mesh=run.mesh, seed=seed)
 
 
 # ============================================================================
@@ -250,10 +244,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     def check(pstep, metrics):
         host = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not math.isfinite(host["loss"]):
-            # A checkpoint still being written holds the finite state of an earlier step:
-            # let it finish, so that the run stops with no write in flight (an exit during
-            # Orbax's background commit leaves a temporary directory and a traceback) and
-            # config.gin, written with it, names a checkpoint that exists.
+            # The save in flight holds an earlier, finite state: finished, it leaves no
+            # temporary folder, and config.gin (written with it) names a real checkpoint.
             ckpt.wait()
             raise errors.NonFiniteError(
                 f"[{phase.name}] non-finite loss {host['loss']} at step {pstep} "
