@@ -411,14 +411,9 @@ def corpus_stats(
     # Warned only once no file is refused: a refused file's line says it all.
     for stats in out:
         if stats.skipped_invalid_utf8 or stats.skipped_long_lines:
-            logging.warning(
-                "%s: skipping %d lines that are not valid UTF-8 and %d lines longer than "
-                "%d bytes",
-                stats.path,
-                stats.skipped_invalid_utf8,
-                stats.skipped_long_lines,
-                max_line_bytes,
-            )
+            logging.warning("%s: skipping %d lines that are not valid UTF-8 and %d lines "
+                            "longer than %d bytes", stats.path, stats.skipped_invalid_utf8,
+                            stats.skipped_long_lines, max_line_bytes)
     return out
 
 

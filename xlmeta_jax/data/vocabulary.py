@@ -488,8 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as e:
         # Corpus and vocabulary errors are user errors already; SentencePiece's own
-        # refusals (a vocabulary larger than the text allows) come as ValueError. The
-        # command's runner prints them as "<program>: error: ...".
+        # refusals (a vocabulary larger than the text allows) come as ValueError.
         if isinstance(e, errors.UserError):
             raise
         raise VocabularyError(str(e)) from e

@@ -34,13 +34,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-from xlmeta_jax.errors import (
-    CheckpointError,
-    NonFiniteError,
-    NoSpaceError,
-    first_line,
-    is_no_space,
-)
+from xlmeta_jax import errors
+from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_space
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import checksums
 
@@ -242,7 +237,7 @@ class PhaseCheckpoints:
         if not force and not self.manager.should_save(step):
             return False
         if not all_finite(state.params):
-            raise NonFiniteError(
+            raise errors.NonFiniteError(
                 f"refusing to write checkpoint {self.step_dir(step)}: parameters are not finite"
             )
         meta = {**meta, CHECKSUMS: checksums.record(state)}
@@ -324,7 +319,7 @@ def save_params(phase_dir, cfg: EncoderConfig, params, *, step: int = 0,
       FloatingPointError: the parameters are not finite.
     """
     if not all_finite(params):
-        raise NonFiniteError(f"refusing to write {phase_dir}: parameters are not finite")
+        raise errors.NonFiniteError(f"refusing to write {phase_dir}: parameters are not finite")
     ckpt = PhaseCheckpoints(os.fspath(phase_dir), save_interval_steps=1, max_to_keep=None,
                             async_save=False)
     try:
