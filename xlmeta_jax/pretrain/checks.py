@@ -201,7 +201,14 @@ def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
         latest = latest_checkpoint(model_dir, phase, model, data_seed)
         if latest is None:
             continue
-        checkpoints.verify_readable(os.path.join(model_dir, phase.name, str(latest)))
+        step_dir = os.path.join(model_dir, phase.name, str(latest))
+        if jax.process_count() == 1:
+            checkpoints.verify_readable(step_dir)
+        else:
+            # On a pod no process holds a whole array on one device: the parameters are
+            # checked against their checksums where they are read onto the run's mesh
+            # (the resume, the next phase's hand-off).
+            checkpoints.read_meta(step_dir)
         if latest == phase.num_steps:
             complete.add(phase.name)
     return complete
