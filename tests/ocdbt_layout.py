@@ -73,6 +73,15 @@ def array_spans(state_dir) -> dict[str, list[Span]]:
     return out
 
 
+def nested(flat: dict) -> dict:
+    """``{name: array}`` back into ``{entry: {rest of name: array}}`` for checksums.damaged."""
+    out: dict = {}
+    for name, x in flat.items():
+        entry, _, rest = name.partition(".")
+        out.setdefault(entry, {})[rest] = x
+    return out
+
+
 def restore_targets(step_dir) -> dict:
     """Every entry of a checkpoint's state as restore targets on the first device.
 

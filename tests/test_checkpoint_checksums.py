@@ -98,7 +98,7 @@ def test_each_flipped_byte_is_caught_naming_the_array(finished, tmp_path):
         changed = sorted(n for n, x in original.items()
                          if not np.array_equal(raw[n], x, equal_nan=True))
         # Exactly the arrays that changed are named: no miss, no false alarm.
-        assert checksums.damaged(stored, _tree(raw)) == changed, (path.name, at)
+        assert checksums.damaged(stored, ocdbt_layout.nested(raw)) == changed, (path.name, at)
         named.update(changed)
     # The flips reached parameters and both AdamW moments. (One flip per compressed chunk
     # does not reach every array: a chunk holds several, and small arrays sit inline in
@@ -142,15 +142,6 @@ def test_damaged_checkpoint_is_refused_before_data_is_prepared(finished, tmp_pat
     assert code == errors.EXIT_USER_ERROR, captured.err
     _one_line(captured.err, "xlmeta_jax.train", "phase1/4 is damaged", f"array {name}")
     assert prepared == [] and "building the input pipeline" not in captured.out
-
-
-def _tree(flat: dict) -> dict:
-    """``{name: array}`` back into ``{entry: {rest of name: array}}`` for checksums.damaged."""
-    out: dict = {}
-    for name, x in flat.items():
-        entry, _, rest = name.partition(".")
-        out.setdefault(entry, {})[rest] = x
-    return out
 
 
 def _flip_a_parameter(step_dir) -> str:

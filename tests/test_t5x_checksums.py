@@ -105,7 +105,7 @@ def test_every_array_of_a_t5x_checkpoint_is_recorded_beside_it(t5x_run):
         assert any(".mu." in n for n in names) and any(".nu." in n for n in names)
         assert set(stored["arrays"]) == names
         # Recorded on a (4, 2) mesh, matched by the single-device read.
-        assert checksums.damaged(stored, _tree(raw)) == []
+        assert checksums.damaged(stored, ocdbt_layout.nested(raw)) == []
 
 
 def test_records_of_deleted_checkpoints_go_with_them(tmp_path):
@@ -117,14 +117,6 @@ def test_records_of_deleted_checkpoints_go_with_them(tmp_path):
     records = {p.name for p in (run / checksums.T5X_RECORDS).iterdir()}
     assert {"checkpoint_4.json", "checkpoint_5.json"} <= records
     assert not {"checkpoint_0.json", "checkpoint_1.json"} & records
-
-
-def _tree(flat: dict) -> dict:
-    out: dict = {}
-    for name, x in flat.items():
-        entry, _, rest = name.partition(".")
-        out.setdefault(entry, {})[rest] = x
-    return out
 
 
 def flip_a_parameter(step_dir) -> str:
