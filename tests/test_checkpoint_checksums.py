@@ -144,8 +144,8 @@ def test_damaged_checkpoint_is_refused_before_data_is_prepared(finished, tmp_pat
     assert prepared == [] and "building the input pipeline" not in captured.out
 
 
-def _flip_a_parameter(step_dir) -> str:
-    """Flips one byte of a chunk that silently changes one parameter matrix; its name."""
+def _flip_a_parameter(step_dir, kind: str = "params.") -> str:
+    """Flips one byte of a chunk that silently changes one matrix named ``kind...``; its name."""
     original = _raw(step_dir)
     for path, at in _value_frames(step_dir):
         data = _flip(path, at)
@@ -155,10 +155,29 @@ def _flip_a_parameter(step_dir) -> str:
             raw = None
         changed = [] if raw is None else [
             n for n, x in original.items() if not np.array_equal(raw[n], x, equal_nan=True)]
-        if len(changed) == 1 and changed[0].startswith("params.") and original[changed[0]].ndim > 1:
+        if len(changed) == 1 and changed[0].startswith(kind) and original[changed[0]].ndim > 1:
             return changed[0]
         path.write_bytes(data)
-    raise AssertionError("no chunk of a parameter matrix found")
+    raise AssertionError(f"no chunk of a {kind}* matrix found")
+
+
+def test_complete_phase_checks_its_optimizer_state(finished, tmp_path, capsys):
+    """A rerun calls phase 1 complete only if its final checkpoint is whole, AdamW moments
+    included: nothing later reads them (phase 2 resets the optimizer), but the checkpoint
+    is the run's product, kept and copied."""
+    model_dir = copy_run(finished[0], tmp_path / "run")
+    name = _flip_a_parameter(model_dir / "phase1" / str(STEPS), kind="opt_state.")
+    before = digest(model_dir)
+    gin.clear_config()
+    capsys.readouterr()
+    code = errors.run_command(train_cli.main, train_argv(finished[1], model_dir),
+                              prog="xlmeta_jax.train")
+    gin.clear_config()
+    captured = capsys.readouterr()
+    assert code == errors.EXIT_USER_ERROR, captured.err
+    _one_line(captured.err, "xlmeta_jax.train", "phase1/4 is damaged", f"array {name}")
+    assert "already complete" not in captured.out + captured.err
+    assert digest(model_dir) == before
 
 
 def _one_line(err: str, prog: str, *parts: str) -> None:

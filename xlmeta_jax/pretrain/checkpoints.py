@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +36,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from xlmeta_jax import errors
 from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_space
 from xlmeta_jax.model.network import EncoderConfig
-from xlmeta_jax.pretrain import checksums
+from xlmeta_jax.pretrain import checksums, iterator_item
 
 STATE, DATA, META = "state", "data", "meta"
 STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax's per-step file (commit time, item names)
@@ -107,60 +106,6 @@ def discard_partial(directory) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# The input iterator as an Orbax item (one file set per process).
-# ---------------------------------------------------------------------------
-
-
-def _process_file(directory: epath.Path) -> str:
-    return os.fspath(directory / f"process_{jax.process_index()}-of-{jax.process_count()}")
-
-
-class DataIteratorHandler(ocp.CheckpointHandler):
-    """Saves/restores any iterator with ``save(filename)`` / ``restore(filename)``.
-
-    Runs synchronously inside the (possibly async) manager's save: the iterator
-    keeps moving after ``save`` returns, so its state must be captured now.
-    """
-
-    def save(self, directory: epath.Path, args: DataIteratorSave):
-        directory = epath.Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        args.iterator.save(_process_file(directory))
-
-    def restore(self, directory: epath.Path, args: DataIteratorRestore):
-        directory = epath.Path(directory)
-        name = _process_file(directory)
-        if not list(directory.glob(os.path.basename(name) + "*")):
-            raise CheckpointError(
-                f"no input-iterator state {name}*: the checkpoint was written by a run with "
-                "another process count, or is incomplete"
-            )
-        args.iterator.restore(name)
-        return args.iterator
-
-    def metadata(self, directory):
-        return None
-
-    def finalize(self, directory):
-        pass
-
-    def close(self):
-        pass
-
-
-@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
-@dataclasses.dataclass
-class DataIteratorSave(ocp.args.CheckpointArgs):
-    iterator: Any
-
-
-@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
-@dataclasses.dataclass
-class DataIteratorRestore(ocp.args.CheckpointArgs):
-    iterator: Any
-
-
-# ---------------------------------------------------------------------------
 # One phase's checkpoints.
 # ---------------------------------------------------------------------------
 
@@ -219,7 +164,7 @@ class PhaseCheckpoints:
             options=options,
             item_handlers={
                 STATE: ocp.StandardCheckpointHandler(),
-                DATA: DataIteratorHandler(),
+                DATA: iterator_item.DataIteratorHandler(),
                 META: ocp.JsonCheckpointHandler(),
             },
         )
@@ -246,7 +191,7 @@ class PhaseCheckpoints:
             META: ocp.args.JsonSave(meta),
         }
         if iterator is not None:
-            items[DATA] = DataIteratorSave(iterator)
+            items[DATA] = iterator_item.DataIteratorSave(iterator)
         try:
             return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
         except Exception as e:
@@ -280,7 +225,7 @@ class PhaseCheckpoints:
         self.read_meta(step)  # a readable-metadata check with a clear message first
         items = {STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
         if iterator is not None:
-            items[DATA] = DataIteratorRestore(iterator)
+            items[DATA] = iterator_item.DataIteratorRestore(iterator)
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except CheckpointError:
@@ -380,16 +325,19 @@ def read_meta(step_dir) -> dict:
     return _read_json_object(path)
 
 
-def verify_readable(step_dir, abstract_params=None) -> dict:
+def verify_readable(step_dir, abstract_params=None, *, all_arrays: bool = False) -> dict:
     """Checks that a checkpoint can be used: metadata, array metadata and parameters.
 
-    The parameters are read in full (not the optimizer state): a truncated or
-    deleted array file shows only when its bytes are read, and the parameters
-    are what a later phase, a fine-tune or an export needs.
+    The parameters are read in full: a truncated or deleted array file shows only when
+    its bytes are read, and the parameters are what a later phase, a fine-tune or an
+    export needs. A phase's final checkpoint, which a rerun calls complete, is the
+    run's product: ``all_arrays`` checks its optimizer state too, one entry at a time
+    so that no more than one entry is in memory at once.
 
     Args:
       step_dir: ``.../phaseN/<step>``.
       abstract_params: expected parameter shapes/dtypes (ShapeDtypeStructs), if known.
+      all_arrays: also read and check every other entry of the train state.
 
     Returns:
       The checkpoint's metadata.
@@ -398,8 +346,12 @@ def verify_readable(step_dir, abstract_params=None) -> dict:
       CheckpointError: naming the step directory and what is wrong.
     """
     meta = read_meta(step_dir)
-    params = restore_params(step_dir, abstract_params)
-    del params
+    restore_params(step_dir, abstract_params)  # read in full; the values are not kept
+    if all_arrays:
+        tree = _stored_tree(step_dir, _state_dir(step_dir))
+        for entry in sorted(set(tree) - {"params"}):
+            if jax.tree.leaves(tree[entry], is_leaf=_is_array):
+                restore_items(step_dir, {entry: _on_first_device(tree[entry])})
     return meta
 
 
@@ -475,13 +427,19 @@ def restore_params(step_dir, abstract_params=None):
     tree = _stored_tree(step_dir, _state_dir(step_dir))
     key = T5X_PARAMS if "params" not in tree and T5X_PARAMS in tree else "params"
     if abstract_params is None:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        abstract_params = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-            tree.get(key, {}),
-            is_leaf=lambda x: hasattr(x, "shape"),
-        )
+        abstract_params = _on_first_device(tree.get(key, {}))
     return restore_items(step_dir, {key: abstract_params})[key]
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape")
+
+
+def _on_first_device(stored):
+    """ShapeDtypeStructs on the first device for a tree of stored array metadata."""
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        stored, is_leaf=_is_array)
 
 
 def _check_shapes(step_dir, stored, expected) -> None:

@@ -189,8 +189,9 @@ def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
     checkpoint is reported in seconds. The checkpoint each phase would use (a complete
     phase's final one, which a later phase, fine-tuning and export read; an unfinished
     phase's latest, which the run resumes from) must match the requested run and have
-    readable metadata and parameters that match their checksums. (A resume reads the
-    optimizer state too, and checks its checksums then.)
+    readable metadata and parameters that match their checksums. A complete phase's
+    final checkpoint, the run's product, has its optimizer state checked too; an
+    unfinished phase's is checked when the resume reads it.
 
     Raises:
       run_dir.RunConfigMismatch: a stored checkpoint was written for another run.
@@ -203,7 +204,7 @@ def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
             continue
         step_dir = os.path.join(model_dir, phase.name, str(latest))
         if jax.process_count() == 1:
-            checkpoints.verify_readable(step_dir)
+            checkpoints.verify_readable(step_dir, all_arrays=latest == phase.num_steps)
         else:
             # On a pod no process holds a whole array on one device: the parameters are
             # checked against their checksums where they are read onto the run's mesh
