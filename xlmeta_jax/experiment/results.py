@@ -35,7 +35,9 @@ def loss_curve(exp: Experiment, arm: str, seed: int) -> dict[str, list]:
         files = sorted(glob.glob(os.path.join(exp.run_dir(arm, seed), phase.name, "train",
                                               "events.out.tfevents.*")))
         for path in files:
-            for event in tf.compat.v1.train.summary_iterator(path):
+            # Not tf.compat.v1.train.summary_iterator: it logs a deprecation warning.
+            for record in tf.data.TFRecordDataset(path, buffer_size=1 << 18):
+                event = tf.compat.v1.Event.FromString(record.numpy())
                 for value in event.summary.value:
                     if value.tag == "loss":
                         points[int(event.step)] = float(tf.make_ndarray(value.tensor)
