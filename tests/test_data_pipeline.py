@@ -417,7 +417,8 @@ def test_gin_corpus_settings_register_the_named_mixture(toy):
         assert ds.element_spec["mlm_positions"].shape == (mlm.max_predictions(40, 0.25),)
         q = tasks.language_probabilities(names.CC100_MIXTURE)
         assert q == pytest.approx({"en": 600 / 650, "ja": 50 / 650})
-        with pytest.raises(text_files.CorpusError, match="set ENGLISH_FILES"):
+        with pytest.raises(text_files.CorpusError,
+                           match="xlmeta_english_text has no corpus configured: set ENGLISH_FILES"):
             configurables.registered(names.ENGLISH_TEXT_TASK)
     finally:
         gin.clear_config(clear_constants=True)

@@ -90,3 +90,16 @@ def test_vocabulary_corpus_refused_in_one_line(capsys, tmp_path, name, data, par
               [f"--files=en={tmp_path / name}", f"--output_prefix={tmp_path}/spm",
                "--vocab_size=100", "--max_line_bytes=1000"],
               "xlmeta_jax.data.vocabulary", *parts)
+
+
+@pytest.mark.parametrize("languages, part", [
+    ([], "the language list is empty"),
+    ("en", "expected a list of codes, got the string 'en'"),
+    ([1], "1 is not one of the 100 XLM-R/CC-100 language codes"),
+])
+def test_cc100_languages_errors_name_the_macro(languages, part):
+    from xlmeta_jax.data import corpora
+
+    with pytest.raises(errors.UserError) as e:
+        corpora.Corpora(languages=languages).cc100_languages()
+    assert str(e.value).startswith(f"CC100_LANGUAGES (Corpora.languages): {part}"), e.value

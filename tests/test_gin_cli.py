@@ -112,3 +112,32 @@ def test_required_macro_left_unset_is_an_error():
         gin_cli.apply_gin(
             ["finetune/tydiqa.gin"], ["INITIAL_CHECKPOINT_PATH = 'init:tiny'"]
         )
+
+
+def test_a_bad_value_is_traced_to_the_setting_the_user_gave():
+    """LEARNING_RATE reaches phase 1's OptimizerConfig directly and phase 2's through
+    PHASE2_LEARNING_RATE (gin/native/meta.gin's chain): a bad value is named by the macro
+    that holds it, else by its binding, else by the parameter itself."""
+    import xlmeta_jax.model.optimizer  # noqa: F401 - registers OptimizerConfig
+
+    gin.clear_config()
+    try:
+        gin.parse_config("""
+LEARNING_RATE = 1e-3
+PHASE2_LEARNING_RATE = -1.0
+xlmeta_jax.model.optimizer.OptimizerConfig.learning_rate = %LEARNING_RATE
+phase2/xlmeta_jax.model.optimizer.OptimizerConfig.learning_rate = %PHASE2_LEARNING_RATE
+phase1/xlmeta_jax.model.optimizer.OptimizerConfig.warmup_steps = 20
+""")
+        lr = "OptimizerConfig.learning_rate"
+        assert gin_cli.source_of_value(lr, 1e-3) == "LEARNING_RATE"
+        assert gin_cli.source_of_value(lr, -1.0) == "PHASE2_LEARNING_RATE"
+        # gin's own (shortest unique) name of the binding.
+        assert gin_cli.source_of_value("OptimizerConfig.warmup_steps", 20) == (
+            "phase1/OptimizerConfig.warmup_steps")
+        # An integer 1 is not the float 1.0 of another binding; an unbound value: the name.
+        assert gin_cli.source_of_value(lr, 5.0) == lr
+        assert gin_cli.source_of_value("OptimizerConfig.warmup_steps", 20.0) == (
+            "OptimizerConfig.warmup_steps")
+    finally:
+        gin.clear_config()

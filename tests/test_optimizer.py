@@ -268,6 +268,8 @@ def test_clipping_uses_global_norm():
         (dict(warmup_steps=11, total_steps=10), "warmup_steps"),
         (dict(warmup_steps=-1), "warmup_steps"),
         (dict(learning_rate=0.0), "learning_rate"),
+        (dict(learning_rate=float("inf")), "learning_rate"),
+        (dict(learning_rate=float("nan")), "learning_rate"),
         (dict(end_learning_rate=-1e-4), "end_learning_rate"),
         (dict(b1=1.0), "b1"),
         (dict(b2=-0.1), "b2"),
@@ -277,8 +279,11 @@ def test_clipping_uses_global_norm():
     ],
 )
 def test_config_rejects_bad_values(kwargs, field):
-    with pytest.raises(ValueError, match=f"OptimizerConfig.{field}"):
+    with pytest.raises(ValueError, match=f"OptimizerConfig.{field}") as e:
         OptimizerConfig(**kwargs)
+    # The field and value travel with the error: a command line names the setting.
+    assert e.value.field == field
+    assert repr(e.value.value) == repr(kwargs.get(field, getattr(e.value, "value")))
 
 
 def test_state_structure_does_not_depend_on_clipping_or_decay_mask():

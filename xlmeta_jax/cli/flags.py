@@ -328,13 +328,38 @@ def check_macro_bindings(bindings: Sequence[str]) -> None:
 
 
 def binding_source(key: str) -> str:
-    """The macro a parameter's value comes from (``META_STEPS``), else ``key`` itself."""
-    try:
-        value = gin.query_parameter(key)
-    except ValueError:
-        return key
-    name = _macro_name(value)
-    return name or key
+    """The macro a parameter's value comes from (``META_STEPS``), else ``key`` itself.
+
+    A scoped key (``phase1/...Phase.sequence_length``) falls back to the less scoped
+    bindings gin would apply to it (``...Phase.sequence_length``).
+    """
+    scopes, _, name = key.rpartition("/")
+    parts = scopes.split("/") if scopes else []
+    for i in range(len(parts) + 1):
+        try:
+            value = gin.query_parameter("/".join([*parts[i:], name]))
+        except ValueError:
+            continue
+        return _macro_name(value) or key
+    return key
+
+
+def source_of_value(parameter: str, value) -> str:
+    """Where a bad value of ``parameter`` (``Configurable.param``, any scope) was set.
+
+    A value checked inside a configurable (``OptimizerConfig.learning_rate``) reaches it
+    through a scoped binding and often a macro; the binding whose value equals the bad
+    one is what the user set: ``LEARNING_RATE`` (its macro) or the binding's own key.
+    Falls back to ``parameter`` when no binding holds that value.
+    """
+    for key in _binding_keys():
+        if not (key == parameter or key.endswith("." + parameter)
+                or key.endswith("/" + parameter)):
+            continue
+        literal, macro = _resolve(gin.query_parameter(key))
+        if literal is value or (type(literal) is type(value) and literal == value):
+            return macro or key
+    return parameter
 
 
 def _macro_name(value) -> str | None:

@@ -25,7 +25,7 @@ import jax
 from xlmeta_jax import errors, hosts, logs
 from xlmeta_jax.cli import configurables, runs
 from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.model import network
+from xlmeta_jax.model import network, optimizer
 from xlmeta_jax.pretrain import trainer
 
 # The trainer's logger: its progress lines are what this command prints.
@@ -135,6 +135,10 @@ def run_configured() -> dict:
             describe=gin_cli.binding_source,
             prepare=runs.prepare_data,
         )
+    except optimizer.OptimizerConfigError as e:
+        # Name the setting the user gave (LEARNING_RATE, phase2/...learning_rate).
+        source = gin_cli.source_of_value(f"OptimizerConfig.{e.field}", e.value)
+        raise trainer.ConfigError(f"{source} = {e.value!r}: {errors.first_line(e)}") from None
     except TypeError as e:
         # gin's call of train() without a required binding (a hand-written run file).
         if "required keyword-only argument" not in str(e):
@@ -147,6 +151,10 @@ def configured_model() -> network.EncoderConfig:
     """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
     try:
         return configurables.get_config()
+    except network.ModelConfigError as e:
+        source = gin_cli.binding_source("xlmeta_jax.model.network.get_config.size")
+        where = f"{source}: " if "model size" in str(e) else ""
+        raise trainer.ConfigError(f"{where}{errors.first_line(e)}") from None
     except TypeError as e:
         raise trainer.ConfigError(
             "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "

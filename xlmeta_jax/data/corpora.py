@@ -94,14 +94,14 @@ class Corpora:
     def cc100_languages(self) -> tuple[str, ...]:
         """The CC-100 mixture's languages (checked codes)."""
         return check_languages(
-            XLMR_LANGUAGES if self.languages is None else self.languages, what="languages"
+            XLMR_LANGUAGES if self.languages is None else self.languages, what=LANGUAGES_SETTING
         )
 
     def mc4_languages(self) -> tuple[str, ...]:
         """The mC4 mixture's languages (checked codes that mC4 has)."""
         if self.languages is None:
             return tuple(lang for lang in XLMR_LANGUAGES if mc4_split_name(lang))
-        langs = check_languages(self.languages, what="languages")
+        langs = check_languages(self.languages, what=LANGUAGES_SETTING)
         missing = [lang for lang in langs if mc4_split_name(lang) is None]
         if missing:
             raise text_files.CorpusError(f"mC4 has no split for {missing}")
@@ -143,6 +143,10 @@ class Corpora:
             raise text_files.CorpusError(f"joint_english_share must be in (0, 1), got {share!r}")
 
 
+# How errors name Corpora.languages: by the macro the gin files bind it from.
+LANGUAGES_SETTING = "CC100_LANGUAGES (Corpora.languages)"
+
+
 def as_patterns(patterns: str | Sequence[str] | None) -> tuple[str, ...]:
     """A path, glob or list of them as a tuple (None: empty)."""
     if not patterns:
@@ -157,6 +161,9 @@ def cc100_files(folder: str, lang: str) -> list[str]:
     warning when readable files sit beside them, and are an error otherwise.
     """
     check_languages([lang])
+    if "://" not in folder and not os.path.isdir(folder):
+        what = "is not a directory" if os.path.exists(folder) else "does not exist"
+        raise text_files.CorpusError(f"the CC-100 folder {folder} (CC100_DIR) {what}")
     pattern = os.path.join(folder, f"{lang}.txt*")
     if "://" in pattern:
         import tensorflow as tf  # noqa: PLC0415 - TensorFlow only where tf.data runs

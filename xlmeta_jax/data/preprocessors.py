@@ -74,8 +74,9 @@ def block_length(sequence_length: Mapping[str, int] | None) -> int:
     length = int(sequence_length["inputs"])
     if sequence_length.get("targets") not in (None, length):
         raise ValueError(f"inputs and targets lengths must be equal, got {sequence_length!r}")
-    if length < 8:
-        raise ValueError(f"block length must be at least 8 tokens, got {length}")
+    if length < mlm.MIN_SEQUENCE_LENGTH:
+        raise ValueError(
+            f"block length must be at least {mlm.MIN_SEQUENCE_LENGTH} tokens, got {length}")
     return length
 
 

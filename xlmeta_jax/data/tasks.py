@@ -327,9 +327,13 @@ def check_registered(name: str, registered: Sequence[str]) -> str:
         hint = next(
             (v for k, v in _SETTING.items() if name == k or name.startswith(k + "_")), None
         )
+        if hint:  # the corpus's setting is empty or unset
+            raise text_files.CorpusError(f"{name} has no corpus configured: set {hint}")
+        shown = sorted(registered)
+        listed = ", ".join(shown[:8]) + (f", ... ({len(shown)} in all)" if len(shown) > 8 else "")
         raise text_files.CorpusError(
             f"{name} is not registered by the configured corpora (registered: "
-            f"{sorted(registered) or 'none'})" + (f"; set {hint}" if hint else "")
+            f"{listed or 'none'})"
         )
     return name
 

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xlmeta_jax import errors
+
 DType = Any
 
 _REMAT_POLICIES = {
@@ -30,6 +32,10 @@ _REMAT_POLICIES = {
 
 # Random bits per dropout-mask element that ``Dropout`` supports.
 DROPOUT_MASK_BITS = (8, 16, 32)
+
+
+class ModelConfigError(errors.UserError, ValueError):
+    """A model setting is out of range or unknown (one line naming it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,22 +91,22 @@ class EncoderConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
-            raise ValueError(
+            raise ModelConfigError(
                 f"EncoderConfig: hidden_size={self.hidden_size} is not divisible by "
                 f"num_heads={self.num_heads}"
             )
         if self.remat_policy not in ("none", *_REMAT_POLICIES):
-            raise ValueError(
+            raise ModelConfigError(
                 f"EncoderConfig: unknown remat_policy={self.remat_policy!r}; expected one "
                 f"of {['none', *_REMAT_POLICIES]}"
             )
         if self.dropout_mask_bits not in DROPOUT_MASK_BITS:
-            raise ValueError(
+            raise ModelConfigError(
                 f"EncoderConfig: dropout_mask_bits={self.dropout_mask_bits} must be 8, 16 "
                 "or 32"
             )
         if self.attention_impl not in ("xla", "cudnn", "auto"):
-            raise ValueError(
+            raise ModelConfigError(
                 f"EncoderConfig: unknown attention_impl={self.attention_impl!r}; "
                 "expected 'xla', 'cudnn' or 'auto'"
             )
@@ -108,7 +114,8 @@ class EncoderConfig:
             try:
                 jnp.dtype(getattr(self, field))
             except TypeError as e:
-                raise ValueError(f"EncoderConfig: bad {field}={getattr(self, field)!r}") from e
+                raise ModelConfigError(
+                    f"EncoderConfig: bad {field}={getattr(self, field)!r}") from e
 
     @property
     def head_dim(self) -> int:
@@ -146,12 +153,13 @@ def get_config(size: str, **overrides) -> EncoderConfig:
       **overrides: EncoderConfig fields, e.g. ``dtype="bfloat16"``.
 
     Raises:
-      ValueError: naming an unknown size or field.
+      ModelConfigError: naming an unknown size or field.
     """
     if size not in _SIZES:
-        raise ValueError(f"unknown model size {size!r}; expected one of {list(_SIZES)}")
+        raise ModelConfigError(f"unknown model size {size!r}; expected one of {list(_SIZES)}")
     fields = {f.name for f in dataclasses.fields(EncoderConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"get_config: {unknown} are not EncoderConfig fields ({sorted(fields)})")
+        raise ModelConfigError(
+            f"get_config: {unknown} are not EncoderConfig fields ({sorted(fields)})")
     return EncoderConfig(**{**dict(zip(_SIZE_FIELDS, _SIZES[size])), **overrides})

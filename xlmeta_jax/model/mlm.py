@@ -54,6 +54,10 @@ class Masking:
             )
 
 
+# The shortest block the pretraining tasks pack (<s>, text, </s>): below this a block
+# holds almost no text to mask.
+MIN_SEQUENCE_LENGTH = 8
+
 # XLM-R's masking (what every default refers to).
 DEFAULT_MASKING = Masking()
 

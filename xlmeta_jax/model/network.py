@@ -30,6 +30,7 @@ from xlmeta_jax.model.config import (  # noqa: F401 - the encoder's config, name
     DROPOUT_MASK_BITS,
     SIZES,
     EncoderConfig,
+    ModelConfigError,
     get_config,
 )
 

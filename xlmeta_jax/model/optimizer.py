@@ -15,6 +15,7 @@ The defaults are fairseq's, as RoBERTa's pretraining README runs it (``--optimiz
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import optax
@@ -23,7 +24,17 @@ from xlmeta_jax import errors
 
 
 class OptimizerConfigError(errors.UserError, ValueError):
-    """An optimizer setting is out of range (one line naming it, as every user error)."""
+    """An optimizer setting is out of range (one line naming it, as every user error).
+
+    Attributes:
+      field: the OptimizerConfig field at fault (``learning_rate``), so that a command
+        line can name the setting the user gave (``LEARNING_RATE``) next to it.
+      value: that field's value.
+    """
+
+    def __init__(self, message: str, field: str | None = None, value=None):
+        super().__init__(message)
+        self.field, self.value = field, value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,36 +64,28 @@ class OptimizerConfig:
     max_grad_norm: float = 0.0
 
     def __post_init__(self):
+        def bad(field: str, rule: str):
+            value = getattr(self, field)
+            raise OptimizerConfigError(
+                f"OptimizerConfig.{field} must be {rule}, got {value}", field, value)
+
         if self.total_steps <= 0:
-            raise OptimizerConfigError(
-                f"OptimizerConfig.total_steps must be > 0, got {self.total_steps}")
+            bad("total_steps", "> 0")
         if not 0 <= self.warmup_steps <= self.total_steps:
-            raise OptimizerConfigError(
-                f"OptimizerConfig.warmup_steps={self.warmup_steps} must be in "
-                f"[0, total_steps={self.total_steps}]"
-            )
-        if self.learning_rate <= 0:
-            raise OptimizerConfigError(
-                f"OptimizerConfig.learning_rate must be > 0, got {self.learning_rate}")
-        if self.end_learning_rate < 0:
-            raise OptimizerConfigError(
-                f"OptimizerConfig.end_learning_rate must be >= 0, got {self.end_learning_rate}"
-            )
+            bad("warmup_steps", f"in [0, total_steps={self.total_steps}]")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            bad("learning_rate", "a finite number > 0")
+        if not (self.end_learning_rate >= 0 and math.isfinite(self.end_learning_rate)):
+            bad("end_learning_rate", "a finite number >= 0")
         for name in ("b1", "b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise OptimizerConfigError(
-                    f"OptimizerConfig.{name} must be in [0, 1), got {getattr(self, name)}"
-                )
-        if self.eps <= 0:
-            raise OptimizerConfigError(f"OptimizerConfig.eps must be > 0, got {self.eps}")
-        if self.weight_decay < 0:
-            raise OptimizerConfigError(
-                f"OptimizerConfig.weight_decay must be >= 0, got {self.weight_decay}")
-        if self.max_grad_norm < 0:
-            raise OptimizerConfigError(
-                f"OptimizerConfig.max_grad_norm must be >= 0 (0 disables clipping), "
-                f"got {self.max_grad_norm}"
-            )
+                bad(name, "in [0, 1)")
+        if not self.eps > 0:
+            bad("eps", "> 0")
+        if not self.weight_decay >= 0:
+            bad("weight_decay", ">= 0")
+        if not self.max_grad_norm >= 0:
+            bad("max_grad_norm", ">= 0 (0 disables clipping)")
 
 
 def linear_warmup_linear_decay(cfg: OptimizerConfig) -> optax.Schedule:

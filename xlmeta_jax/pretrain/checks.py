@@ -13,7 +13,7 @@ import jax
 import sentencepiece as spm
 
 from xlmeta_jax import errors
-from xlmeta_jax.model import network, partitioning
+from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import checkpoints, run_dir, step
 
 if TYPE_CHECKING:
@@ -96,6 +96,12 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
                 f"microbatches (MICROBATCHES) of a multiple of the data-parallel mesh size "
                 f"{data_parallel} (mesh {shape})"
             )
+        if p.sequence_length < mlm.MIN_SEQUENCE_LENGTH:
+            source = describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.sequence_length")
+            raise ConfigError(
+                f"{where}: sequence_length ({source}) = {p.sequence_length} is below the "
+                f"shortest block the MLM tasks pack, {mlm.MIN_SEQUENCE_LENGTH} tokens"
+            )
         if p.sequence_length > model.max_length:
             raise ConfigError(
                 f"{where}: sequence_length={p.sequence_length} exceeds the model's "
@@ -130,7 +136,9 @@ def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> No
     if not vocab_path or "://" in vocab_path:
         return
     if not os.path.isfile(vocab_path):
-        raise ConfigError(f"VOCAB_PATH {vocab_path} does not exist")
+        what = "is a directory, not a SentencePiece model file" if os.path.isdir(vocab_path) \
+            else "does not exist"
+        raise ConfigError(f"VOCAB_PATH {vocab_path} {what}")
     sp = spm.SentencePieceProcessor()
     try:
         sp.Load(vocab_path)

@@ -247,10 +247,11 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             # The save in flight holds an earlier, finite state: finished, it leaves no
             # temporary folder, and config.gin (written with it) names a real checkpoint.
             ckpt.wait()
+            last = ckpt.latest_step()
+            last = "no checkpoint yet" if last is None else f"last checkpoint: {last}"
             raise errors.NonFiniteError(
-                f"[{phase.name}] non-finite loss {host['loss']} at step {pstep} "
-                f"(global step {pstep + step_offset}); last checkpoint: "
-                f"{ckpt.latest_step()}. Lower the learning rate or check the data."
+                f"[{phase.name}] non-finite loss {host['loss']} at step {pstep} (global step "
+                f"{pstep + step_offset}); {last}. Lower the learning rate or check the data."
             )
         return host
 
