@@ -446,7 +446,7 @@ def test_a_task_registers_only_the_corpora_it_reads(toy, tmp_path):
     assert configurables.registered(names.ENGLISH_TEXT_TASK, settings) == names.ENGLISH_TEXT_TASK
     assert names.CC100_MIXTURE not in seqio.MixtureRegistry.names()
     # The phase that reads CC-100 checks it.
-    with pytest.raises(text_files.CorpusError, match="CC-100 language 'en': no file matches"):
+    with pytest.raises(text_files.CorpusError, match=r"not_yet_downloaded \(CC100_DIR\) does not"):
         configurables.registered(names.CC100_MIXTURE, settings)
 
 
@@ -466,7 +466,8 @@ def _mixture_dataset():
         ({"languages": ["en", "fr"]}, text_files.CorpusError, "fr.txt"),
         ({"alpha": 0.0}, text_files.CorpusError, r"alpha must be in \(0, 1\]"),
         ({"alpha": 1.5}, text_files.CorpusError, r"alpha must be in \(0, 1\]"),
-        ({"cc100_dir": "/nonexistent/cc100"}, text_files.CorpusError, "no file"),
+        ({"cc100_dir": "/nonexistent/cc100"}, text_files.CorpusError,
+         r"/nonexistent/cc100 \(CC100_DIR\) does not exist"),
         ({"count_unit": "words"}, text_files.CorpusError, "count_unit"),
     ],
 )

@@ -408,7 +408,14 @@ def test_schedule_must_cover_carried_step_count(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def test_disk_full_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("error, what", [
+    (OSError(errno.ENOSPC, "No space left on device"), "no space left on device"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "disk quota exceeded"),
+    # TensorFlow's SaveV2 (the tf.data iterator's state) past `ulimit -f`.
+    (RuntimeError("{{function_node __wrapped__SaveV2}} /x/part-00000.tempstate1; File too "
+                  "large [Op:SaveV2]"), r"file size limit exceeded \(ulimit -f\)"),
+], ids=["enospc", "edquot", "efbig"])
+def test_disk_full_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, error, what):
     import numpy as np
 
     from xlmeta_jax.pretrain import step as step_lib
@@ -416,14 +423,14 @@ def test_disk_full_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, monkey
     class Iterator:
         def save(self, filename):
             # The state item is written by then; the disk fills on the data item.
-            raise OSError(errno.ENOSPC, "No space left on device", filename)
+            raise error
 
     ckpt = checkpoints.PhaseCheckpoints(os.fspath(tmp_path), save_interval_steps=1,
                                         max_to_keep=None, async_save=True)
     state = step_lib.TrainState(step=np.int32(1), params={"w": np.ones(3, np.float32)},
                                 opt_state=())
     with pytest.raises(errors.NoSpaceError,
-                       match=r"no space left on device while writing checkpoint .*/1 .*"
+                       match=what + r" while writing checkpoint .*/1 .*"
                              r"resumes from the phase's start\)"):
         ckpt.save(1, state, Iterator(), {}, force=True)
         ckpt.wait()
@@ -475,6 +482,7 @@ def test_vocabulary_on_a_small_text_says_what_it_trains_on(tmp_path, capsys, cap
     err = capsys.readouterr().err.strip()
     assert code == errors.EXIT_USER_ERROR
     assert err.splitlines() == [err] and "Vocabulary size too high (1000)" in err, err
+    assert "--vocab_size=1000 is more than this text allows" in err, err
     assert errors.run_command(vocabulary.main, [*args, "--vocab_size=280"],
                               prog="xlmeta_jax.data.vocabulary") == 0
 

@@ -103,3 +103,73 @@ def test_cc100_languages_errors_name_the_macro(languages, part):
     with pytest.raises(errors.UserError) as e:
         corpora.Corpora(languages=languages).cc100_languages()
     assert str(e.value).startswith(f"CC100_LANGUAGES (Corpora.languages): {part}"), e.value
+
+
+@pytest.mark.parametrize("case, part", [
+    ("cc100_missing", "--cc100_dir {tmp}/none does not exist"),
+    ("cc100_file", "--cc100_dir {tmp}/f is not a directory"),
+    ("cc100_empty", "--cc100_dir {tmp}/empty holds no CC-100 files"),
+    ("vocab_size", "--vocab_size must be > 5, got 0"),
+    ("alpha", "--alpha must be in (0, 1], got -1.0"),
+    ("num_lines", "--num_lines must be > 0, got 0"),
+    ("coverage", "--character_coverage must be in (0, 1], got 2.0"),
+    ("output_under_file", "the folder of --output_prefix {tmp}/f is a file, not a directory"),
+])
+def test_vocabulary_flags_are_named(capsys, tmp_path, case, part):
+    (tmp_path / "f").write_text("a file")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "en.txt").write_text("some english text\n" * 50)
+    text = [f"--files=en={tmp_path}/en.txt"]
+    argv = {
+        "cc100_missing": [f"--cc100_dir={tmp_path}/none"],
+        "cc100_file": [f"--cc100_dir={tmp_path}/f"],
+        "cc100_empty": [f"--cc100_dir={tmp_path}/empty"],
+        "vocab_size": [*text, "--vocab_size=0"],
+        "alpha": [*text, "--alpha=-1"],
+        "num_lines": [*text, "--num_lines=0"],
+        "coverage": [*text, "--character_coverage=2"],
+        "output_under_file": text,
+    }[case]
+    prefix = f"{tmp_path}/f/spm" if case == "output_under_file" else f"{tmp_path}/out/spm"
+    _one_line(capsys, vocabulary.main, [*argv, f"--output_prefix={prefix}"],
+              "xlmeta_jax.data.vocabulary", part.format(tmp=tmp_path))
+    assert (tmp_path / "f").read_text() == "a file" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, part", [
+    ([], "the following arguments are required: command"),
+    (["to_hf"], "the following arguments are required: --checkpoint, --output"),
+    (["to_flax", "--hf_path=x", "--output=y", "--frobnicate"], "unrecognized arguments"),
+])
+def test_argparse_mistakes_are_one_line(capsys, argv, part):
+    """No usage block before the line: argparse's error is a user error like the rest."""
+    from xlmeta_jax.cli import hf
+
+    _one_line(capsys, hf.main, argv, "xlmeta_jax.hf", part, "(see --help)")
+
+
+@pytest.mark.parametrize("where", ["self", "parent"])
+def test_model_dir_that_is_a_file_is_named(capsys, tmp_path, where, clean_gin):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    model_dir = a_file if where == "self" else a_file / "run"
+    part = (f"MODEL_DIR {a_file} is a file, not a directory" if where == "self"
+            else f"MODEL_DIR {model_dir}: {a_file} is a file, not a directory")
+    _one_line(capsys, train_cli.main, train_argv(write_gin(tmp_path), model_dir),
+              "xlmeta_jax.train", part)
+    assert a_file.read_text() == "x"
+
+
+@pytest.mark.parametrize("what", ["checkpoint", "model_dir"])
+def test_finetune_paths_that_are_files_are_named(capsys, tmp_path, what, clean_gin):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    checkpoint = a_file if what == "checkpoint" else tmp_path / "missing_ckpt"
+    model_dir = a_file if what == "model_dir" else tmp_path / "ft"
+    part = (f"{a_file} is a file, not a checkpoint directory" if what == "checkpoint"
+            else f"MODEL_DIR {a_file} is a file, not a directory")
+    _one_line(capsys, finetune_cli.main,
+              ["--gin_file=finetune/xnli.gin", f"--gin.INITIAL_CHECKPOINT_PATH='{checkpoint}'",
+               f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{tmp_path}'"],
+              "xlmeta_jax.finetune", part)
+    assert a_file.read_text() == "x"

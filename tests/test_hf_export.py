@@ -4,6 +4,7 @@ logits agree with our tokenizer and model; ``to_flax`` undoes the export exactly
 import dataclasses
 import functools
 import os
+import shutil
 import stat
 
 import flax.linen as nn
@@ -385,3 +386,61 @@ def test_vocabulary_without_byte_fallback_gets_the_xlmr_tokenizer_class(tmp_path
     to_hf = np.argsort(hf_tokenizer.hf_rows(pieces, 300))
     for text in texts:
         assert auto(text)["input_ids"] == [0, *(int(to_hf[i]) for i in ours.encode(text)), 2]
+
+
+def _damage(folder, name, how):
+    path = folder / name
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 3], "empty": b"",
+                      "garbage": b"\x00garbage{{" * 7, "header": data[:8] + b"\xff" + data[9:],
+                      }[how])
+
+
+@pytest.mark.parametrize("name, how, part", [
+    ("model.safetensors", "header", "is not a readable safetensors file"),
+    ("model.safetensors", "truncated", "is not a readable safetensors file"),
+    ("model.safetensors", "empty", "is not a readable safetensors file"),
+    ("model.safetensors", "garbage", "is not a readable safetensors file"),
+    ("config.json", "garbage", "HF config"),
+    (hf_tokenizer.SPM_NAME, "garbage", "is not a SentencePiece model"),
+])
+def test_damaged_hf_folder_is_one_line(export, tmp_path, capsys, name, how, part):
+    """``hf to_flax`` on a damaged save_pretrained folder: exit 2, one line naming the
+    file, no output folder."""
+    from xlmeta_jax import errors
+    from xlmeta_jax.cli import hf as hf_cli
+
+    src = tmp_path / "src"
+    shutil.copytree(export, src)
+    _damage(src, name, how)
+    out = tmp_path / "out"
+    code = errors.run_command(hf_cli.main, ["to_flax", f"--hf_path={src}", f"--output={out}"],
+                              prog="xlmeta_jax.hf")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == errors.EXIT_USER_ERROR and len(lines) == 1, lines
+    assert lines[0].startswith("xlmeta_jax.hf: error: ") and part in lines[0], lines
+    assert str(src / name) in lines[0], lines
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_paths_that_are_files_are_named(export, tmp_path, capsys):
+    from xlmeta_jax import errors
+    from xlmeta_jax.cli import hf as hf_cli
+
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    phase2 = export.parent / "run" / "phase2"
+    for argv, part in [
+        (["to_flax", f"--hf_path={export}", f"--output={a_file}"], f"{a_file} is a file"),
+        (["to_flax", f"--hf_path={export}", f"--output={a_file}/o"], f"{a_file} is a file"),
+        (["to_hf", f"--checkpoint={phase2}", f"--output={a_file}"], f"{a_file} is a file"),
+        (["to_hf", f"--checkpoint={a_file}", f"--output={tmp_path / 'o'}"],
+         f"checkpoint path {a_file} is a file"),
+        (["to_hf", f"--checkpoint={phase2}", f"--output={tmp_path / 'o'}",
+          f"--vocab_path={a_file}"], f"{a_file} is not a SentencePiece model"),
+    ]:
+        code = errors.run_command(hf_cli.main, argv, prog="xlmeta_jax.hf")
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == errors.EXIT_USER_ERROR and len(lines) == 1, (argv, lines)
+        assert part in lines[0], (argv, lines)
+    assert a_file.read_text() == "x"

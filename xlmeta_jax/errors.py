@@ -9,6 +9,7 @@ traceback of user errors too.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import os
@@ -59,17 +60,33 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0].strip()
 
 
-def is_no_space(e: BaseException) -> bool:
-    """True when ``e`` or its cause chain is an ENOSPC (Python's or TensorStore's)."""
+# Write failures that mean "no room": the disk, a quota, or the file-size limit.
+_NO_SPACE = {
+    errno.ENOSPC: ("No space left on device", "no space left on device"),
+    errno.EDQUOT: ("Disk quota exceeded", "disk quota exceeded"),
+    errno.EFBIG: ("File too large", "file size limit exceeded (ulimit -f)"),
+}
+
+
+def no_space(e: BaseException) -> str | None:
+    """What ran out when ``e`` (or its cause chain) is a write that found no room, else None.
+
+    Python's OSError by errno, or the same condition in another library's text
+    (TensorStore's, TensorFlow's ``SaveV2``).
+    """
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(e):
-            return True
+        for code, (text, what) in _NO_SPACE.items():
+            if (isinstance(e, OSError) and e.errno == code) or text in str(e):
+                return what
         e = e.__cause__ or e.__context__
-    return False
+    return None
+
+
+def is_no_space(e: BaseException) -> bool:
+    """True when ``e`` or its cause chain is a write that found no room (:func:`no_space`)."""
+    return no_space(e) is not None
 
 
 def _user_message(e: BaseException) -> str | None:
@@ -77,7 +94,7 @@ def _user_message(e: BaseException) -> str | None:
     if isinstance(e, UserError):
         return first_line(e)
     if is_no_space(e):
-        return f"no space left on device ({first_line(e)})"
+        return f"{no_space(e)} ({first_line(e)[:300]})"
     # A path the user gave that is missing, in the way or not accessible (the
     # message names it).
     if isinstance(e, (FileNotFoundError, FileExistsError, NotADirectoryError,
@@ -139,6 +156,21 @@ def _quiet_failed_checkpoint_reads() -> None:
     asyncio_log = logging.getLogger("asyncio")
     if not any(isinstance(f, _DropFailedCheckpointReads) for f in asyncio_log.filters):
         asyncio_log.addFilter(_DropFailedCheckpointReads())
+
+
+class UsageError(UserError):
+    """A command-line flag is missing, unknown or has a value of the wrong type."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose mistakes are user errors: one line, no usage block.
+
+    ``error`` is argparse's documented hook for them; the line ``run_command`` prints
+    names the program, as for every other user error, and points to ``--help``.
+    """
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see --help)")
 
 
 def add_debug_flag(parser) -> None:

@@ -64,3 +64,29 @@ def built_whole(folder: str) -> Iterator[str]:
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
+
+
+def not_a_folder(path: str | os.PathLike, what: str) -> str | None:
+    """Why ``path`` cannot be (or become) a folder, as one line naming it; None if it can.
+
+    A file at ``path`` or at one of its parents is in the way of ``os.makedirs``, whose
+    own text is a bare ``[Errno 17] File exists`` or ``[Errno 20] Not a directory``.
+    URLs (``gs://...``) are not checked.
+    """
+    path = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else None
+    if path is None:
+        return None
+    for parent in (path, *_parents(path)):
+        if os.path.exists(parent):
+            if os.path.isdir(parent):
+                return None
+            if parent == path:
+                return f"{what} {path} is a file, not a directory"
+            return f"{what} {path}: {parent} is a file, not a directory"
+    return None
+
+
+def _parents(path: str) -> Iterator[str]:
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        yield path

@@ -30,7 +30,7 @@ def _help_epilog(subparsers: Mapping[str, argparse.ArgumentParser]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = errors.ArgumentParser(
         prog="python -m xlmeta_jax.hf",
         description="Convert XLM-R masked-LM weights between Hugging Face and xlmeta_jax.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

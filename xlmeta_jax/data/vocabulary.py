@@ -40,15 +40,13 @@ import logging
 import os
 import random
 import tempfile
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 
-import numpy as np
-
-from xlmeta_jax import errors
-from xlmeta_jax.data import rates, text_files
+from xlmeta_jax import errors, files
+from xlmeta_jax.data import text_files
 from xlmeta_jax.data.fertility import fertility_report, format_fertility_table
 from xlmeta_jax.data.languages import XLMR_LANGUAGE_NAMES, check_languages
+from xlmeta_jax.data.line_sample import sample_training_lines
 
 PAD_ID = 0
 EOS_ID = 1
@@ -120,66 +118,6 @@ def _load_checked(path: str):
     return vocab
 
 
-# --------------------------------------------------------------------------- sampling
-
-
-def _lang_seed(seed: int, lang: str) -> list[int]:
-    return [int(seed) & 0xFFFFFFFF, zlib.crc32(lang.encode())]
-
-
-def sample_training_lines(
-    text_files_by_lang: Mapping[str, Sequence[str]],
-    *,
-    num_lines: int,
-    alpha: float,
-    seed: int,
-    max_line_bytes: int = text_files.DEFAULT_MAX_LINE_BYTES,
-    counts: Mapping[str, int] | None = None,
-    stats_cache_dir: str | None = None,
-) -> tuple[dict[str, list[str]], dict[str, float]]:
-    """Draws ``num_lines`` paragraphs over languages with ``q_l ∝ n_l^alpha``.
-
-    Within a language, lines are drawn uniformly without replacement; a language
-    whose share exceeds its size is repeated whole (upsampling), as the
-    pretraining sampler does.
-
-    Returns:
-      (lines per language, q per language).
-    """
-    alpha = rates.check_alpha(alpha)
-    files_by_lang = {}
-    for lang, files in text_files_by_lang.items():
-        files_by_lang[lang] = text_files.list_text_files(
-            files, what=f"vocabulary text for {lang!r}")
-    line_counts = {}
-    for lang, files in files_by_lang.items():
-        stats = text_files.corpus_stats(
-            files, max_line_bytes=max_line_bytes, cache_dir=stats_cache_dir
-        )
-        line_counts[lang] = text_files.count(stats, "lines")
-    q = rates.alpha_probabilities(dict(counts) if counts else line_counts, alpha)
-    draws = rates.sample_counts(q, int(num_lines))
-    out: dict[str, list[str]] = {}
-    for lang, files in files_by_lang.items():
-        n, m = line_counts[lang], draws[lang]
-        rng = np.random.default_rng(_lang_seed(seed, lang))
-        repeats, rest = divmod(m, n)
-        chosen = rng.choice(n, size=rest, replace=False) if rest else np.zeros(0, np.int64)
-        multiplicity: dict[int, int] = {}
-        for i in chosen.tolist():
-            multiplicity[i] = 1
-        lines: list[str] = []
-        index = 0
-        for path in files:
-            for text in text_files.iter_paragraphs(path, max_line_bytes):
-                k = repeats + multiplicity.get(index, 0)
-                if k:
-                    lines.extend([text] * k)
-                index += 1
-        out[lang] = lines
-    return out, q
-
-
 # --------------------------------------------------------------------------- training
 
 
@@ -215,7 +153,6 @@ def train_sentencepiece(
     Returns:
       The path of the ``.model`` file.
     """
-    # Imported here so that importing the data package does not load SentencePiece.
     import sentencepiece as spm  # noqa: PLC0415 - heavy optional dependency, loaded on use
 
     if (sentences is None) == (input_file is None):
@@ -243,10 +180,11 @@ def train_sentencepiece(
     spm.set_random_generator_seed(int(seed))
     try:
         spm.SentencePieceTrainer.train(model_prefix=model_prefix, **options)
-    except RuntimeError as e:
-        # SentencePiece's settings checks ("Vocabulary size too high (300). Please set it to
-        # a value <= 284."), prefixed with its source location.
-        raise VocabularyError(f"SentencePiece: {str(e).rpartition('] ')[2]}") from e
+    except RuntimeError as e:  # SentencePiece's settings checks, after their source location
+        text = str(e).rpartition("] ")[2]
+        if "Vocabulary size too high" in text:  # "... Please set it to a value <= 284."
+            text = f"--vocab_size={options['vocab_size']} is more than this text allows ({text})"
+        raise VocabularyError(f"SentencePiece: {text}") from e
     return f"{model_prefix}.model"
 
 
@@ -304,7 +242,6 @@ def train_vocabulary(
       VocabularyError: for vocab_size <= 5, character_coverage outside (0, 1] or
         a model that violates the id convention.
     """
-    # Imported here so that importing the data package does not load SentencePiece.
     import sentencepiece as spm  # noqa: PLC0415 - heavy optional dependency, loaded on use
 
     if int(vocab_size) <= NUM_SPECIAL_TOKENS:
@@ -397,6 +334,9 @@ def _drop_temporary_paths(model_path: str, *, alpha: float, seed: int) -> None:
 def _files_from_args(args) -> dict[str, list[str]]:
     by_lang: dict[str, list[str]] = {}
     if args.cc100_dir:
+        if not os.path.isdir(args.cc100_dir):
+            what = "is not a directory" if os.path.exists(args.cc100_dir) else "does not exist"
+            raise errors.UserError(f"--cc100_dir {args.cc100_dir} {what}")
         languages = (
             [s for s in args.languages.split(",") if s]
             if args.languages
@@ -406,6 +346,10 @@ def _files_from_args(args) -> dict[str, list[str]]:
                 if glob.glob(os.path.join(args.cc100_dir, f"{lang}.txt*"))
             )
         )
+        if not languages and not args.languages:
+            raise errors.UserError(
+                f"--cc100_dir {args.cc100_dir} holds no CC-100 files ({{lang}}.txt*, e.g. "
+                "en.txt.xz, with a code of xlmeta_jax/data/languages.py)")
         check_languages(languages, what="--languages")
         for lang in languages:
             by_lang[lang] = [os.path.join(args.cc100_dir, f"{lang}.txt*")]
@@ -421,9 +365,27 @@ def _files_from_args(args) -> dict[str, list[str]]:
     return by_lang
 
 
+def _check_args(args) -> None:
+    """The flags' ranges, named as flags, before any text is read."""
+    for flag, ok, rule in (
+        ("vocab_size", args.vocab_size > NUM_SPECIAL_TOKENS, f"> {NUM_SPECIAL_TOKENS}"),
+        ("alpha", 0 < args.alpha <= 1, "in (0, 1]"),
+        ("num_lines", args.num_lines > 0, "> 0"),
+        ("character_coverage", 0 < args.character_coverage <= 1, "in (0, 1]"),
+        ("num_threads", args.num_threads > 0, "> 0"),
+        ("max_line_bytes", args.max_line_bytes > 0, "> 0"),
+    ):
+        if not ok:
+            raise errors.UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+    folder = os.path.dirname(os.path.abspath(args.output_prefix))
+    problem = files.not_a_folder(folder, "the folder of --output_prefix")
+    if problem:
+        raise errors.UserError(problem)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m xlmeta_jax.data.vocabulary`` (see the module docstring)."""
-    parser = argparse.ArgumentParser(
+    parser = errors.ArgumentParser(
         prog="python -m xlmeta_jax.data.vocabulary",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train the multilingual unigram SentencePiece vocabulary on an "
@@ -467,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
+    _check_args(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         path = train_vocabulary(

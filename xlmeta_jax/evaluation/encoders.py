@@ -72,6 +72,9 @@ def load_encoder(
     p = pathlib.Path(path)
     if not p.exists():
         raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} does not exist")
+    if not p.is_dir():
+        raise NotADirectoryError(
+            f"INITIAL_CHECKPOINT_PATH {path} is a file, not a checkpoint directory")
     if (p / "config.json").is_file():
         cfg, params = hf.load_hf(p, allow_pickle=allow_pickle)
         vocab = vocab_path or os.fspath(p / HF_SPM_NAME)

@@ -206,11 +206,15 @@ def _run_seed(task: FineTunedTask, seed, s: FineTuneSettings, cfg, loaded, train
 
 
 def _check_model_dir(model_dir: pathlib.Path, checkpoint: str) -> None:
-    """Refuses a MODEL_DIR holding the evaluation of another checkpoint (it would be replaced).
+    """Refuses a MODEL_DIR that is a file, or holds the evaluation of another checkpoint
+    (it would be replaced).
 
     Raises:
-      errors.UserError: naming MODEL_DIR and both checkpoints.
+      errors.UserError: naming MODEL_DIR (and both checkpoints).
     """
+    problem = files.not_a_folder(model_dir, "MODEL_DIR")
+    if problem:
+        raise errors.UserError(problem)
     path = model_dir / "results.json"
     if not path.is_file():
         return

@@ -34,7 +34,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from xlmeta_jax import errors
-from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, is_no_space
+from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, no_space
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import checksums, iterator_item
 
@@ -200,7 +200,8 @@ class PhaseCheckpoints:
 
     def _raise_write_error(self, e: BaseException, step: int | None) -> None:
         """Turns a full disk into one error, after removing the partial step."""
-        if not is_no_space(e):
+        what = no_space(e)
+        if what is None:
             return
         removed = discard_partial(self.directory)
         # A background save fails at the next save or wait: name the step it was writing.
@@ -212,7 +213,7 @@ class PhaseCheckpoints:
         latest = self.latest_step()
         resume = "the phase's start" if latest is None else f"step {latest}"
         raise NoSpaceError(
-            f"no space left on device while writing checkpoint {where} (the partial "
+            f"{what} while writing checkpoint {where} (the partial "
             f"checkpoint was removed; the run resumes from {resume})"
         ) from e
 

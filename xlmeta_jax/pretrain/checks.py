@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import jax
 import sentencepiece as spm
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, files
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import checkpoints, run_dir, step
 
@@ -26,6 +26,9 @@ class ConfigError(errors.UserError, ValueError):
 
 def check_model_dir(model_dir: str) -> None:
     """MODEL_DIR exists (created if needed) and this process can write into it."""
+    problem = files.not_a_folder(model_dir, "MODEL_DIR")
+    if problem:
+        raise ConfigError(problem)
     try:
         os.makedirs(model_dir, exist_ok=True)
         # A probe name of its own: on a pod every host checks the same shared directory.

@@ -109,6 +109,8 @@ def find_step_dir(path) -> epath.Path:
     path = epath.Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint path {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} is a file, not a checkpoint directory")
     if (path / STATE).exists():
         return path
     if any(p.name.isdigit() for p in path.iterdir()):

@@ -392,7 +392,7 @@ def run(
 
 def _parser() -> argparse.ArgumentParser:
     d = BenchOptions()
-    p = argparse.ArgumentParser(
+    p = errors.ArgumentParser(
         prog="python -m xlmeta_jax.tools.bench",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Time the MLM training step (and Hugging Face's, for reference). The "

@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from xlmeta_jax.cli import flags as gin_cli  # noqa: PLC0415 - gin is absent on hosts that only benchmark
 
     flags = gin_cli.parse_gin_flags(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = errors.ArgumentParser(
         prog="python -m xlmeta_jax.tools.caching",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Cache a task's tokens in seqio's format (gin flags: --gin_file, "

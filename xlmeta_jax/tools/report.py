@@ -25,7 +25,6 @@ differences.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import pathlib
@@ -298,7 +297,7 @@ def write_report(
 
 
 def main(argv: list[str] | None = None) -> pathlib.Path:
-    parser = argparse.ArgumentParser(
+    parser = errors.ArgumentParser(
         prog="python -m xlmeta_jax.tools.report",
         description=__doc__.splitlines()[0].replace("``", ""),
         epilog="example: python -m xlmeta_jax.tools.report meta=runs/meta_eval "

@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, train_args = argv[:i], argv[i + 1:]
-    parser = argparse.ArgumentParser(
+    parser = errors.ArgumentParser(
         prog="python -m xlmeta_jax.tools.soak",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=__doc__.split("\n\n")[1],

@@ -13,15 +13,14 @@ Prints both and the ratio t5x / ours.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from xlmeta_jax import errors
 from xlmeta_jax.interop.t5x import model as t5x_model
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.model.optimizer import OptimizerConfig
@@ -94,7 +93,7 @@ def measure(size: str, batch: int, length: int, steps: int, rounds: int,
 
 def main(argv=None) -> dict:
     """Command line; prints the report."""
-    parser = argparse.ArgumentParser(prog="xlmeta_jax.tools.t5x_step_time",
+    parser = errors.ArgumentParser(prog="xlmeta_jax.tools.t5x_step_time",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="small", help="network.get_config size")
     parser.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -117,4 +116,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    errors.exit_with(main, prog="xlmeta_jax.tools.t5x_step_time")

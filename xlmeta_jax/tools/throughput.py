@@ -120,7 +120,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m xlmeta_jax.tools.throughput`` (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m xlmeta_jax.tools.throughput",
+    parser = errors.ArgumentParser(prog="python -m xlmeta_jax.tools.throughput",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--vocab", help="SentencePiece .model (default: train a small one)")

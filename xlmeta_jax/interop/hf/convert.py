@@ -13,10 +13,10 @@ The weights themselves: :mod:`xlmeta_jax.interop.hf.weights`.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 
+from xlmeta_jax import files
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
 from xlmeta_jax.interop.hf.weights import (
     CONFIG_NAME,
@@ -24,6 +24,7 @@ from xlmeta_jax.interop.hf.weights import (
     SAFE_WEIGHTS_NAME,
     ConversionError,
     load_hf,
+    read_json,
     save_hf,
     write_file,
 )
@@ -45,12 +46,14 @@ def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
       ConversionError: ``output`` exists and is not empty.
     """
     out = pathlib.Path(checkpoints.absolute(output))
+    _check_output(out)
     if out.exists() and any(out.iterdir()):
         raise ConversionError(f"{out} is not empty; convert into a new directory")
     src = pathlib.Path(hf_path)
     src_dir = src if src.is_dir() else src.parent
     config_path = src_dir / CONFIG_NAME
-    seqio = config_path.is_file() and hf_tokenizer.CONFIG_KEY in json.loads(config_path.read_text())
+    seqio = config_path.is_file() and (
+        hf_tokenizer.CONFIG_KEY in read_json(config_path, "HF config"))
     cfg, params = load_hf(hf_path, allow_pickle=allow_pickle, seqio_ids=seqio,
                           scan_layers=scan_layers)
     vocab_path = None
@@ -75,7 +78,7 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None) -> pat
       output: output directory.
       vocab_path: the model's SentencePiece file; default: the one the checkpoint records.
     """
-
+    _check_output(pathlib.Path(output))
     existing = [n for n in (CONFIG_NAME, SAFE_WEIGHTS_NAME) if (pathlib.Path(output) / n).exists()]
     if existing:
         raise ConversionError(f"{output} already holds {existing}; export into a new directory")
@@ -83,3 +86,10 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None) -> pat
         raise FileNotFoundError(f"vocabulary {vocab_path} does not exist")
     cfg, params, recorded = loading.load_pretrained(checkpoint)
     return save_hf(output, cfg, params, vocab_path=vocab_path or recorded)
+
+
+def _check_output(out: pathlib.Path) -> None:
+    """The output folder, or the first of its parents that exists, must be a folder."""
+    problem = files.not_a_folder(out, "--output")
+    if problem:
+        raise ConversionError(problem)

@@ -47,6 +47,7 @@ import pathlib
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from sentencepiece import sentencepiece_model_pb2 as pb
 
 from xlmeta_jax import errors
@@ -70,9 +71,13 @@ class VocabularyLayoutError(errors.UserError, ValueError):
     """A SentencePiece model that is in neither our nor XLM-R's id layout."""
 
 
-def _model_proto(data: bytes):
+def _model_proto(data: bytes, path=None):
     proto = pb.ModelProto()
-    proto.ParseFromString(data)
+    try:
+        proto.ParseFromString(data)
+    except DecodeError as e:
+        raise VocabularyLayoutError(
+            f"{path or 'the vocabulary'} is not a SentencePiece model ({e})") from None
     return proto
 
 
@@ -237,7 +242,7 @@ def tokenizer_files(vocab_path: str | os.PathLike, vocab_size: int,
         the model has embeddings.
     """
     with open(vocab_path, "rb") as f:
-        proto = _model_proto(f.read())
+        proto = _model_proto(f.read(), vocab_path)
     kind = layout(proto)
     if kind == "seqio":
         num_pieces = len(proto.pieces)
@@ -275,7 +280,7 @@ def seqio_vocabulary_bytes(hf_dir: str | os.PathLike) -> bytes:
     path = pathlib.Path(hf_dir) / SPM_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{hf_dir} has no {SPM_NAME}")
-    proto = _model_proto(path.read_bytes())
+    proto = _model_proto(path.read_bytes(), path)
     if layout(proto) != "xlmr":
         raise VocabularyLayoutError(f"{path} is not in XLM-R's layout")
     return seqio_sentencepiece(proto).SerializeToString()

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from xlmeta_jax import files
@@ -58,11 +58,25 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
     # can, and np.asarray then yields ml_dtypes.bfloat16 without copying through fp32.
 
     out = {}
-    with jax.default_device(jax.devices("cpu")[0]):
-        with safe_open(str(path), framework="flax") as f:
-            for key in f.keys():
-                out[key] = np.asarray(f.get_tensor(key))
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            with safe_open(str(path), framework="flax") as f:
+                for key in f.keys():
+                    out[key] = np.asarray(f.get_tensor(key))
+    except SafetensorError as e:
+        raise ConversionError(f"{path} is not a readable safetensors file ({e})") from None
     return out
+
+
+def read_json(path: pathlib.Path, what: str) -> dict:
+    """A JSON object file of a model folder; ConversionError naming it when it is not one."""
+    try:
+        data = json.loads(pathlib.Path(path).read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConversionError(f"{what} {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{what} {path} is not a JSON object")
+    return data
 
 
 def _read_pickle(path: pathlib.Path) -> dict[str, Any]:
@@ -73,8 +87,7 @@ def _read_pickle(path: pathlib.Path) -> dict[str, Any]:
 
 
 def _shard_files(index_path: pathlib.Path) -> list[pathlib.Path]:
-    with open(index_path) as f:
-        index = json.load(f)
+    index = read_json(index_path, "HF weights index")
     if "weight_map" not in index:
         raise ConversionError(f"{index_path} has no 'weight_map'")
     names = sorted(set(index["weight_map"].values()))
@@ -211,8 +224,7 @@ def load_hf(
     config_path = (path if path.is_dir() else path.parent) / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"HF config {config_path} does not exist")
-    with open(config_path) as f:
-        hf_config = json.load(f)
+    hf_config = read_json(config_path, "HF config")
     state = read_hf_state_dict(path, allow_pickle=allow_pickle)
     if seqio_ids:
         pieces = hf_config.get(hf_tokenizer.CONFIG_KEY)
