@@ -173,3 +173,20 @@ def test_finetune_paths_that_are_files_are_named(capsys, tmp_path, what, clean_g
                f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{tmp_path}'"],
               "xlmeta_jax.finetune", part)
     assert a_file.read_text() == "x"
+
+
+@pytest.mark.parametrize("binding, part", [
+    ("finetune.train_steps=0", "finetune.train_steps = 0: must be None or an integer > 0"),
+    ("finetune.learning_rate=-1.0", "finetune.learning_rate = -1.0: must be a finite number"),
+    ("finetune.learning_rate=1e999", "finetune.learning_rate = inf: must be a finite number"),
+    ("finetune.warmup_steps=-5", "finetune.warmup_steps = -5: must be an integer >= 0"),
+    ("finetune.dtype='fp8'", "finetune.dtype = 'fp8': must be 'float32' or 'bfloat16'"),
+])
+def test_finetune_settings_out_of_range_are_named(capsys, tmp_path, binding, part, clean_gin):
+    """Refused before any data or checkpoint is read (the checkpoint does not exist)."""
+    _one_line(capsys, finetune_cli.main,
+              ["--gin_file=finetune/pawsx.gin", f"--gin.{binding}",
+               f"--gin.INITIAL_CHECKPOINT_PATH='{tmp_path}/no_ckpt'",
+               f"--gin.MODEL_DIR='{tmp_path}/ft'", f"--gin.DATA_DIR='{tmp_path}'"],
+              "xlmeta_jax.finetune", part)
+    assert not (tmp_path / "ft").exists()

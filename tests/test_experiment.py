@@ -136,7 +136,7 @@ def _experiment(model_dir, **overrides):
 @pytest.mark.parametrize("overrides, message", [
     ({"arms": ("meta", "bert")}, "experiment.arms=\\['meta', 'bert'\\]"),
     ({"arms": ("meta", "meta")}, "expected distinct arms"),
-    ({"seeds": (0, 0)}, "experiment.seeds=\\[0, 0\\]"),
+    ({"seeds": (0, 0)}, "SEEDS \\(experiment.seeds\\) = \\[0, 0\\]"),
     ({"meta_steps": 0}, "experiment.meta_steps=0"),
     ({"tasks": ("xnli", "glue")}, "experiment.tasks="),
     ({"finetune_seeds": 0}, "experiment.finetune_seeds=0"),

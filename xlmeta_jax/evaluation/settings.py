@@ -7,6 +7,45 @@ from the gin bindings ``finetune.<field>`` and ``evaluate_retrieval.<field>``).
 from __future__ import annotations
 
 import dataclasses
+import math
+
+from xlmeta_jax import errors
+
+
+class SettingsError(errors.UserError, ValueError):
+    """A fine-tuning setting is out of range; names its gin binding (``finetune.<field>``)."""
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# (fields, the rule in words, the check) of FineTuneSettings; None passes where allowed.
+_RULES = (
+    (("max_seq_length", "doc_stride", "max_query_length", "max_answer_length", "n_best",
+      "batch_size", "eval_batch_size", "log_every"), "an integer > 0", _count),
+    (("train_steps", "eval_every", "max_train_examples", "max_eval_examples"),
+     "None or an integer > 0", lambda x: x is None or _count(x)),
+    (("warmup_steps",), "an integer >= 0",
+     lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0),
+    (("learning_rate", "num_epochs", "adam_eps"), "a finite number > 0",
+     lambda x: _number(x) and x > 0),
+    (("large_learning_rate",), "None or a finite number > 0",
+     lambda x: x is None or (_number(x) and x > 0)),
+    (("weight_decay", "max_grad_norm"), "a finite number >= 0",
+     lambda x: _number(x) and x >= 0),
+    (("adam_b1", "adam_b2", "select_fraction"), "in [0, 1)",
+     lambda x: _number(x) and 0 <= x < 1),
+    (("dropout_rate",), "None or in [0, 1)", lambda x: x is None or (_number(x) and 0 <= x < 1)),
+    (("train_fraction",), "in (0, 1]", lambda x: _number(x) and 0 < x <= 1),
+    (("dtype",), "'float32' or 'bfloat16'", lambda x: x in ("float32", "bfloat16")),
+    (("qa_unknown_pieces",), "'xtreme' or 'text'", lambda x: x in ("xtreme", "text")),
+    (("seed",), "an integer", lambda x: isinstance(x, int) and not isinstance(x, bool)),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +119,13 @@ class FineTuneSettings:
     seed: int = 42
     # Log the training loss every this many steps.
     log_every: int = 50
+
+    def __post_init__(self):
+        for fields, rule, ok in _RULES:
+            for field in fields:
+                value = getattr(self, field)
+                if not ok(value):
+                    raise SettingsError(f"finetune.{field} = {value!r}: must be {rule}")
 
 
 LARGE_NUM_LAYERS = 24

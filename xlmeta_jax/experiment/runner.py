@@ -172,7 +172,8 @@ def experiment(
     seeds = tuple(seeds)
     if not seeds or len(set(seeds)) != len(seeds) or not all(
             isinstance(s, int) and s >= 0 for s in seeds):
-        raise ExperimentError(f"experiment.seeds={list(seeds)}: expected distinct integers >= 0")
+        raise ExperimentError(f"SEEDS (experiment.seeds) = {list(seeds)}: expected distinct "
+                              "integers >= 0")
     for key, value in (("meta_steps", meta_steps), ("xling_steps", xling_steps),
                        ("batch_size", batch_size), ("sequence_length", sequence_length)):
         if not errors.is_count(value):
