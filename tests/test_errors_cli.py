@@ -161,6 +161,14 @@ def test_every_command_has_a_help(module, parts):
     assert "  meta.gin" not in out.stdout and "pretrain.gin" not in out.stdout
 
 
+def test_t5x_command_help_says_what_it_adds_and_exits_0():
+    # absl's --help exits 1; ours says what the command adds (--debug), then t5x's flags.
+    out = _run([sys.executable, "-m", "xlmeta_jax.t5x_train", "--help"], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for part in ["--debug", "XLMETA_DEBUG=1", "gin/t5x/demo.gin", "--gin_file", "--gin_bindings"]:
+        assert part in out.stdout, (part, out.stdout)
+
+
 def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
     import jax
     import numpy as np

@@ -190,3 +190,15 @@ def test_finetune_settings_out_of_range_are_named(capsys, tmp_path, binding, par
                f"--gin.MODEL_DIR='{tmp_path}/ft'", f"--gin.DATA_DIR='{tmp_path}'"],
               "xlmeta_jax.finetune", part)
     assert not (tmp_path / "ft").exists()
+
+
+def test_experiment_dry_run_refuses_a_model_dir_that_is_a_file(capsys, tmp_path, clean_gin):
+    """The dry run writes nothing, but says before its estimate that the run would fail."""
+    from xlmeta_jax.cli import experiment
+
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    _one_line(capsys, experiment.main,
+              ["--gin_file=experiments/cpu.gin", f"--gin.MODEL_DIR='{a_file}'", "--dry_run"],
+              "xlmeta_jax.experiment", f"MODEL_DIR {a_file} is a file, not a directory")
+    assert a_file.read_text() == "x"

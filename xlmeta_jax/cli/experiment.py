@@ -61,6 +61,9 @@ def main(argv: Sequence[str]) -> dict | None:
     logs.quiet_start(import_tensorflow=True)
     exp = configured_experiment(flags)
     if dry_run:
+        # A stored experiment of another plan, or a MODEL_DIR in the way, is refused
+        # before the estimate measures anything; a dry run writes nothing.
+        runner.check_model_dir(exp, write=False)
         print(plan.plan(exp))
         return None
     # Before the corpus is prepared or anything pretrains: no pod time is spent.

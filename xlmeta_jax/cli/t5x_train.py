@@ -12,6 +12,7 @@ them, and t5x's whole log.
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from collections.abc import Sequence
@@ -20,12 +21,43 @@ from xlmeta_jax import errors, logs
 
 T5X_MAIN = "t5x.train"
 
+HELP_FLAGS = ("--help", "-h", "--helpfull", "--helpshort")
+
+HELP_HEADER = f"""\
+python -m xlmeta_jax.t5x_train: t5x's `python -m t5x.train`, with the same flags and gin
+files, started without TensorFlow's start-up lines. Example (phase 1 of the demo):
+
+  python -m xlmeta_jax.t5x_train --gin_file=gin/t5x/demo.gin --gin.MODEL_DIR="'runs/t5x'"
+
+  {errors.DEBUG_FLAG}   t5x's whole log and the traceback of an error (also {errors.DEBUG_ENV}=1)
+
+The run files: gin/meta.gin (phases 1 and 2 by --gin.PHASE), gin/xlmr.gin, gin/t5x/demo.gin.
+t5x's flags (absl) follow.
+"""
+
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Runs ``python -m t5x.train`` with ``argv`` (default: this command's arguments)."""
+    """Runs ``python -m t5x.train`` with ``argv`` (default: this command's arguments).
+
+    ``--debug`` is ours (absl would refuse it): it sets ``XLMETA_DEBUG=1``, which
+    gin/t5x/run.gin's progress module and error handler read. ``--help`` prints what this
+    command adds before t5x's flags, and exits 0 (absl's help exits 1).
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
+    if errors.DEBUG_FLAG in argv:
+        argv = [a for a in argv if a != errors.DEBUG_FLAG]
+        os.environ[errors.DEBUG_ENV] = "1"
+    wants_help = any(a in HELP_FLAGS for a in argv)
+    if wants_help:
+        print(HELP_HEADER)
+        sys.stdout.flush()
     if not errors.debug_requested(()):
         logs.quiet_start(import_tensorflow=True)
     # absl parses sys.argv; runpy puts t5x's file in sys.argv[0].
     sys.argv = [T5X_MAIN, *argv]
-    runpy.run_module(T5X_MAIN, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(T5X_MAIN, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if wants_help and e.code == 1:
+            sys.exit(0)
+        raise

@@ -53,7 +53,13 @@ def evaluation_done(exp: Experiment, arm: str, seed: int, task: str,
 
 
 def check_model_dir(exp: Experiment, write: bool = True) -> None:
-    """Records the plan in MODEL_DIR/experiment.json (if ``write``); a resume must match it."""
+    """Records the plan in MODEL_DIR/experiment.json (if ``write``); a resume must match it.
+
+    A MODEL_DIR that cannot be a folder is refused even by a dry run, which writes nothing.
+    """
+    problem = files.not_a_folder(exp.model_dir, "MODEL_DIR")
+    if problem:
+        raise ExperimentError(problem)
     path = os.path.join(exp.model_dir, "experiment.json")
     mine = exp.fingerprint()
     if os.path.isfile(path):
