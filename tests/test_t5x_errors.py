@@ -63,6 +63,8 @@ def _assert_refused(out, *parts):
     (["--gin.CC100_LANGUAGES=['en', 'af']", "--gin.PHASE=2"],
      ["CC-100 language 'af': no file matches"]),
     (["--gin.PHASE=2"], ["phase 2 starts from phase 1's final checkpoint", "--gin.PHASE=1"]),
+    (["--gin.MASK_RATE=1.5"], ["masking rate must be a number in (0, 1), got 1.5"]),
+    (["--gin.SEQUENCE_LENGTH=2"], ["SEQUENCE_LENGTH = 2: must be an integer of at least 8"]),
 ])
 def test_bad_setting_is_one_line_before_t5x_builds_anything(corpus, tmp_path, extra, parts):
     model_dir = tmp_path / "run"

@@ -21,6 +21,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from xlmeta_jax import errors
+
+
+class MaskingError(errors.UserError, ValueError):
+    """A masking setting is out of range (one line naming it)."""
+
+
 # Every feature of a masked block, in the order above.
 FEATURES = ("inputs", "targets", "weights", "mlm_positions", "mlm_targets", "mlm_weights")
 # What the train step reads (the LM head runs at the gathered slots only); the feeder
@@ -45,10 +52,10 @@ class Masking:
     def __post_init__(self):
         rate = self.rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 < rate < 1.0:
-            raise ValueError(f"masking rate must be a number in (0, 1), got {rate!r}")
+            raise MaskingError(f"masking rate must be a number in (0, 1), got {rate!r}")
         shares = (self.mask_token_share, self.random_token_share)
         if min(shares) < 0.0 or sum(shares) > 1.0:
-            raise ValueError(
+            raise MaskingError(
                 f"mask_token_share={self.mask_token_share} and random_token_share="
                 f"{self.random_token_share} must be >= 0 and sum to at most 1"
             )

@@ -29,6 +29,7 @@ from absl import app
 from t5x import trainer as t5x_trainer
 
 from xlmeta_jax import errors, logs
+from xlmeta_jax.model import mlm
 from xlmeta_jax.pretrain import checks as validation
 from xlmeta_jax.pretrain import run_dir
 
@@ -81,6 +82,7 @@ def checked_model(
     vocab_path: str | None = None,
     task: str | None = None,
     init_params_from: str | None = None,
+    sequence_length: int | None = None,
 ) -> Any:
     """``model``, once the run's settings passed our trainer's checks (gin: ``train.model``).
 
@@ -96,6 +98,8 @@ def checked_model(
       vocab_path: the SentencePiece model (``VOCAB_PATH``).
       task: the seqio task or mixture (``MIXTURE_OR_TASK_NAME``), registered.
       init_params_from: phase 2's starting checkpoint, checked to exist.
+      sequence_length: the tokens per example (``SEQUENCE_LENGTH``), checked against
+        the shortest block the tasks pack and the model's positions.
 
     Returns:
       ``model`` unchanged.
@@ -109,6 +113,16 @@ def checked_model(
     config = getattr(model, "config", None)
     if config is not None:
         validation.check_vocabulary(vocab_path, config)
+    if sequence_length is not None and not (
+            isinstance(sequence_length, int) and sequence_length >= mlm.MIN_SEQUENCE_LENGTH):
+        raise validation.ConfigError(
+            f"SEQUENCE_LENGTH = {sequence_length!r}: must be an integer of at least "
+            f"{mlm.MIN_SEQUENCE_LENGTH} tokens (the shortest block the MLM tasks pack)")
+    if config is not None and sequence_length is not None and (
+            sequence_length > config.max_length):
+        raise validation.ConfigError(
+            f"SEQUENCE_LENGTH = {sequence_length} exceeds the model's {config.max_length} "
+            f"positions (max_position_embeddings={config.max_position_embeddings})")
     if not model_dir:
         raise validation.ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
     validation.check_model_dir(model_dir)
