@@ -218,3 +218,18 @@ def test_flip_refused_by_every_reader(finished, tmp_path, capsys):
     with pytest.raises(checkpoints.CheckpointError, match=f"array {name}"):
         checkpoints.restore_items(step_dir, ocdbt_layout.restore_targets(step_dir))
     assert digest(model_dir) == before
+
+
+def test_checksum_cost_command_times_a_whole_state(tmp_path, capsys, fast_compiles):
+    """The benchmark saves and reads the trainer's whole state (parameters and both AdamW
+    moments) and its record verifies; figures are printed, not asserted (timing)."""
+    from xlmeta_jax.tools import checksum_cost
+
+    r = checksum_cost.main(["--gin_file=models/tiny.gin", "--repeats=1",
+                            f"--work_dir={tmp_path}"])
+    cfg = checksum_cost.bench.model_from_gin(["models/tiny.gin"], [])
+    stored = _raw(tmp_path / "phase" / "1")
+    assert r["values"] == sum(x.size for x in stored.values())
+    assert any(n.startswith("opt_state.") and ".mu." in n for n in stored)
+    out = capsys.readouterr().out
+    assert "record / save" in out and "verify / read" in out and f"x {cfg.hidden_size}" in out

@@ -150,6 +150,7 @@ def test_hf_export_of_corrupted_metadata(finished, tmp_path):
     ("xlmeta_jax.tools.soak", ["--kills", "(default:"]),
     ("xlmeta_jax.tools.throughput", ["python -m xlmeta_jax.tools.throughput", "--seconds"]),
     ("xlmeta_jax.tools.caching", ["python -m xlmeta_jax.tools.caching", "--task"]),
+    ("xlmeta_jax.tools.checksum_cost", ["--repeats", "models/small.gin"]),
 ])
 def test_every_command_has_a_help(module, parts):
     out = _run([sys.executable, "-m", module, "--help"], timeout=120)
