@@ -202,3 +202,18 @@ def test_experiment_dry_run_refuses_a_model_dir_that_is_a_file(capsys, tmp_path,
               ["--gin_file=experiments/cpu.gin", f"--gin.MODEL_DIR='{a_file}'", "--dry_run"],
               "xlmeta_jax.experiment", f"MODEL_DIR {a_file} is a file, not a directory")
     assert a_file.read_text() == "x"
+
+
+@pytest.mark.parametrize("content", [None, b"", "English text\n".encode("utf-16")],
+                         ids=["missing", "empty", "utf16"])
+def test_vocabulary_files_are_checked_before_the_first_progress_line(
+        capsys, caplog, tmp_path, content):
+    import logging
+
+    if content is not None:
+        (tmp_path / "en.txt").write_bytes(content)
+    caplog.set_level(logging.INFO)
+    _one_line(capsys, vocabulary.main,
+              [f"--files=en={tmp_path}/en.txt", f"--output_prefix={tmp_path}/out/spm"],
+              "xlmeta_jax.data.vocabulary", "en.txt")
+    assert "sampling" not in caplog.text

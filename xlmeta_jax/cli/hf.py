@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab_path", default=None,
                    help="the model's SentencePiece .model (default: the one the checkpoint "
                    "records)")
+    for p in (to_flax_parser, to_hf_parser):
+        errors.add_debug_flag(p)
     parser.epilog = _help_epilog({"to_flax": to_flax_parser, "to_hf": to_hf_parser})
     return parser
 

@@ -252,10 +252,13 @@ def train_vocabulary(
         raise VocabularyError(
             f"character_coverage must be in (0, 1], got {character_coverage}"
         )
+    # Every file is found and checked before the first progress line.
+    files_by_lang = {lang: text_files.list_text_files(f, what=f"vocabulary text for {lang!r}")
+                     for lang, f in text_files_by_lang.items()}
     logging.info("sampling %d lines from %d languages (alpha %.2f; counting each language's "
-                 "lines first, cached per folder)", num_lines, len(text_files_by_lang), alpha)
+                 "lines first, cached per folder)", num_lines, len(files_by_lang), alpha)
     lines_by_lang, q = sample_training_lines(
-        text_files_by_lang,
+        files_by_lang,
         num_lines=num_lines,
         alpha=alpha,
         seed=seed,
