@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import socket
+import sys
 
 import gin
 import pytest
@@ -672,3 +673,20 @@ def test_leftover_failed_checkpoint_reads_are_not_logged_as_errors(caplog, capsy
     kept = [r for r in caplog.records if r.name == "asyncio"]
     assert len(kept) == 1 and "someone else" in str(kept[0].exc_info[1])
     assert capsys.readouterr().err.strip() == "x: error: checkpoint /x is damaged"
+
+
+@pytest.mark.parametrize("text", ["No space left on device", "Disk quota exceeded",
+                                  "/x/part-0.tempstate1; File too large [Op:SaveV2]"])
+def test_background_save_tracebacks_of_a_full_disk_are_not_logged(text):
+    """The save raises the same error again, reported as one line; the background thread's
+    logged traceback would print before it."""
+    import logging
+
+    try:
+        raise RuntimeError(text)
+    except RuntimeError:
+        record = logging.LogRecord("absl", logging.ERROR, __file__, 1, "save failed", None,
+                                   sys.exc_info())
+    assert checkpoints._ORBAX_LOG_FILTER.filter(record) is False
+    other = logging.LogRecord("absl", logging.ERROR, __file__, 1, "a real error", None, None)
+    assert checkpoints._ORBAX_LOG_FILTER.filter(other) is True

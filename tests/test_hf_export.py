@@ -437,7 +437,7 @@ def test_paths_that_are_files_are_named(export, tmp_path, capsys):
         (["to_hf", f"--checkpoint={a_file}", f"--output={tmp_path / 'o'}"],
          f"checkpoint path {a_file} is a file"),
         (["to_hf", f"--checkpoint={phase2}", f"--output={tmp_path / 'o'}",
-          f"--vocab_path={a_file}"], f"{a_file} is not a SentencePiece model"),
+          f"--vocab_path={a_file}"], f"{a_file}: not a SentencePiece model"),
     ]:
         code = errors.run_command(hf_cli.main, argv, prog="xlmeta_jax.hf")
         lines = capsys.readouterr().err.strip().splitlines()

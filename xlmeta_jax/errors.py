@@ -68,6 +68,10 @@ _NO_SPACE = {
 }
 
 
+# How those failures read in other libraries' messages and logs.
+NO_SPACE_TEXTS = tuple(text for text, _ in _NO_SPACE.values())
+
+
 def no_space(e: BaseException) -> str | None:
     """What ran out when ``e`` (or its cause chain) is a write that found no room, else None.
 

@@ -58,12 +58,12 @@ class _OrbaxLogFilter(logging.Filter):
     * notices that hold for every read of one item of a composite checkpoint
       (its step-level metadata lives one folder up), or that precede an error
       this module raises itself;
-    * background-thread tracebacks of a full disk: the same error is raised
-      again by ``save``/``wait`` and reported there as one line.
+    * background-thread tracebacks of a full disk (or quota, or file-size limit): the
+      same error is raised again by ``save``/``wait`` and reported there as one line.
     """
 
     NOTICES = ("Metadata file does not exist", "Failed to get item metadata")
-    REPORTED = ("No space left on device",)
+    REPORTED = errors.NO_SPACE_TEXTS
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)

@@ -76,8 +76,8 @@ def _model_proto(data: bytes, path=None):
     try:
         proto.ParseFromString(data)
     except DecodeError as e:
-        raise VocabularyLayoutError(
-            f"{path or 'the vocabulary'} is not a SentencePiece model ({e})") from None
+        what = f"{path} is not" if path else "not"  # without a path: the caller names it
+        raise VocabularyLayoutError(f"{what} a SentencePiece model ({e})") from None
     return proto
 
 
@@ -242,7 +242,7 @@ def tokenizer_files(vocab_path: str | os.PathLike, vocab_size: int,
         the model has embeddings.
     """
     with open(vocab_path, "rb") as f:
-        proto = _model_proto(f.read(), vocab_path)
+        proto = _model_proto(f.read())  # the caller's message names the file
     kind = layout(proto)
     if kind == "seqio":
         num_pieces = len(proto.pieces)
