@@ -116,6 +116,8 @@ def prepare_demo(
     if shared_data_dir and not os.path.isdir(shared_data_dir):
         raise FileNotFoundError(f"prepare_demo.shared_data_dir {shared_data_dir!r} does not exist")
 
+    log.info("preparing the demo corpus and vocabulary in %s (once per MODEL_DIR; about a "
+             "minute on 2 CPU cores)", root)
     with files.built_whole(root) as tmp:
         english_pd_dir = os.path.join(shared_data_dir, "english_pd") if shared_data_dir else None
         english_files = english_pd.english_text_files(

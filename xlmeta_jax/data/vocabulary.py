@@ -36,9 +36,12 @@ from __future__ import annotations
 import argparse
 import functools
 import glob
+import json
 import logging
 import os
 import random
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -174,18 +177,49 @@ def train_sentencepiece(
     )
     options.update(trainer_options or {})
     if input_file is not None:
+        # In a child process: SentencePiece's C++ trainer holds the interpreter for its
+        # whole run, so Ctrl-C would act only once it returns; the child gets the signal
+        # too and subprocess.run stops it.
         options["input"] = input_file
-    else:
-        options["sentence_iterator"] = iter(sentences)
+        done = subprocess.run(
+            [sys.executable, "-c", _TRAIN_IN_CHILD,
+             json.dumps({"prefix": model_prefix, "seed": int(seed), "options": options})],
+            capture_output=True, text=True, check=False)
+        if done.returncode == _SETTINGS_REFUSED:
+            raise _settings_error(done.stderr, options)
+        if done.returncode:
+            raise RuntimeError(f"SentencePiece's trainer failed (exit {done.returncode}): "
+                               f"{done.stderr.strip()[-2000:]}")
+        return f"{model_prefix}.model"
+    options["sentence_iterator"] = iter(sentences)
     spm.set_random_generator_seed(int(seed))
     try:
         spm.SentencePieceTrainer.train(model_prefix=model_prefix, **options)
-    except RuntimeError as e:  # SentencePiece's settings checks, after their source location
-        text = str(e).rpartition("] ")[2]
-        if "Vocabulary size too high" in text:  # "... Please set it to a value <= 284."
-            text = f"--vocab_size={options['vocab_size']} is more than this text allows ({text})"
-        raise VocabularyError(f"SentencePiece: {text}") from e
+    except RuntimeError as e:
+        raise _settings_error(str(e), options) from e
     return f"{model_prefix}.model"
+
+
+_SETTINGS_REFUSED = 3  # the child's exit status when SentencePiece refuses the settings
+_TRAIN_IN_CHILD = f"""
+import json, sys
+import sentencepiece as spm
+a = json.loads(sys.argv[1])
+spm.set_random_generator_seed(a["seed"])
+try:
+    spm.SentencePieceTrainer.train(model_prefix=a["prefix"], **a["options"])
+except RuntimeError as e:
+    sys.stderr.write(str(e))
+    sys.exit({_SETTINGS_REFUSED})
+"""
+
+
+def _settings_error(message: str, options: dict) -> VocabularyError:
+    """SentencePiece's refusal of the settings, after its source location, as one line."""
+    text = message.strip().rpartition("] ")[2]
+    if "Vocabulary size too high" in text:  # "... Please set it to a value <= 284."
+        text = f"--vocab_size={options['vocab_size']} is more than this text allows ({text})"
+    return VocabularyError(f"SentencePiece: {text}")
 
 
 def train_vocabulary(
