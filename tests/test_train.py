@@ -218,7 +218,8 @@ def test_unwritable_model_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(step_lib, "make_step_functions", None)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(trainer.ConfigError, match=r"MODEL_DIR .*file/run.* not a writable"):
+    with pytest.raises(trainer.ConfigError,
+                       match=r"MODEL_DIR .*file/run: .*/file is a file, not a directory"):
         trainer.train(model_dir=os.fspath(blocker / "run"), model=_tiny(),
                       phases=[trainer.Phase("p", "synthetic", 2, 8, 32)], mesh_shape=(8, 1, 1))
 
