@@ -133,12 +133,7 @@ def test_damaged_checkpoint_is_refused_before_data_is_prepared(finished, tmp_pat
     monkeypatch.setattr(runs, "prepare_data", lambda: prepared.append("prepare"))
     model_dir = copy_run(finished[0], tmp_path / "run")
     name = _flip_a_parameter(model_dir / "phase1" / str(STEPS))
-    gin.clear_config()
-    capsys.readouterr()
-    code = errors.run_command(train_cli.main, train_argv(finished[1], model_dir),
-                              prog="xlmeta_jax.train")
-    gin.clear_config()
-    captured = capsys.readouterr()
+    code, captured = _rerun(finished, model_dir, capsys)
     assert code == errors.EXIT_USER_ERROR, captured.err
     _one_line(captured.err, "xlmeta_jax.train", "phase1/4 is damaged", f"array {name}")
     assert prepared == [] and "building the input pipeline" not in captured.out
@@ -168,16 +163,21 @@ def test_complete_phase_checks_its_optimizer_state(finished, tmp_path, capsys):
     model_dir = copy_run(finished[0], tmp_path / "run")
     name = _flip_a_parameter(model_dir / "phase1" / str(STEPS), kind="opt_state.")
     before = digest(model_dir)
+    code, captured = _rerun(finished, model_dir, capsys)
+    assert code == errors.EXIT_USER_ERROR, captured.err
+    _one_line(captured.err, "xlmeta_jax.train", "phase1/4 is damaged", f"array {name}")
+    assert "already complete" not in captured.out + captured.err
+    assert digest(model_dir) == before
+
+
+def _rerun(finished, model_dir, capsys):
+    """Reruns the finished run's training command on ``model_dir``: (exit code, output)."""
     gin.clear_config()
     capsys.readouterr()
     code = errors.run_command(train_cli.main, train_argv(finished[1], model_dir),
                               prog="xlmeta_jax.train")
     gin.clear_config()
-    captured = capsys.readouterr()
-    assert code == errors.EXIT_USER_ERROR, captured.err
-    _one_line(captured.err, "xlmeta_jax.train", "phase1/4 is damaged", f"array {name}")
-    assert "already complete" not in captured.out + captured.err
-    assert digest(model_dir) == before
+    return code, capsys.readouterr()
 
 
 def _one_line(err: str, prog: str, *parts: str) -> None:
@@ -197,12 +197,8 @@ def test_flip_refused_by_every_reader(finished, tmp_path, capsys):
     before = digest(model_dir)
     parts = ("phase2/4 is damaged", f"array {name}")
 
-    gin.clear_config()
-    capsys.readouterr()
-    code = errors.run_command(train_cli.main, train_argv(finished[1], model_dir),
-                              prog="xlmeta_jax.train")
-    gin.clear_config()
-    err = capsys.readouterr().err
+    code, captured = _rerun(finished, model_dir, capsys)
+    err = captured.err
     assert code == errors.EXIT_USER_ERROR, err
     _one_line(err, "xlmeta_jax.train", *parts)
     assert "already complete" not in err
