@@ -294,6 +294,11 @@ _BINDING_LINE = re.compile(r"^((?:[\w.]+/)*[\w.]+\.\w+) = ")
 _MACRO_USE = re.compile(r"%([A-Za-z_][\w.]*)")
 
 
+def used_macros() -> set[str]:
+    """Macros some binding of the parsed config reads (``%NAME``)."""
+    return set(_MACRO_USE.findall(gin.config_str())) - {"gin.REQUIRED"}
+
+
 def known_macros() -> set[str]:
     """Macros the parsed config defines or uses (``NAME = ...`` / ``%NAME``)."""
     text = gin.config_str()
@@ -306,13 +311,13 @@ def known_macros() -> set[str]:
     return names
 
 
-def check_macro_bindings(bindings: Sequence[str]) -> None:
+def check_macro_bindings(bindings: Sequence[str], known: set[str] | None = None) -> None:
     """Raises GinConfigError for a binding of a macro the parsed files do not know.
 
     gin accepts any ``NAME = VALUE`` as a macro definition, so a misspelled
     ``--gin.BATCH_SIZ=8`` would silently leave ``BATCH_SIZE`` at its default.
+    ``known`` defaults to :func:`known_macros`.
     """
-    known = None
     for binding in bindings:
         name = binding.partition("=")[0].strip()
         if not name or "." in name or "/" in name or not name.isidentifier():

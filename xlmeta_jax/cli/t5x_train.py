@@ -17,7 +17,10 @@ import runpy
 import sys
 from collections.abc import Sequence
 
+from absl import flags as absl_flags
+
 from xlmeta_jax import errors, logs
+from xlmeta_jax.cli import flags as gin_flags
 
 T5X_MAIN = "t5x.train"
 
@@ -34,6 +37,26 @@ files, started without TensorFlow's start-up lines. Example (phase 1 of the demo
 The run files: gin/meta.gin (phases 1 and 2 by --gin.PHASE), gin/xlmr.gin, gin/t5x/demo.gin.
 t5x's flags (absl) follow.
 """
+
+
+def checked_bindings() -> tuple[str, ...]:
+    """The command line's gin bindings (t5x's ``--gin_bindings``), once checked.
+
+    gin takes any ``NAME = VALUE`` as a macro definition, and t5x parses the command
+    line with the files, so a misspelt ``--gin.BATCH_SIZ=8`` would train with
+    BATCH_SIZE's default. A macro that no binding reads (``%NAME``) cannot change the run
+    whatever its spelling, so it is refused, naming the closest macros that are read.
+    gin/t5x/run.gin evaluates this (``checked_model.command_line``) before t5x builds
+    anything, for ``python -m t5x.train`` and this command alike.
+
+    Raises:
+      flags.GinConfigError: a command-line macro that no binding reads.
+    """
+    if "gin_bindings" not in absl_flags.FLAGS:
+        return ()
+    bindings = tuple(absl_flags.FLAGS["gin_bindings"].value or ())
+    gin_flags.check_macro_bindings(bindings, known=gin_flags.used_macros())
+    return bindings
 
 
 def main(argv: Sequence[str] | None = None) -> None:

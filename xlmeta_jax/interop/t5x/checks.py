@@ -83,6 +83,7 @@ def checked_model(
     task: str | None = None,
     init_params_from: str | None = None,
     sequence_length: int | None = None,
+    command_line: Any = None,
 ) -> Any:
     """``model``, once the run's settings passed our trainer's checks (gin: ``train.model``).
 
@@ -100,6 +101,9 @@ def checked_model(
       init_params_from: phase 2's starting checkpoint, checked to exist.
       sequence_length: the tokens per example (``SEQUENCE_LENGTH``), checked against
         the shortest block the tasks pack and the model's positions.
+      command_line: the command line's gin bindings, checked by their own evaluation
+        (``xlmeta_jax.cli.t5x_train.checked_bindings``: a macro no binding reads, such
+        as a misspelt one, is refused there).
 
     Returns:
       ``model`` unchanged.
@@ -109,7 +113,7 @@ def checked_model(
         is not writable.
       run_dir.RunLockedError: another process trains into MODEL_DIR.
     """
-    del task, init_params_from  # checked by their own evaluation
+    del task, init_params_from, command_line  # checked by their own evaluation
     config = getattr(model, "config", None)
     if config is not None:
         validation.check_vocabulary(vocab_path, config)
