@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gin
 
+from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import corpora, feeding
 from xlmeta_jax.model import mlm, network, optimizer
 
@@ -48,9 +49,24 @@ make_mlm_iterator = gin.external_configurable(
 )
 
 
+def masking() -> mlm.Masking:
+    """The gin-bound ``Masking()``; a bad value is named by the binding it comes from.
+
+    Raises:
+      mlm.MaskingError: naming the binding (the macro, e.g. ``MASK_RATE``) and its value.
+    """
+    try:
+        return Masking()
+    except ValueError as e:
+        source = "xlmeta_jax.model.mlm.Masking"
+        if "masking rate" in str(e):
+            source = gin_flags.binding_source(f"{source}.rate")
+        raise mlm.MaskingError(f"{source}: {e}") from None
+
+
 def corpora_settings() -> corpora.Corpora:
-    """The gin-bound ``Corpora()`` with the gin-bound ``Masking()``."""
-    return Corpora(masking=Masking())
+    """The gin-bound ``Corpora()`` with the gin-bound, checked :func:`masking`."""
+    return Corpora(masking=masking())
 
 
 def register(settings: corpora.Corpora | None = None) -> tuple[str, ...]:

@@ -89,7 +89,7 @@ def configured_experiment(flags) -> runner.Experiment:
                  for task in first.tasks}
     _parse_experiment(flags)
     return runs.experiment(
-        corpora=configurables.Corpora(masking=train_cli.configured_masking()),
+        corpora=configurables.corpora_settings(),
         feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text(),
         train=functools.partial(runs.train, describe=gin_cli.binding_source),
         train_settings={name: gin_cli.bound(f"xlmeta_jax.pretrain.trainer.train.{name}",

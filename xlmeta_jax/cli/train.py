@@ -129,7 +129,7 @@ def run_configured() -> dict:
     try:
         return runs.train(
             model=configured_model(),
-            corpora=configurables.Corpora(masking=configured_masking()),
+            corpora=configurables.corpora_settings(),
             feeder=configurables.make_mlm_iterator,
             config_text=gin_cli.config_text(),
             describe=gin_cli.binding_source,
@@ -160,21 +160,6 @@ def configured_model() -> network.EncoderConfig:
             "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
             f"xlmeta_jax.model.network.get_config.size ({e})"
         ) from None
-
-
-def configured_masking():
-    """The gin-bound ``Masking()`` (``MASK_RATE``), checked with the rest of the config.
-
-    Raises:
-      ConfigError: naming the binding (the macro, e.g. ``MASK_RATE``) and its value.
-    """
-    try:
-        return configurables.Masking()
-    except ValueError as e:
-        source = "xlmeta_jax.model.mlm.Masking"
-        if "masking rate" in str(e):
-            source = gin_cli.binding_source(f"{source}.rate")
-        raise trainer.ConfigError(f"{source}: {e}") from None
 
 
 def run() -> None:
