@@ -91,3 +91,33 @@ def test_second_start_is_refused_while_the_first_builds_the_corpus(tmp_path):
         first.wait(timeout=300)
     # Interrupted, the first start leaves no half-built corpus behind.
     assert not _building(model_dir) and not (model_dir / "demo_data").exists()
+
+
+def test_ctrl_c_before_the_first_step_stops_at_once(tmp_path, capsys, monkeypatch):
+    """Before the first step there is nothing to save: a Ctrl-C while the input pipelines
+    are built stops the run there, in one line, before anything compiles or is saved."""
+    from errors_fixtures import train_argv, write_gin
+
+    from xlmeta_jax.pretrain import trainer
+
+    build = trainer._make_iterator
+
+    def interrupted_build(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C while seqio builds a pipeline
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_make_iterator", interrupted_build)
+    model_dir = tmp_path / "run"
+    gin.clear_config()
+    code = errors.run_command(train_cli.main, train_argv(write_gin(tmp_path), model_dir),
+                              prog="xlmeta_jax.train")
+    gin.clear_config()
+    captured = capsys.readouterr()
+    assert code == errors.EXIT_INTERRUPTED, captured.err
+    assert captured.err.splitlines() == [
+        "xlmeta_jax.train: SIGINT before training started: nothing was trained in this run; "
+        "rerunning the same command starts where this one would have"], captured.err
+    assert "compiling the train step" not in captured.out
+    assert not list(model_dir.glob("phase*/*")), "nothing may be saved"
+    # The handler is gone with the run, as after any other end of training.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -207,10 +207,10 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
         _quiet_failed_checkpoint_reads()
     try:
         result = main(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if debug:
             raise
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog}: {e or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - classified below; bugs are re-raised
         message = _user_message(e)

@@ -6,6 +6,11 @@ where the run resumes. A second signal interrupts at once (a checkpoint being
 written is discarded; the previous one stays). On several processes the flag
 is agreed collectively at the points the trainer asks, so every host stops at
 the same step.
+
+Before the trainer's first step (building the input pipelines, which takes about a
+minute for CC-100's 100 languages) there is nothing to save: on one process the first
+signal stops at once. Several processes keep to the flag, so that no host leaves the
+others waiting in a collective.
 """
 
 from __future__ import annotations
@@ -23,15 +28,28 @@ log = logging.getLogger("xlmeta_jax.train")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class StoppedBeforeTraining(KeyboardInterrupt):
+    """A signal before the first step: the run stopped at once, with nothing to save.
+
+    A KeyboardInterrupt, so that no ``except Exception`` on the way out catches it.
+    """
+
+
 class StopSignals:
     """Context manager turning the first SIGINT/SIGTERM into a stop request."""
 
     def __init__(self):
         self._received = 0
         self._previous = {}
+        self._at_once = jax.process_count() == 1
 
     def _handle(self, signum, frame):
         self._received += 1
+        if self._at_once:
+            self._restore()
+            raise StoppedBeforeTraining(
+                f"{signal.Signals(signum).name} before training started: nothing was trained "
+                f"in this run; rerunning the same command starts where this one would have")
         if self._received == 1:
             log.info("%s received: stopping after this step with a checkpoint (send it again "
                      "to stop now without one)", signal.Signals(signum).name)
@@ -43,6 +61,10 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+    def defer(self) -> None:
+        """From now on (the first step is near) a first signal stops at a step boundary."""
+        self._at_once = False
 
     def __enter__(self) -> StopSignals:
         # Signal handlers can only be installed from the main thread (a notebook's

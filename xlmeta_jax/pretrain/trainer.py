@@ -475,6 +475,7 @@ def _train_all(run: _Run, mesh_shape) -> dict:
         if not run.config_pending:
             _write_config(run)
 
+    stop.defer()  # the pipelines are built: from here a signal stops with a checkpoint
     summary = {"model_dir": model_dir, "phases": []}
     for index, phase in enumerate(phases):
         if index and stop.requested(sync_point=True):
