@@ -1,7 +1,9 @@
 """Third-party notices the commands turn into their own lines or drop (xlmeta_jax.logs)."""
 
+import contextlib
 import glob
 import importlib.util
+import io
 import logging
 import os
 import subprocess
@@ -66,3 +68,18 @@ def test_an_installed_libtpu_without_tpu_chips_logs_nothing(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "cpu"
     assert "INVALID_ARGUMENT" not in out.stderr and "TPU" not in out.stderr, out.stderr
+
+
+def test_progress_lines_go_to_the_current_stdout(monkeypatch):
+    """The progress handler is installed once per process; a command run later under
+    another stdout (a notebook's or test's capture, redirect_stdout) prints there, not
+    into the stream of the first command, which may be closed by then."""
+    monkeypatch.setattr(logs.progress, "handlers", [])
+    first = io.StringIO()
+    with contextlib.redirect_stdout(first):
+        logs.show_progress()
+    first.close()
+    later = io.StringIO()
+    with contextlib.redirect_stdout(later):
+        logs.progress.info("step 1/2")
+    assert later.getvalue().endswith("step 1/2\n"), later.getvalue()

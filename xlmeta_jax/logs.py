@@ -107,10 +107,27 @@ def quiet_save_waits() -> None:
     logging.getLogger("absl").addFilter(_SAVE_WAIT_FILTER)
 
 
+class _CurrentStdout(logging.StreamHandler):
+    """A StreamHandler on whatever ``sys.stdout`` is at each line.
+
+    The handler outlives the command that installed it (one per process): a later
+    ``contextlib.redirect_stdout``, a notebook's or a test's capture replaces
+    ``sys.stdout``, and the one seen at install time may be closed by then.
+    """
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _value):  # StreamHandler.__init__ assigns it; the property decides
+        pass
+
+
 def show_progress() -> None:
     """Prints the progress lines on stdout, whatever absl's verbosity (idempotent)."""
     if not progress.handlers:
-        handler = logging.StreamHandler(sys.stdout)
+        handler = _CurrentStdout()
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
         progress.addHandler(handler)
     progress.setLevel(logging.INFO)
