@@ -680,8 +680,6 @@ def test_leftover_failed_checkpoint_reads_are_not_logged_as_errors(caplog, capsy
 def test_background_save_tracebacks_of_a_full_disk_are_not_logged(text):
     """The save raises the same error again, reported as one line; the background thread's
     logged traceback would print before it."""
-    import logging
-
     try:
         raise RuntimeError(text)
     except RuntimeError:

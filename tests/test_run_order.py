@@ -13,10 +13,12 @@ import time
 
 import gin
 import pytest
+from errors_fixtures import train_argv, write_gin
 
 from xlmeta_jax import errors
 from xlmeta_jax.cli import runs
 from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.pretrain import trainer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -96,10 +98,6 @@ def test_second_start_is_refused_while_the_first_builds_the_corpus(tmp_path):
 def test_ctrl_c_before_the_first_step_stops_at_once(tmp_path, capsys, monkeypatch):
     """Before the first step there is nothing to save: a Ctrl-C while the input pipelines
     are built stops the run there, in one line, before anything compiles or is saved."""
-    from errors_fixtures import train_argv, write_gin
-
-    from xlmeta_jax.pretrain import trainer
-
     build = trainer._make_iterator
 
     def interrupted_build(*args, **kwargs):

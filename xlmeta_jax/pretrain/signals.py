@@ -8,7 +8,7 @@ is agreed collectively at the points the trainer asks, so every host stops at
 the same step.
 
 Before the trainer's first step (building the input pipelines, which takes about a
-minute for CC-100's 100 languages) there is nothing to save: on one process the first
+minute for the experiment's 66 languages) there is nothing to save: on one process the first
 signal stops at once. Several processes keep to the flag, so that no host leaves the
 others waiting in a collective.
 """
