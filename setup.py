@@ -42,6 +42,8 @@ _TEST = [
     "torch==2.13.0",
     "transformers>=4.45",
     "ruff>=0.6",
+    # The Beam jobs (data preparation, token cache) run in the tests on the DirectRunner.
+    "apache-beam>=2.60",
     # Reference implementation the entity-F1 scorer is cross-checked against.
     "seqeval>=1.2",
     # tests/test_notebooks.py executes notebooks/ headless.
@@ -79,6 +81,10 @@ setuptools.setup(
         # for a TPU slice on a CPU machine (same jax pin as above, so libtpu matches jaxlib).
         "aot": ["jax[tpu]"],
         "cuda": ["jax[cuda12]"],
+        # python -m xlmeta_jax.data.prepare: CC-100 to shards, statistics, vocabulary
+        # sample and token cache on Apache Beam (DirectRunner here; Dataflow, Flink, Spark).
+        # seqio's Beam transforms (seqio.beam_utils) need array-record, a TensorFlow dependency.
+        "beam": ["apache-beam>=2.60"],
     },
     entry_points={
         "console_scripts": [

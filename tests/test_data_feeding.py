@@ -169,7 +169,7 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
     cache_dir = str(tmp_path / "cache")
     out = caching.cache_task(task, cache_dir, num_shards=1)
     assert os.path.exists(os.path.join(out, "COMPLETED"))
-    with pytest.raises(FileExistsError):
+    with pytest.raises(text_files.CorpusError, match="already caches split"):
         caching.cache_task(task, cache_dir)
     # One cache example per document, whatever the convention (reading several shards
     # interleaves whole documents).

@@ -7,7 +7,7 @@
   transformers, t5x, TensorFlow/seqio, ...) with a comment on that line saying why.
 * gin is imported only under ``xlmeta_jax/cli/``: the library takes plain arguments.
 * Every error class a user can meet derives from ``errors.UserError`` (one line).
-* No module over 500 lines.
+* No module over 600 lines (a guide: modules are split by job, not by size).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ HEAVY = frozenset({
     "xlmeta_jax.cli.flags",
 })
 
-MAX_LINES = 500
+MAX_LINES = 600
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from xlmeta_jax.data import rates, text_files
+from xlmeta_jax.data import prepared, rates, text_files
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
 from xlmeta_jax.model import mlm
 
@@ -189,24 +189,60 @@ def cc100_files(folder: str, lang: str) -> list[str]:
     return text_files.list_text_files(readable, what=f"CC-100 language {lang!r}")
 
 
-def checked_files(corpora: Corpora, files: Sequence[str]) -> list[text_files.FileStats]:
-    """Counts (once, cached) and validates ``files``: no file without usable text."""
-    return text_files.corpus_stats(
-        files, max_line_bytes=int(corpora.max_line_bytes), cache_dir=corpora.stats_cache_dir
-    )
+# Why a pod's hosts refuse to count, and the two ways out.
+NO_COUNTING = ("no host of a multi-process run counts the corpus: prepare it with "
+               "python -m xlmeta_jax.data.prepare (its statistics go next to the shards), or "
+               "give CC100_COUNTS (Corpora.cc100_counts)")
 
 
-def language_count(corpora: Corpora, stats: Sequence[text_files.FileStats], encode=None) -> float:
+def checked_files(corpora: Corpora, files: Sequence[str], *, may_count: bool = True,
+                  needs_counts: bool = True) -> list[text_files.FileStats] | None:
+    """Counts (once, cached) and validates ``files``: no file without usable text.
+
+    Args:
+      corpora: the settings (max_line_bytes, stats_cache_dir).
+      files: the files.
+      may_count: whether files without cached or prepared counts are counted (one
+        process); else they are not read.
+      needs_counts: whether the caller needs the counts (n_l of a mixture); else files
+        that may not be counted are left unchecked (None).
+
+    Raises:
+      CorpusError: a file has no usable text, or needs counting where it may not be.
+    """
+    try:
+        return text_files.corpus_stats(
+            files, max_line_bytes=int(corpora.max_line_bytes),
+            cache_dir=corpora.stats_cache_dir, count_missing=may_count)
+    except text_files.UncountedError as e:
+        if needs_counts:
+            raise text_files.CorpusError(
+                f"{e.paths[0]} has no prepared statistics ({len(e.paths)} of {len(files)} "
+                f"files): {NO_COUNTING}") from None
+        logging.info("%d files without prepared statistics (e.g. %s) are read unchecked: "
+                     "a multi-process run counts nothing", len(e.paths), e.paths[0])
+        return None
+
+
+def language_count(corpora: Corpora, stats: Sequence[text_files.FileStats], encode=None,
+                   *, folder: str | None = None, lang: str | None = None) -> float:
     """n_l of one language's files in ``corpora.count_unit``.
 
     Args:
       corpora: the settings (count_unit, token_sample_lines).
       stats: the language's checked files.
       encode: for 'tokens': a list of strings -> a list of token-id lists.
+      folder, lang: the prepared folder and language whose token sample, if it has one
+        for these settings, replaces reading the files' heads (same paragraphs).
     """
     if corpora.count_unit == "tokens":
         if encode is None:
             raise text_files.CorpusError("count_unit='tokens' needs the vocabulary to encode with")
+        sample = folder and prepared.token_sample(
+            folder, lang, int(corpora.token_sample_lines), int(corpora.max_line_bytes))
+        if sample:
+            return text_files.tokens_from_sample(sum(s.text_bytes for s in stats), sample[0],
+                                                 encode, what=f"{folder} ({lang})")
         return text_files.estimate_tokens(stats, encode,
                                         sample_lines=int(corpora.token_sample_lines))
     return text_files.count(stats, corpora.count_unit)

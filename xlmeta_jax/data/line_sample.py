@@ -20,6 +20,39 @@ def _lang_seed(seed: int, lang: str) -> list[int]:
     return [int(seed) & 0xFFFFFFFF, zlib.crc32(lang.encode())]
 
 
+def draw(
+    line_counts: Mapping[str, int],
+    *,
+    num_lines: int,
+    alpha: float,
+    seed: int,
+    weights: Mapping[str, float] | None = None,
+) -> tuple[dict[str, float], dict[str, tuple[int, np.ndarray, int]]]:
+    """Which lines of each language the sample takes, from the languages' line counts.
+
+    Args:
+      line_counts: usable lines per language (indices run over them in file order).
+      num_lines: the sample's size.
+      alpha: q_l proportional to n_l^alpha.
+      seed: the sample's seed (per language: adding one changes no other's lines).
+      weights: n_l for q_l when not the line counts (given counts).
+
+    Returns:
+      (q per language, per language (times every line is taken, the sorted indices
+      taken once more, the language's draws)).
+    """
+    q = rates.alpha_probabilities(dict(weights) if weights else dict(line_counts), alpha)
+    draws = rates.sample_counts(q, int(num_lines))
+    out = {}
+    for lang, n in line_counts.items():
+        m = draws[lang]
+        rng = np.random.default_rng(_lang_seed(seed, lang))
+        repeats, rest = divmod(m, n)
+        chosen = rng.choice(n, size=rest, replace=False) if rest else np.zeros(0, np.int64)
+        out[lang] = (repeats, np.sort(chosen), m)
+    return q, out
+
+
 def sample_training_lines(
     text_files_by_lang: Mapping[str, Sequence[str]],
     *,
@@ -50,17 +83,12 @@ def sample_training_lines(
             files, max_line_bytes=max_line_bytes, cache_dir=stats_cache_dir
         )
         line_counts[lang] = text_files.count(stats, "lines")
-    q = rates.alpha_probabilities(dict(counts) if counts else line_counts, alpha)
-    draws = rates.sample_counts(q, int(num_lines))
+    q, chosen_by_lang = draw(line_counts, num_lines=num_lines, alpha=alpha, seed=seed,
+                             weights=counts)
     out: dict[str, list[str]] = {}
     for lang, files in files_by_lang.items():
-        n, m = line_counts[lang], draws[lang]
-        rng = np.random.default_rng(_lang_seed(seed, lang))
-        repeats, rest = divmod(m, n)
-        chosen = rng.choice(n, size=rest, replace=False) if rest else np.zeros(0, np.int64)
-        multiplicity: dict[int, int] = {}
-        for i in chosen.tolist():
-            multiplicity[i] = 1
+        repeats, chosen, _ = chosen_by_lang[lang]
+        multiplicity = dict.fromkeys(chosen.tolist(), 1)
         lines: list[str] = []
         index = 0
         for path in files:

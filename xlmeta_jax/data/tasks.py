@@ -18,6 +18,7 @@ import logging
 import math
 from collections.abc import Sequence
 
+import jax
 import seqio
 import tensorflow as tf
 
@@ -53,6 +54,9 @@ class _Plan:
     output_features: dict
     # Strings -> token-id lists with the run's vocabulary (n_l in tokens).
     encode: object = None
+    # Whether files without cached or prepared counts are counted: on one process only
+    # (a pod's hosts would each count the whole corpus and write the same files).
+    may_count: bool = True
     tasks: dict = dataclasses.field(default_factory=dict)  # name -> TaskRegistry.add kwargs
     mixtures: dict = dataclasses.field(default_factory=dict)  # name -> [(task, rate)]
 
@@ -100,7 +104,7 @@ def _english_text(plan: _Plan) -> None:
         patterns = corpora_lib.as_patterns(patterns)
         if patterns:
             files = text_files.list_text_files(patterns, what=f"english_files ({split})")
-            corpora_lib.checked_files(c, files)
+            corpora_lib.checked_files(c, files, may_count=plan.may_count, needs_counts=False)
             files_by_split[split] = providers.TextFiles(tuple(files), int(c.max_line_bytes))
     if files_by_split:
         plan.add_task(
@@ -147,9 +151,12 @@ def _cc100(plan: _Plan) -> None:
         for split, folder in (("train", c.cc100_dir), ("validation", c.cc100_validation_dir)):
             if folder:
                 files = corpora_lib.cc100_files(folder, lang)
-                stats = corpora_lib.checked_files(c, files)
-                if split == "train" and c.cc100_counts is None:
-                    counts[lang] = corpora_lib.language_count(c, stats, plan.encode)
+                needs_counts = split == "train" and c.cc100_counts is None
+                stats = corpora_lib.checked_files(c, files, may_count=plan.may_count,
+                                                  needs_counts=needs_counts)
+                if needs_counts:
+                    counts[lang] = corpora_lib.language_count(c, stats, plan.encode,
+                                                              folder=folder, lang=lang)
                 files_by_split[split] = providers.TextFiles(tuple(files), int(c.max_line_bytes))
         plan.add_task(
             names.cc100_task(lang),
@@ -260,7 +267,8 @@ def register(
     # Cheap checks first, then the files; the registry is touched only at the end.
     c.check()
     vocab = vocabulary.load_vocabulary(c.vocab_path)
-    plan = _Plan(c, _output_features(vocab), encode=vocab.tokenizer.encode)
+    plan = _Plan(c, _output_features(vocab), encode=vocab.tokenizer.encode,
+                 may_count=jax.process_count() == 1)
     for add in (_english_text, _english_tfds, _cc100, _mc4, _joint):
         add(plan)
     previous = dict(_registered[1]) if _registered is not None else {}

@@ -36,8 +36,13 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from xlmeta_jax import errors, files
 
-_STATS_FILENAME = "xlmeta_corpus_stats.json"
+STATS_FILENAME = "xlmeta_corpus_stats.json"
 _STATS_VERSION = 1
+# A folder written by `python -m xlmeta_jax.data.prepare`: its statistics file has this key
+# and the folder this marker, written last. Its entries are trusted by name and size (a copy
+# to another file system changes modification times, not contents).
+PREPARED_KEY = "prepared"
+COMPLETED_FILENAME = "COMPLETED"
 # Files are read in blocks this large; lines are split out of the blocks so that
 # an enormous line never has to be held in memory by the counting pass.
 _READ_BLOCK_BYTES = 8 << 20
@@ -67,6 +72,14 @@ _FOREIGN_BOMS = (
 
 class CorpusError(errors.UserError, ValueError):
     """Missing, empty or unreadable corpus files, or invalid mixture settings."""
+
+
+class UncountedError(CorpusError):
+    """Files that have no cached or prepared counts, where counting is not allowed."""
+
+    def __init__(self, message: str, paths: Sequence[str]):
+        super().__init__(message)
+        self.paths = list(paths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +170,11 @@ def _stat(path: str) -> tuple[int, int]:
     return int(st.st_size), int(st.st_mtime_ns)
 
 
+def stat(path: str) -> tuple[int, int]:
+    """(size, modification time in ns) of a file, as the counts' cache keys it."""
+    return _stat(path)
+
+
 def _open_binary(path: str):
     raw = _gfile().GFile(path, "rb") if _is_remote(path) else open(path, "rb")  # noqa: SIM115
     if path.endswith(".gz"):
@@ -179,35 +197,40 @@ def iter_lines(path: str, max_line_bytes: int) -> Iterator[bytes | None]:
     This mirrors ``tf.data.TextLineDataset``. A line longer than
     ``max_line_bytes`` is yielded as None and is never held whole in memory.
     """
-    limit = max_line_bytes + 1  # a trailing '\r' is only dropped at the end
     with _gzip_errors(path), _open_binary(path) as f:
-        pending: list[bytes] = []
-        pending_len = 0
-        too_long = False
-        while True:
-            block = f.read(_READ_BLOCK_BYTES)
-            if not block:
-                break
-            parts = block.split(b"\n")
-            # parts[:-1] end lines; parts[-1] starts the line the next block continues.
-            for part in parts[:-1]:
-                if too_long:
-                    yield None
-                else:
-                    line = b"".join(pending) + part if pending else part
-                    yield _finish_line(line, max_line_bytes)
-                pending, pending_len, too_long = [], 0, False
-            tail = parts[-1]
-            if not too_long and tail:
-                pending_len += len(tail)
-                if pending_len > limit:
-                    pending, too_long = [], True
-                else:
-                    pending.append(tail)
-        if too_long:
-            yield None
-        elif pending:
-            yield _finish_line(b"".join(pending), max_line_bytes)
+        yield from iter_stream_lines(f, max_line_bytes)
+
+
+def iter_stream_lines(f, max_line_bytes: int) -> Iterator[bytes | None]:
+    """:func:`iter_lines` of an open binary stream (a decompressing one included)."""
+    limit = max_line_bytes + 1  # a trailing '\r' is only dropped at the end
+    pending: list[bytes] = []
+    pending_len = 0
+    too_long = False
+    while True:
+        block = f.read(_READ_BLOCK_BYTES)
+        if not block:
+            break
+        parts = block.split(b"\n")
+        # parts[:-1] end lines; parts[-1] starts the line the next block continues.
+        for part in parts[:-1]:
+            if too_long:
+                yield None
+            else:
+                line = b"".join(pending) + part if pending else part
+                yield _finish_line(line, max_line_bytes)
+            pending, pending_len, too_long = [], 0, False
+        tail = parts[-1]
+        if not too_long and tail:
+            pending_len += len(tail)
+            if pending_len > limit:
+                pending, too_long = [], True
+            else:
+                pending.append(tail)
+    if too_long:
+        yield None
+    elif pending:
+        yield _finish_line(b"".join(pending), max_line_bytes)
 
 
 def _finish_line(line: bytes, max_line_bytes: int) -> bytes | None:
@@ -299,9 +322,13 @@ def _cache_paths(folder: str, cache_dir: str | None) -> list[str]:
     if cache_dir:
         return [os.path.join(cache_dir, f"{digest}.json")]
     return [
-        os.path.join(folder, _STATS_FILENAME),
+        os.path.join(folder, STATS_FILENAME),
         os.path.join(_default_cache_dir(), f"{digest}.json"),
     ]
+
+
+def _exists(path: str) -> bool:
+    return bool(_gfile().exists(path)) if _is_remote(path) else os.path.exists(path)
 
 
 def _read_json(path: str) -> dict:
@@ -343,6 +370,7 @@ def corpus_stats(
     *,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     cache_dir: str | None = None,
+    count_missing: bool = True,
 ) -> list[FileStats]:
     """Per-file counts, computed once and cached next to the data.
 
@@ -350,24 +378,39 @@ def corpus_stats(
     ``~/.cache/xlmeta_jax/corpus_stats/`` when that folder is read-only), or
     only ``cache_dir`` when one is given. Entries are keyed by file name, size,
     modification time and ``max_line_bytes``; a changed file is counted again.
+    A folder written by ``python -m xlmeta_jax.data.prepare`` (complete) is trusted
+    by file name, size and ``max_line_bytes``.
+
+    Args:
+      files: the files.
+      max_line_bytes: the long-line limit of the counts.
+      cache_dir: the one cache folder (None: next to the data, else the user's).
+      count_missing: count files that have no cached counts; if False, such files
+        raise :class:`UncountedError` (a pod's hosts never count).
 
     Raises:
       CorpusError: if a file is not UTF-8 (:func:`check_utf8_encoding`) or has
         no usable text at all.
+      UncountedError: files without counts when ``count_missing`` is False.
     """
-    for path in files:
-        check_utf8_encoding(path)  # before counting: such a file's counts are meaningless
+    if count_missing:
+        for path in files:
+            check_utf8_encoding(path)  # before counting: such a file's counts are meaningless
     by_folder: dict[str, list[str]] = {}
     for path in files:
         by_folder.setdefault(os.path.dirname(path) or ".", []).append(path)
     result: dict[str, FileStats] = {}
+    uncounted: list[str] = []
     for folder, paths in by_folder.items():
         cache_files = _cache_paths(folder, cache_dir)
         cached: dict = {}
+        prepared = False
         for cache_file in reversed(cache_files):  # the copy next to the data wins
             data = _read_json(cache_file)
             if data.get("version") == _STATS_VERSION:
                 cached.update(data.get("files", {}))
+                prepared = cache_file == cache_files[0] and bool(data.get(PREPARED_KEY))
+        prepared = prepared and _exists(os.path.join(folder, COMPLETED_FILENAME))
         fresh = 0
         for path in paths:
             size, mtime_ns = _stat(path)
@@ -375,12 +418,12 @@ def corpus_stats(
             stats = None
             if entry:
                 stats = FileStats(path=path, **{k: v for k, v in entry.items() if k != "path"})
-                if (stats.size, stats.mtime_ns, stats.max_line_bytes) != (
-                    size,
-                    mtime_ns,
-                    max_line_bytes,
-                ):
+                if (stats.size, stats.max_line_bytes) != (size, max_line_bytes) or (
+                        stats.mtime_ns != mtime_ns and not prepared):
                     stats = None
+            if stats is None and not count_missing:
+                uncounted.append(path)
+                continue
             if stats is None:
                 logging.info("counting %s (once; cached in %s)", path, cache_files[0])
                 stats = scan_text_file(path, max_line_bytes)
@@ -393,6 +436,9 @@ def corpus_stats(
             payload = {"version": _STATS_VERSION, "files": cached}
             if not any(_write_json(path, payload) for path in cache_files):
                 logging.warning("corpus stats for %s could not be cached", folder)
+    if uncounted:
+        raise UncountedError(
+            f"{len(uncounted)} files have no counts (e.g. {uncounted[0]})", uncounted)
     out = [result[p] for p in files]
     for stats in out:
         undecodable = stats.skipped_invalid_utf8 / max(1, stats.lines + stats.skipped_invalid_utf8)
@@ -488,11 +534,22 @@ def estimate_tokens(
       CorpusError: if the sample holds no text.
     """
     stats = list(stats)
-    per_file = max(1, math.ceil(sample_lines / max(1, len(stats))))
+    per_file = sample_lines_per_file(sample_lines, len(stats))
     sample = [line for s in stats
               for line in sample_paragraphs(s.path, per_file, s.max_line_bytes)]
+    return tokens_from_sample(sum(s.text_bytes for s in stats), sample, encode,
+                              what=str([s.path for s in stats]))
+
+
+def sample_lines_per_file(sample_lines: int, num_files: int) -> int:
+    """Paragraphs :func:`estimate_tokens` reads from each of ``num_files`` files."""
+    return max(1, math.ceil(sample_lines / max(1, num_files)))
+
+
+def tokens_from_sample(text_bytes: int, sample: Sequence[str], encode, *, what: str) -> float:
+    """``text_bytes`` in tokens, at the tokens per byte ``encode`` gives ``sample``."""
     sample_bytes = sum(len(line.encode("utf-8")) for line in sample)
     if not sample_bytes:
-        raise CorpusError(f"no text to sample tokens from in {[s.path for s in stats]}")
-    sample_tokens = sum(len(ids) for ids in encode(sample))
-    return sum(s.text_bytes for s in stats) * sample_tokens / sample_bytes
+        raise CorpusError(f"no text to sample tokens from in {what}")
+    sample_tokens = sum(len(ids) for ids in encode(list(sample)))
+    return text_bytes * sample_tokens / sample_bytes

@@ -46,7 +46,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.data import text_files
+from xlmeta_jax.data import prepared, text_files
 from xlmeta_jax.data.fertility import fertility_report, format_fertility_table
 from xlmeta_jax.data.languages import XLMR_LANGUAGE_NAMES, check_languages
 from xlmeta_jax.data.line_sample import sample_training_lines
@@ -223,7 +223,7 @@ def _settings_error(message: str, options: dict) -> VocabularyError:
 
 
 def train_vocabulary(
-    text_files_by_lang: dict[str, list[str]],
+    text_files_by_lang: dict[str, list[str]] | None,
     output_prefix: str,
     vocab_size: int,
     alpha: float = 0.3,
@@ -239,13 +239,15 @@ def train_vocabulary(
     report_lines_per_language: int = 2000,
     print_report: bool = True,
     trainer_options: Mapping[str, object] | None = None,
+    prepared_dir: str | None = None,
 ) -> str:
     """Trains the unigram SentencePiece vocabulary on an alpha-sampled text mix.
 
     Args:
       text_files_by_lang: language label -> text files or globs (CC-100 layout:
         one paragraph per line). Labels are free-form here (they only name the
-        rows of the report); tasks check codes against the XLM-R list.
+        rows of the report); tasks check codes against the XLM-R list. None with
+        ``prepared_dir``.
       output_prefix: writes ``{output_prefix}.model``, ``.vocab`` and the
         fertility report ``.fertility.tsv``.
       vocab_size: pieces including the 5 special ids (XLM-R: 250000).
@@ -267,6 +269,9 @@ def train_vocabulary(
       trainer_options: extra ``SentencePieceTrainer`` options (e.g.
         ``{"train_extremely_large_corpus": True}`` for 250k pieces on a large
         sample).
+      prepared_dir: train on the line sample ``python -m xlmeta_jax.data.prepare
+        --vocab_sample_lines=N`` drew into this folder instead of sampling files
+        (its alpha, seed and size replace ``alpha``, ``seed``, ``num_lines``).
 
     Returns:
       The path of the ``.model`` file.
@@ -280,26 +285,34 @@ def train_vocabulary(
 
     if int(vocab_size) <= NUM_SPECIAL_TOKENS:
         raise VocabularyError(f"vocab_size must exceed {NUM_SPECIAL_TOKENS}, got {vocab_size}")
-    if not text_files_by_lang:
+    if not text_files_by_lang and not prepared_dir:
         raise text_files.CorpusError("train_vocabulary: no languages given")
     if not 0.0 < character_coverage <= 1.0:
         raise VocabularyError(
             f"character_coverage must be in (0, 1], got {character_coverage}"
         )
-    # Every file is found and checked before the first progress line.
-    files_by_lang = {lang: text_files.list_text_files(f, what=f"vocabulary text for {lang!r}")
-                     for lang, f in text_files_by_lang.items()}
-    logging.info("sampling %d lines from %d languages (alpha %.2f; counting each language's "
-                 "lines first, cached per folder)", num_lines, len(files_by_lang), alpha)
-    lines_by_lang, q = sample_training_lines(
-        files_by_lang,
-        num_lines=num_lines,
-        alpha=alpha,
-        seed=seed,
-        max_line_bytes=max_line_bytes,
-        counts=counts,
-        stats_cache_dir=stats_cache_dir,
-    )
+    if prepared_dir:
+        lines_by_lang, q, meta = prepared.vocab_sample(prepared_dir)
+        alpha, seed = float(meta["alpha"]), int(meta["seed"])
+        logging.info("the %d-line sample of %d languages (alpha %.2f, seed %d) drawn by "
+                     "prepare in %s", meta["num_lines"], len(q), alpha, seed, prepared_dir)
+    else:
+        # Every file is found and checked before the first progress line.
+        files_by_lang = {
+            lang: text_files.list_text_files(f, what=f"vocabulary text for {lang!r}")
+            for lang, f in text_files_by_lang.items()}
+        logging.info("sampling %d lines from %d languages (alpha %.2f; counting each "
+                     "language's lines first, cached per folder)", num_lines,
+                     len(files_by_lang), alpha)
+        lines_by_lang, q = sample_training_lines(
+            files_by_lang,
+            num_lines=num_lines,
+            alpha=alpha,
+            seed=seed,
+            max_line_bytes=max_line_bytes,
+            counts=counts,
+            stats_cache_dir=stats_cache_dir,
+        )
     all_lines = [line for lang in sorted(lines_by_lang) for line in lines_by_lang[lang]]
     random.Random(seed).shuffle(all_lines)
     out_dir = os.path.dirname(os.path.abspath(output_prefix))
@@ -368,7 +381,17 @@ def _drop_temporary_paths(model_path: str, *, alpha: float, seed: int) -> None:
 # --------------------------------------------------------------------------- command
 
 
-def _files_from_args(args) -> dict[str, list[str]]:
+def _files_from_args(args) -> dict[str, list[str]] | None:
+    if args.prepared:
+        if args.cc100_dir or args.files or args.languages:
+            raise errors.UsageError("--prepared trains on the sample prepare drew: give no "
+                                    "--cc100_dir, --files or --languages with it")
+        for flag in ("alpha", "seed", "num_lines"):
+            if getattr(args, flag) is not None:
+                raise errors.UsageError(f"--{flag}: with --prepared the sample's own is used "
+                                        f"(set it when preparing: --vocab_sample_lines, "
+                                        "--alpha, --seed)")
+        return None
     by_lang: dict[str, list[str]] = {}
     if args.cc100_dir:
         if not os.path.isdir(args.cc100_dir):
@@ -398,7 +421,8 @@ def _files_from_args(args) -> dict[str, list[str]]:
     if args.files:
         check_languages(sorted({spec.partition("=")[0] for spec in args.files}), what="--files")
     if not by_lang:
-        raise errors.UserError("give --cc100_dir (with --languages) and/or --files LANG=GLOB")
+        raise errors.UserError("give --cc100_dir (with --languages), --files LANG=GLOB or "
+                               "--prepared=DIR")
     return by_lang
 
 
@@ -441,12 +465,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="writes PREFIX.model, PREFIX.vocab and PREFIX.fertility.tsv")
     parser.add_argument("--vocab_size", type=int, default=250_000,
                         help="pieces, including the 5 special ones (XLM-R: 250000)")
-    parser.add_argument("--alpha", type=float, default=0.3,
-                        help="language sampling exponent: q_l ~ n_l^alpha (XLM-R: 0.3)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the line sample and of the trainer")
-    parser.add_argument("--num_lines", type=int, default=2_000_000,
-                        help="lines in the training sample, over all languages")
+    parser.add_argument(
+        "--prepared",
+        help="a folder of python -m xlmeta_jax.data.prepare --vocab_sample_lines=N: train on "
+        "the line sample it drew (its alpha, seed and size)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="language sampling exponent: q_l ~ n_l^alpha (default 0.3, "
+                        "XLM-R's)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the line sample and of the trainer (default 0)")
+    parser.add_argument("--num_lines", type=int, default=None,
+                        help="lines in the training sample, over all languages (default "
+                        "2000000)")
     parser.add_argument("--character_coverage", type=float, default=0.9995,
                         help="share of characters the pieces must cover (rest: bytes/unk)")
     parser.add_argument(
@@ -466,15 +496,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
+    by_lang = _files_from_args(args)
+    args.alpha = 0.3 if args.alpha is None else args.alpha
+    args.seed = 0 if args.seed is None else args.seed
+    args.num_lines = 2_000_000 if args.num_lines is None else args.num_lines
     _check_args(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         path = train_vocabulary(
-            _files_from_args(args),
+            by_lang,
             args.output_prefix,
             args.vocab_size,
             args.alpha,
             args.seed,
+            prepared_dir=args.prepared,
             num_lines=args.num_lines,
             character_coverage=args.character_coverage,
             byte_fallback=args.byte_fallback,

@@ -1,0 +1,486 @@
+"""CC-100's ``{lang}.txt.xz`` files to a folder a pod trains on, as one Apache Beam job.
+
+::
+
+  python -m xlmeta_jax.data.prepare --input='/data/cc100-xz/*.txt.xz' --output=/data/cc100 \\
+      [--shard_bytes=N] [--vocab_sample_lines=N --alpha=A --seed=S] \\
+      [--tokenize --vocab=PATH] [Beam options: --runner, --direct_num_workers, ...]
+
+Each input file is read once by one worker (``.xz``, ``.gz`` or plain, local or any
+file system Beam reads, ``gs://`` included), split into document-whole gzip shards
+(:mod:`xlmeta_jax.data.shards`) and counted on the way. Per language the shards are
+then numbered ``{lang}.txt-00000-of-000NN.gz`` (the CC-100 task's ``{lang}.txt*``),
+and one worker writes ``xlmeta_corpus_stats.json``: the counts ``corpus_stats``
+caches, marked as prepared, so that no host of a pod ever counts. With
+``--vocab_sample_lines`` the vocabulary's alpha-sampled line sample is drawn from the
+shards (the same per-language draws and lines as ``data/line_sample.py``); with
+``--tokenize`` a second job writes seqio's offline token cache of the languages'
+tasks (``seqio.beam_utils``), read by ``make_mlm_iterator.use_cached``. ``COMPLETED``
+is written last: readers trust a folder only with it. A failed job removes what it
+wrote. The folder layout: :mod:`xlmeta_jax.data.prepared`.
+
+Beam's own options pass through unchanged: ``--runner=DataflowRunner --project=...
+--region=... --temp_location=gs://... --setup_file=./setup.py`` (workers install
+this package), ``--runner=FlinkRunner``, ``--direct_num_workers=2
+--direct_running_mode=multi_processing`` on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+
+from xlmeta_jax import errors
+from xlmeta_jax.data import beam_runs, prepared, rates, shards, text_files
+from xlmeta_jax.data.languages import check_languages
+
+log = logging.getLogger("xlmeta_jax.prepare")
+
+DEFAULT_SHARD_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One prepare job, checked: every setting and every input file is known good."""
+
+    inputs: tuple[tuple[int, str, str], ...]  # (index, language, path), sorted by path
+    output: str
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    max_line_bytes: int = text_files.DEFAULT_MAX_LINE_BYTES
+    gzip_level: int = 1
+    token_sample_lines: int = 2000
+    vocab_sample_lines: int = 0
+    alpha: float = 0.3
+    seed: int = 0
+    vocab: str | None = None
+    eos_after: str = "line"
+
+    @property
+    def languages(self) -> list[str]:
+        return sorted({lang for _, lang, _ in self.inputs})
+
+    @property
+    def temp(self) -> str:
+        return _join(self.output, prepared.TEMP_DIR)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _fs():
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - the beam extra
+
+    return FileSystems
+
+
+def _join(folder: str, *names: str) -> str:
+    return _fs().join(folder, *names) if "://" in folder else os.path.join(folder, *names)
+
+
+def _open_read(path: str):
+    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415
+
+    return _fs().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _open_write(path: str):
+    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415
+
+    return _fs().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _write_text(path: str, text: str) -> None:
+    """Writes ``path`` whole: through a temporary name renamed over it."""
+    tmp = f"{path}.tmp"
+    with _open_write(tmp) as f:
+        f.write(text.encode("utf-8"))
+    if _fs().exists(path):
+        _fs().delete([path])
+    _fs().rename([tmp], [path])
+
+
+def _mkdirs(path: str) -> None:
+    if "://" not in path:
+        os.makedirs(path, exist_ok=True)
+    elif not _fs().exists(path):
+        _fs().mkdirs(path)
+
+
+def _entries(folder: str) -> list[str]:
+    """Names directly inside ``folder`` (empty when it does not exist)."""
+    if "://" not in folder:
+        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    prefix = folder.rstrip("/") + "/"
+    found = _fs().match([prefix + "**"])[0].metadata_list
+    return sorted({m.path[len(prefix):].split("/")[0] for m in found})
+
+
+def _remove(folder: str, names: Sequence[str]) -> None:
+    for name in names:
+        path = _join(folder, name)
+        if "://" not in path:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+        else:
+            found = [m.path for m in _fs().match([path, path + "/**"])[0].metadata_list] + [
+                m.path for m in _fs().match([path + "/**"])[0].metadata_list]
+            if found:
+                _fs().delete(sorted(set(found)))
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _expand(patterns: Sequence[str]) -> list[str]:
+    paths = []
+    for pattern in patterns:
+        matched = sorted(m.path for m in _fs().match([pattern])[0].metadata_list)
+        if "://" not in pattern:
+            matched = [os.path.abspath(p) for p in matched if os.path.isfile(p)]
+        if not matched:
+            raise text_files.CorpusError(f"--input {pattern!r} matches no file")
+        paths.extend(matched)
+    return sorted(set(paths))
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Checks every setting and input before any work; returns the job.
+
+    Raises:
+      UserError: naming the flag, file or language that is wrong.
+    """
+    for flag, ok, rule in (
+        ("shard_bytes", args.shard_bytes > 0, "> 0"),
+        ("max_line_bytes", args.max_line_bytes > 0, "> 0"),
+        ("gzip_level", 1 <= args.gzip_level <= 9, "in 1..9"),
+        ("token_sample_lines", args.token_sample_lines > 0, "> 0"),
+        ("vocab_sample_lines", args.vocab_sample_lines >= 0, ">= 0"),
+    ):
+        if not ok:
+            raise errors.UsageError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+    if args.vocab_sample_lines:
+        rates.check_alpha(args.alpha)
+    if args.tokenize and not args.vocab:
+        raise errors.UsageError("--tokenize needs --vocab=PATH (the SentencePiece .model)")
+    if args.vocab and not args.tokenize:
+        raise errors.UsageError("--vocab is read by --tokenize only; add --tokenize")
+    if args.tokenize:
+        from xlmeta_jax.data import vocabulary  # noqa: PLC0415 - sentencepiece, on use
+
+        vocabulary.load_vocabulary(args.vocab)
+    paths = _expand(args.input)
+    wanted = (check_languages([s for s in args.languages.split(",") if s], what="--languages")
+              if args.languages else None)
+    inputs = []
+    for path in paths:
+        lang = shards.language_of(path)
+        if wanted is None or lang in wanted:
+            with _open_read(path) as f:
+                shards.check_header(path, f.read(len(shards.XZ_MAGIC)))
+            inputs.append((len(inputs), lang, path))
+    if not inputs:
+        raise text_files.CorpusError(f"--input matches no file of --languages={args.languages}")
+    if wanted is not None:
+        missing = sorted(set(wanted) - {lang for _, lang, _ in inputs})
+        if missing:
+            raise text_files.CorpusError(f"--languages: no input file for {missing}")
+    if args.vocab_sample_lines and args.vocab_sample_lines < len({i[1] for i in inputs}):
+        raise errors.UsageError(f"--vocab_sample_lines={args.vocab_sample_lines} is fewer "
+                                f"than the {len({i[1] for i in inputs})} languages")
+    output = args.output.rstrip("/") if "://" in args.output else os.path.abspath(args.output)
+    if "://" not in output and os.path.exists(output) and not os.path.isdir(output):
+        raise errors.UsageError(f"--output {output} is a file, not a folder")
+    present = _entries(output)
+    if present and not args.overwrite:
+        raise errors.UsageError(f"--output {output} is not empty ({len(present)} entries, e.g. "
+                                f"{present[0]}): choose an empty folder or pass --overwrite")
+    foreign = [name for name in present if not prepared.is_own_entry(name)]
+    if foreign:
+        raise errors.UsageError(f"--output {output} holds files this command did not write "
+                                f"(e.g. {foreign[0]}); --overwrite replaces only its own "
+                                "output: choose an empty folder")
+    if any(p.startswith(output.rstrip("/") + "/") for p in paths):
+        raise errors.UsageError(f"--output {output} holds input files: choose another folder")
+    return Plan(inputs=tuple(inputs), output=output, shard_bytes=args.shard_bytes,
+                max_line_bytes=args.max_line_bytes, gzip_level=args.gzip_level,
+                token_sample_lines=args.token_sample_lines,
+                vocab_sample_lines=args.vocab_sample_lines, alpha=args.alpha, seed=args.seed,
+                vocab=args.vocab, eos_after=args.eos_after)
+
+
+# --------------------------------------------------------------------------- the job
+
+
+class _Split:
+    """Reads one input file into temporary shards (a Beam DoFn's body, see build())."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def __call__(self, item):
+        from apache_beam import metrics  # noqa: PLC0415
+
+        index, lang, path = item
+        plan = self.plan
+        try:
+            counts, pieces = shards.split_file(
+                path, _open_read, _open_write, _join(plan.temp, f"{lang}-{index:05d}"),
+                shard_bytes=plan.shard_bytes, max_line_bytes=plan.max_line_bytes,
+                gzip_level=plan.gzip_level, head_lines=plan.token_sample_lines)
+            _check_usable(path, counts, plan.max_line_bytes)
+        except text_files.CorpusError as e:
+            raise beam_runs.input_error(e) from None
+        for name, value in (("text_bytes", counts.text_bytes), ("lines", counts.lines),
+                            ("documents", counts.documents), ("files", 1)):
+            metrics.Metrics.counter("prepare", name).inc(value)
+        yield lang, (index, path, dataclasses.asdict(counts),
+                     [(p.path, dataclasses.asdict(p.counts), p.head) for p in pieces])
+
+
+def _check_usable(path: str, counts: shards.Counts, max_line_bytes: int) -> None:
+    """corpus_stats' refusals, for an input file: no text, or mostly not UTF-8."""
+    undecodable = counts.skipped_invalid_utf8 / max(1, counts.lines + counts.skipped_invalid_utf8)
+    if counts.lines and undecodable > text_files.MAX_UNDECODABLE_SHARE:
+        raise text_files.CorpusError(
+            f"{path}: {100 * undecodable:.0f}% of its lines are not valid UTF-8: not a text "
+            "corpus, or not UTF-8 encoded")
+    if counts.lines == 0:
+        raise text_files.CorpusError(
+            f"{path} has no usable text: {counts.skipped_invalid_utf8} lines are not valid "
+            f"UTF-8, {counts.skipped_long_lines} exceed {max_line_bytes} bytes, the rest "
+            "are blank")
+
+
+def _finalize(item, plan: Plan):
+    """Numbers one language's shards, records their counts and the token sample."""
+    lang, results = item
+    results = sorted(results)
+    pieces = [piece for _, _, _, file_pieces in results for piece in file_pieces]
+    total = shards.Counts()
+    for _, _, counts, _ in results:
+        total.add(shards.Counts(**counts))
+    files, listing, offset = {}, [], 0
+    for k, (temp, counts, _) in enumerate(pieces):
+        final = _join(plan.output, prepared.shard_name(lang, k, len(pieces)))
+        _fs().rename([temp], [final])
+        size, mtime_ns = text_files.stat(final)
+        files[os.path.basename(final)] = {
+            "size": size, "mtime_ns": mtime_ns, "max_line_bytes": plan.max_line_bytes,
+            **counts}
+        listing.append((final, offset, counts["lines"]))
+        offset += counts["lines"]
+    per_file = text_files.sample_lines_per_file(plan.token_sample_lines, len(pieces))
+    sample = [line for _, _, head in pieces for line in head[:per_file]]
+    _write_text(_join(plan.output, prepared.TOKEN_SAMPLE_DIR, f"{lang}.json"), json.dumps({
+        "sample_lines": plan.token_sample_lines, "max_line_bytes": plan.max_line_bytes,
+        "lines": sample}, ensure_ascii=False))
+    language = {**dataclasses.asdict(total), "files": len(pieces),
+                "inputs": [path for _, path, _, _ in results]}
+    return {"lang": lang, "files": files, "language": language, "listing": listing}
+
+
+def _write_stats(finals: list[dict], plan: Plan) -> None:
+    finals = sorted(finals, key=lambda r: r["lang"])
+    payload = {
+        "version": 1,
+        "files": {name: entry for r in finals for name, entry in sorted(r["files"].items())},
+        text_files.PREPARED_KEY: {
+            "languages": {r["lang"]: r["language"] for r in finals},
+            "max_line_bytes": plan.max_line_bytes,
+            "shard_bytes": plan.shard_bytes,
+            "token_sample_lines": plan.token_sample_lines,
+            "created_by": "python -m xlmeta_jax.data.prepare",
+        },
+    }
+    _write_text(_join(plan.output, prepared.STATS_FILENAME),
+                json.dumps(payload, indent=1, sort_keys=True))
+
+
+def _draws(finals: list[dict], plan: Plan) -> dict:
+    """line_sample's per-language draws from the prepared counts: (repeats, chosen indices)."""
+    from xlmeta_jax.data import line_sample  # noqa: PLC0415 - numpy
+
+    counts = {r["lang"]: r["language"]["lines"] for r in finals}
+    q, out = line_sample.draw(counts, num_lines=plan.vocab_sample_lines, alpha=plan.alpha,
+                              seed=plan.seed)
+    meta = {"q": q, "counts": counts, "draws": {k: v[2] for k, v in out.items()},
+            "alpha": plan.alpha, "seed": plan.seed, "num_lines": plan.vocab_sample_lines}
+    _write_text(_join(plan.output, prepared.VOCAB_SAMPLE_DIR, prepared.VOCAB_SAMPLE_META),
+                json.dumps(meta, indent=1, sort_keys=True))
+    return {lang: (repeats, chosen.tolist()) for lang, (repeats, chosen, _) in out.items()}
+
+
+def _pick(job, draws):
+    """The sampled lines of one shard: (lang, (index in the language, line, times))."""
+    import bisect  # noqa: PLC0415
+
+    lang, path, offset, n = job
+    repeats, chosen = draws[lang]
+    lo, hi = bisect.bisect_left(chosen, offset), bisect.bisect_left(chosen, offset + n)
+    picked = set(chosen[lo:hi])
+    if not repeats and not picked:
+        return
+    with _open_read(path) as raw:
+        import gzip  # noqa: PLC0415
+
+        data = gzip.GzipFile(fileobj=raw).read()
+    # A shard holds kept paragraphs and the blank lines between documents only.
+    lines = [line for line in data.split(b"\n") if line]
+    for i, line in enumerate(lines):
+        times = repeats + (offset + i in picked)
+        if times:
+            yield lang, (offset + i, line.decode("utf-8"), times)
+
+
+def _write_sample(item, plan: Plan) -> None:
+    lang, picked = item
+    text = "".join((line + "\n") * times for _, line, times in sorted(picked))
+    _write_text(_join(plan.output, prepared.VOCAB_SAMPLE_DIR, f"{lang}.txt"), text)
+
+
+def build(pipeline, plan: Plan) -> None:
+    """Adds the job's transforms to a ``beam.Pipeline``."""
+    import apache_beam as beam  # noqa: PLC0415 - the beam extra
+
+    split = (pipeline
+             | "inputs" >> beam.Create(list(plan.inputs))
+             # One worker per input file: the files are spread before the reading starts.
+             | "spread" >> beam.Reshuffle()
+             | "split" >> beam.FlatMap(_Split(plan)))
+    finals = (split
+              | "by_language" >> beam.GroupByKey()
+              | "finalize" >> beam.Map(_finalize, plan=plan))
+    everything = finals | "all_languages" >> beam.combiners.ToList()
+    _ = everything | "write_stats" >> beam.Map(_write_stats, plan=plan)
+    if plan.vocab_sample_lines:
+        draws = everything | "draw" >> beam.Map(_draws, plan=plan)
+        _ = (finals
+             | "shards" >> beam.FlatMap(
+                 lambda r: [(r["lang"], *entry) for entry in r["listing"]])
+             | "spread_shards" >> beam.Reshuffle()
+             | "pick" >> beam.FlatMap(_pick, draws=beam.pvalue.AsSingleton(draws))
+             | "sample_by_language" >> beam.GroupByKey()
+             | "write_sample" >> beam.Map(_write_sample, plan=plan))
+
+
+def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
+    """Runs the job (and the token cache's with ``plan.vocab``); returns what it wrote.
+
+    On any failure, what the job wrote into the output folder is removed.
+    """
+    _remove(plan.output, [n for n in _entries(plan.output) if prepared.is_own_entry(n)])
+    for folder in (plan.output, plan.temp, _join(plan.output, prepared.TOKEN_SAMPLE_DIR)):
+        _mkdirs(folder)
+    if plan.vocab_sample_lines:
+        _mkdirs(_join(plan.output, prepared.VOCAB_SAMPLE_DIR))
+    t0 = time.time()
+    try:
+        beam_runs.run(functools.partial(build, plan=plan), beam_args)
+        seconds_text = time.time() - t0
+        if plan.vocab:
+            _tokenize(plan, beam_args)
+        _remove(plan.output, [prepared.TEMP_DIR])
+        _write_text(_join(plan.output, prepared.COMPLETED), "")
+    except BaseException:
+        _remove(plan.output, [n for n in _entries(plan.output) if prepared.is_own_entry(n)])
+        raise
+    stats = json.loads(open_text(_join(plan.output, prepared.STATS_FILENAME)))
+    return {"seconds": time.time() - t0, "seconds_text": seconds_text,
+            "languages": stats[text_files.PREPARED_KEY]["languages"]}
+
+
+def _tokenize(plan: Plan, beam_args: Sequence[str]) -> None:
+    """The second job: seqio's token cache of every prepared language's task."""
+    from xlmeta_jax.data import task_names as names  # noqa: PLC0415
+    from xlmeta_jax.data import tasks, token_cache  # noqa: PLC0415 - seqio, TensorFlow
+    from xlmeta_jax.data.corpora import Corpora  # noqa: PLC0415
+
+    # Only the steps before the cache placeholder matter here: no token counts needed.
+    tasks.register(Corpora(vocab_path=plan.vocab, cc100_dir=plan.output,
+                           languages=plan.languages, count_unit="lines",
+                           eos_after=plan.eos_after, max_line_bytes=plan.max_line_bytes))
+    token_cache.cache_tasks([names.cc100_task(lang) for lang in plan.languages],
+                            _join(plan.output, prepared.CACHE_DIR), beam_args=beam_args)
+
+
+def open_text(path: str) -> str:
+    with _open_read(path) as f:
+        return f.read().decode("utf-8")
+
+
+# --------------------------------------------------------------------------- command
+
+
+def parser() -> argparse.ArgumentParser:
+    p = errors.ArgumentParser(
+        prog="python -m xlmeta_jax.data.prepare",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="CC-100 {lang}.txt.xz files to document-whole shards, corpus statistics, "
+        "the vocabulary's line sample and seqio's token cache, on Apache Beam. Options this "
+        "command does not know are Beam's (--runner, --direct_num_workers, --project, ...).",
+    )
+    p.add_argument("--input", action="append", required=True,
+                   help="glob of {lang}.txt.xz / .gz / plain files (repeatable; local or gs://)")
+    p.add_argument("--output", required=True, help="the prepared folder (CC100_DIR)")
+    p.add_argument("--languages", help="comma-separated CC-100 codes (default: every input)")
+    p.add_argument("--shard_bytes", type=int, default=DEFAULT_SHARD_BYTES,
+                   help="text bytes per shard (shards end at a document's end)")
+    p.add_argument("--max_line_bytes", type=int, default=text_files.DEFAULT_MAX_LINE_BYTES,
+                   help="longer lines are dropped and counted, as the reader drops them")
+    p.add_argument("--gzip_level", type=int, default=1, help="the shards' gzip level (1..9)")
+    p.add_argument("--token_sample_lines", type=int, default=2000,
+                   help="paragraphs per language the tokens-per-byte estimate reads "
+                   "(Corpora.token_sample_lines)")
+    p.add_argument("--vocab_sample_lines", type=int, default=0,
+                   help="draw the vocabulary's alpha-sampled sample of this many lines")
+    p.add_argument("--alpha", type=float, default=0.3, help="the sample's q_l ~ n_l^alpha")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    p.add_argument("--tokenize", action="store_true",
+                   help="write seqio's offline token cache of every language's task")
+    p.add_argument("--vocab", help="with --tokenize: the SentencePiece .model")
+    p.add_argument("--eos_after", choices=("line", "document"), default="line",
+                   help="with --tokenize: Corpora.eos_after of the runs that read the cache")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier output of this command in --output")
+    errors.add_debug_flag(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m xlmeta_jax.data.prepare`` (see the module docstring)."""
+    args, beam_args = parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Beam's and seqio's per-bundle lines (type hints, renames, every example) would
+    # drown the job's own; their warnings and errors still show.
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    try:
+        import apache_beam  # noqa: F401, PLC0415
+    except ImportError:
+        raise errors.UserError("Apache Beam is not installed: pip install -c constraints.txt "
+                               "-e '.[beam]'") from None
+    plan = make_plan(args)
+    print(f"preparing {len(plan.inputs)} files of {len(plan.languages)} languages into "
+          f"{plan.output}", flush=True)
+    result = run(plan, beam_args)
+    langs = result["languages"]
+    text = sum(v["text_bytes"] for v in langs.values())
+    print(f"wrote {sum(v['files'] for v in langs.values())} shards, "
+          f"{sum(v['lines'] for v in langs.values())} lines, {text / 1e6:.1f} MB of text of "
+          f"{len(langs)} languages in {result['seconds']:.1f} s: {plan.output} "
+          f"(CC100_DIR='{plan.output}')")
+    return 0
+
+
+if __name__ == "__main__":
+    errors.exit_with(main, prog="xlmeta_jax.data.prepare")

@@ -1,0 +1,123 @@
+"""What ``python -m xlmeta_jax.data.prepare`` leaves in its output folder, for its readers.
+
+Layout of a prepared folder ``OUT`` (a CC-100 folder the tasks read as ``CC100_DIR``)::
+
+  OUT/{lang}.txt-00000-of-000NN.gz   document-whole shards (one paragraph a line)
+  OUT/xlmeta_corpus_stats.json       per-file and per-language counts (corpus_stats' cache)
+  OUT/token_sample/{lang}.json       the paragraphs the tokens-per-byte estimate reads
+  OUT/vocab_sample/{lang}.txt        with --vocab_sample_lines: the vocabulary's sample
+  OUT/vocab_sample/sample.json       ... its q_l, counts, draws, alpha and seed
+  OUT/cache/                         with --tokenize: seqio's offline token cache
+  OUT/COMPLETED                      written last; readers trust nothing without it
+
+Nothing here imports TensorFlow (except ``tf.io.gfile`` for ``scheme://`` paths).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from xlmeta_jax.data import text_files
+
+STATS_FILENAME = text_files.STATS_FILENAME
+COMPLETED = text_files.COMPLETED_FILENAME
+TOKEN_SAMPLE_DIR = "token_sample"
+VOCAB_SAMPLE_DIR = "vocab_sample"
+VOCAB_SAMPLE_META = "sample.json"
+CACHE_DIR = "cache"
+TEMP_DIR = ".prepare-tmp"
+# Everything the command writes into OUT (an --overwrite removes these and nothing else).
+OWN_ENTRIES = (STATS_FILENAME, COMPLETED, TOKEN_SAMPLE_DIR, VOCAB_SAMPLE_DIR, CACHE_DIR,
+               TEMP_DIR)
+
+
+def shard_name(lang: str, index: int, count: int) -> str:
+    """``{lang}.txt-{index:05d}-of-{count:05d}.gz``: read by the CC-100 task's ``{lang}.txt*``."""
+    return f"{lang}.txt-{index:05d}-of-{count:05d}.gz"
+
+
+def is_own_entry(name: str) -> bool:
+    """Whether ``name`` in OUT is something the command writes."""
+    if name in OWN_ENTRIES:
+        return True
+    stem, sep, rest = name.partition(".txt-")
+    return bool(sep and stem and rest.endswith(".gz") and "-of-" in rest)
+
+
+def _gfile():
+    import tensorflow as tf  # noqa: PLC0415 - only for non-local file systems
+
+    return tf.io.gfile
+
+
+def _exists(path: str) -> bool:
+    return bool(_gfile().exists(path)) if "://" in path else os.path.exists(path)
+
+
+def _read_text(path: str) -> str:
+    if "://" in path:
+        with _gfile().GFile(path) as f:
+            return f.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def is_complete(folder: str) -> bool:
+    """Whether ``folder`` is a prepared folder whose job finished."""
+    return _exists(os.path.join(folder, COMPLETED)) and _exists(
+        os.path.join(folder, STATS_FILENAME))
+
+
+def read_stats(folder: str) -> dict | None:
+    """The prepared statistics' ``prepared`` section, or None (not prepared, or incomplete)."""
+    if not is_complete(folder):
+        return None
+    try:
+        data = json.loads(_read_text(os.path.join(folder, STATS_FILENAME)))
+    except (OSError, ValueError):
+        return None
+    return data.get(text_files.PREPARED_KEY)
+
+
+def token_sample(folder: str, lang: str, sample_lines: int,
+                 max_line_bytes: int) -> tuple[list[str]] | None:
+    """The paragraphs :func:`text_files.estimate_tokens` would read of ``lang``'s shards.
+
+    Returns:
+      (the paragraphs,), or None where the folder has no complete sample for these
+      settings (the caller then reads the shards' heads).
+    """
+    path = os.path.join(folder, TOKEN_SAMPLE_DIR, f"{lang}.json")
+    if not _exists(os.path.join(folder, COMPLETED)) or not _exists(path):
+        return None
+    try:
+        sample = json.loads(_read_text(path))
+    except (OSError, ValueError):
+        return None
+    if (sample.get("sample_lines"), sample.get("max_line_bytes")) != (
+            int(sample_lines), int(max_line_bytes)):
+        return None
+    return (list(sample["lines"]),)
+
+
+def vocab_sample(folder: str) -> tuple[dict[str, list[str]], dict[str, float], dict]:
+    """The vocabulary's line sample a prepare job drew: (lines per language, q_l, its settings).
+
+    Raises:
+      CorpusError: the folder is not a complete prepared folder with a sample.
+    """
+    meta_path = os.path.join(folder, VOCAB_SAMPLE_DIR, VOCAB_SAMPLE_META)
+    if not is_complete(folder):
+        raise text_files.CorpusError(
+            f"{folder} is not a complete prepared folder (no {COMPLETED}): run "
+            "python -m xlmeta_jax.data.prepare --vocab_sample_lines=N to the end")
+    if not _exists(meta_path):
+        raise text_files.CorpusError(
+            f"{folder} has no vocabulary sample: prepare it with --vocab_sample_lines=N")
+    meta = json.loads(_read_text(meta_path))
+    lines = {}
+    for lang in meta["q"]:
+        text = _read_text(os.path.join(folder, VOCAB_SAMPLE_DIR, f"{lang}.txt"))
+        lines[lang] = text.split("\n")[:-1] if text else []
+    return lines, dict(meta["q"]), meta

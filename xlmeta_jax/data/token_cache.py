@@ -1,0 +1,206 @@
+"""seqio's offline token cache of registered tasks, written by an Apache Beam job.
+
+Per task the job reads the source through seqio's own Beam transform
+(``seqio.beam_utils.PreprocessTask``: one work item per source shard, as
+``seqio/scripts/cache_tasks_main.py`` runs it), so the cache holds exactly what the
+task's steps before its ``CacheDatasetPlaceholder`` produce, and writes
+``info.{split}.json`` and ``stats.{split}.json`` with seqio's ``GetInfo``,
+``GetStats`` and ``WriteJson``; ``COMPLETED`` is written last, once the job
+succeeded. seqio reads the cache with ``use_cached=True``.
+
+The TFRecords are written here rather than by seqio's ``WriteExampleTfRecord``,
+which reshuffles the examples: the task's elements (runs of up to 256 paragraphs)
+are joined back into whole documents in their order, and each cache file holds its
+documents in source order — by default one file per source shard, with
+``num_shards`` documents dealt round-robin — so that a cached run reads the batches
+an uncached one reads, interleaved cache files never split a document, and two runs
+of the job write the same files. ``info.{split}.json`` records the ``</s>``
+convention (``xlmeta_eos_after``); a run with the other one refuses the cache.
+
+Workers register the tasks themselves (``setup_fn``) with the driver's
+:class:`~xlmeta_jax.data.corpora.Corpora`: from prepared statistics where the corpus
+has them, so no worker counts. Users: ``python -m xlmeta_jax.data.prepare --tokenize``
+(CC-100) and ``python -m xlmeta_jax.tools.caching`` (any registered task).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from xlmeta_jax.data.vocabulary import EOS_ID
+
+
+def document_ends(run: np.ndarray, eos_after: str, previous_eos: bool) -> np.ndarray:
+    """Indices of ``run`` where a document ends (its last eos).
+
+    Args:
+      run: a run of the token stream.
+      eos_after: the tasks' ``Corpora.eos_after``.
+      previous_eos: whether the token before ``run`` in the stream is eos.
+    """
+    is_eos = run == EOS_ID
+    if eos_after == "document":
+        return np.flatnonzero(is_eos)
+    before = np.concatenate([[previous_eos], is_eos[:-1]])
+    return np.flatnonzero(is_eos & before)
+
+
+def join_documents(runs: Sequence[np.ndarray], eos_after: str) -> list[np.ndarray]:
+    """A source shard's runs of the token stream, in order, as whole documents."""
+    docs, pending, previous_eos = [], [], False
+    for run in runs:
+        ends = document_ends(run, eos_after, previous_eos)
+        if run.size:
+            previous_eos = bool(run[-1] == EOS_ID)
+        start = 0
+        for end in ends:
+            docs.append(np.concatenate([*pending, run[start : end + 1]]).astype(np.int32))
+            pending, start = [], end + 1
+        if start < run.size:
+            pending.append(run[start:])
+    if pending:  # sources end every document; kept for safety
+        docs.append(np.concatenate(pending).astype(np.int32))
+    return docs
+
+
+def _register(corpora) -> None:
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio, TensorFlow
+
+    if corpora is not None:
+        tasks.register(corpora)
+
+
+def _keyed(ex, provenance):
+    shard_key, index_key = provenance
+    tokens = ex["tokens"]
+    tokens = tokens.numpy() if hasattr(tokens, "numpy") else np.asarray(tokens)
+    return int(ex[shard_key]), (int(ex[index_key]), tokens)
+
+
+def _dealt(item, eos_after: str, num_shards: int | None):
+    """One source shard's documents, keyed by the cache file each goes to."""
+    shard, elements = item
+    docs = join_documents([run for _, run in sorted(elements, key=lambda e: e[0])], eos_after)
+    for j, doc in enumerate(docs):
+        out = shard if num_shards is None else (shard + j) % num_shards
+        yield out, (shard, j, doc)
+
+
+def _write_file(item, prefix: str, num_shards: int):
+    import seqio  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    out, docs = item
+    docs = sorted(docs, key=lambda d: (d[0], d[1]))
+    with tf.io.TFRecordWriter(f"{prefix}-{out:05d}-of-{num_shards:05d}") as writer:
+        for _, _, doc in docs:
+            writer.write(seqio.dict_to_tfexample({"tokens": doc}).SerializeToString())
+    for _, _, doc in docs:
+        yield {"tokens": doc}
+
+
+def _with_convention(info: dict, eos_after: str) -> dict:
+    from xlmeta_jax.data import tasks  # noqa: PLC0415
+
+    return {**info, tasks.CACHE_EOS_KEY: eos_after}
+
+
+def task_folder(cache_dir: str, task_name: str) -> str:
+    """Where seqio looks for ``task_name``'s cache under ``cache_dir``."""
+    import seqio  # noqa: PLC0415
+
+    return os.path.join(cache_dir, seqio.utils.get_task_dir_from_name(task_name))
+
+
+def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corpora,
+             num_shards: int | None = None) -> str:
+    """Adds one task's cache job to ``pipeline``; returns the task's cache folder."""
+    import apache_beam as beam  # noqa: PLC0415
+    import seqio  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+    from seqio import beam_utils  # noqa: PLC0415
+
+    out = task_folder(cache_dir, task.name)
+    tf.io.gfile.makedirs(out)
+    files = num_shards or len(task.source.list_shards(split))
+    prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
+    label = task.name
+    docs = (
+        pipeline
+        | f"{label}_read" >> beam_utils.PreprocessTask(
+            task, split, setup_fn=functools.partial(_register, corpora), add_provenance=True)
+        | f"{label}_key" >> beam.Map(_keyed, provenance=(
+            beam_utils.SOURCE_SHARD_ID_PROVENANCE_KEY, beam_utils.ID_WITHIN_SHARD_PROVENANCE_KEY))
+        | f"{label}_by_source_shard" >> beam.GroupByKey()
+        | f"{label}_documents" >> beam.FlatMap(_dealt, eos_after=eos_after,
+                                               num_shards=num_shards)
+        | f"{label}_by_file" >> beam.GroupByKey()
+        | f"{label}_write" >> beam.FlatMap(_write_file, prefix=prefix, num_shards=files))
+    _ = (docs
+         | f"{label}_info" >> beam_utils.GetInfo(files)
+         | f"{label}_convention" >> beam.Map(_with_convention, eos_after=eos_after)
+         | f"{label}_write_info" >> beam_utils.WriteJson(
+             seqio.utils.get_cached_info_path(out, split)))
+    _ = (docs
+         | f"{label}_stats" >> beam_utils.GetStats({"tokens": task.output_features["targets"]})
+         | f"{label}_write_stats" >> beam_utils.WriteJson(
+             seqio.utils.get_cached_stats_path(out, split)))
+    return out
+
+
+def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "train",
+                num_shards: int | None = None, overwrite: bool = False,
+                beam_args: Sequence[str] = ()) -> list[str]:
+    """Caches registered tasks in one Beam job; returns their cache folders.
+
+    Args:
+      task_names: registered tasks with a ``CacheDatasetPlaceholder``
+        (:func:`xlmeta_jax.data.tasks.register` registered them).
+      cache_dir: the cache root (``make_mlm_iterator(cache_dir=...)``).
+      split: the split to cache (other splits of an existing cache are kept).
+      num_shards: cache files per task (None: one per source shard).
+      overwrite: replace an existing cache of this split.
+      beam_args: Beam's pipeline options (default: the DirectRunner's engine).
+
+    Raises:
+      CorpusError: a task cannot be cached, or is cached already without ``overwrite``.
+    """
+    import seqio  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    from xlmeta_jax.data import beam_runs, tasks, text_files  # noqa: PLC0415
+
+    corpora = tasks.registered_corpora()
+    eos_after = corpora.eos_after if corpora is not None else "line"
+    if num_shards is not None and num_shards < 1:
+        raise text_files.CorpusError(f"num_shards must be >= 1, got {num_shards}")
+    chosen = []
+    for name in task_names:
+        task = seqio.get_mixture_or_task(name)
+        if not isinstance(task, seqio.Task) or not task.supports_caching:
+            raise text_files.CorpusError(f"{name} is not a task with a CacheDatasetPlaceholder")
+        out = task_folder(cache_dir, task.name)
+        prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
+        if tf.io.gfile.glob(f"{prefix}-*") and not overwrite:
+            raise text_files.CorpusError(
+                f"{out} already caches split {split!r} (pass --overwrite to replace it)")
+        chosen.append((task, out, prefix))
+    for _, out, prefix in chosen:
+        for old in [*tf.io.gfile.glob(f"{prefix}-*"), os.path.join(out, "COMPLETED")]:
+            if tf.io.gfile.exists(old):
+                tf.io.gfile.remove(old)
+
+    def build(pipeline):
+        for task, _, _ in chosen:
+            add_task(pipeline, task, cache_dir, split=split, eos_after=eos_after,
+                     corpora=corpora, num_shards=num_shards)
+
+    beam_runs.run(build, beam_args)
+    for _, out, _ in chosen:
+        with tf.io.gfile.GFile(os.path.join(out, "COMPLETED"), "w") as f:
+            f.write("")
+    return [out for _, out, _ in chosen]
