@@ -37,12 +37,23 @@ def run(build: Callable[[object], None], beam_args: Sequence[str] = ()) -> None:
         StandardOptions,
     )
 
-    options = PipelineOptions(list(beam_args))
+    beam_args = list(beam_args)
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # The workers' per-bundle INFO lines would drown the job's own.
+        beam_args.append("--default_sdk_harness_log_level=WARNING")
+    options = PipelineOptions(beam_args)
     runner = options.view_as(StandardOptions).runner
     if runner in (None, "DirectRunner", "direct"):
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner  # noqa: PLC0415
+        # As Beam's DirectRunner builds it, with the options the workers read.
+        from apache_beam.portability.api import beam_provision_api_pb2  # noqa: PLC0415
+        from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: PLC0415
+        from apache_beam.runners.portability.portable_runner import (  # noqa: PLC0415
+            JobServiceHandle,
+        )
 
-        runner = FnApiRunner()
+        encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+        runner = fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
     try:
         with beam.Pipeline(runner=runner, options=options) as pipeline:
             build(pipeline)

@@ -28,8 +28,10 @@ this package), ``--runner=FlinkRunner``, ``--direct_num_workers=2
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import functools
+import gzip
 import json
 import logging
 import os
@@ -39,7 +41,18 @@ import time
 from collections.abc import Sequence
 
 from xlmeta_jax import errors
-from xlmeta_jax.data import beam_runs, prepared, rates, shards, text_files
+from xlmeta_jax.data import (
+    beam_runs,
+    line_sample,
+    prepared,
+    rates,
+    shards,
+    text_files,
+    token_cache,
+    vocabulary,
+)
+from xlmeta_jax.data import task_names as names
+from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.data.languages import check_languages
 
 log = logging.getLogger("xlmeta_jax.prepare")
@@ -86,13 +99,13 @@ def _join(folder: str, *names: str) -> str:
 
 
 def _open_read(path: str):
-    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415
+    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415 - the beam extra
 
     return _fs().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
 def _open_write(path: str):
-    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415
+    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415 - the beam extra
 
     return _fs().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
@@ -175,8 +188,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.vocab and not args.tokenize:
         raise errors.UsageError("--vocab is read by --tokenize only; add --tokenize")
     if args.tokenize:
-        from xlmeta_jax.data import vocabulary  # noqa: PLC0415 - sentencepiece, on use
-
         vocabulary.load_vocabulary(args.vocab)
     paths = _expand(args.input)
     wanted = (check_languages([s for s in args.languages.split(",") if s], what="--languages")
@@ -228,7 +239,7 @@ class _Split:
         self.plan = plan
 
     def __call__(self, item):
-        from apache_beam import metrics  # noqa: PLC0415
+        from apache_beam import metrics  # noqa: PLC0415 - the beam extra
 
         index, lang, path = item
         plan = self.plan
@@ -308,8 +319,6 @@ def _write_stats(finals: list[dict], plan: Plan) -> None:
 
 def _draws(finals: list[dict], plan: Plan) -> dict:
     """line_sample's per-language draws from the prepared counts: (repeats, chosen indices)."""
-    from xlmeta_jax.data import line_sample  # noqa: PLC0415 - numpy
-
     counts = {r["lang"]: r["language"]["lines"] for r in finals}
     q, out = line_sample.draw(counts, num_lines=plan.vocab_sample_lines, alpha=plan.alpha,
                               seed=plan.seed)
@@ -322,20 +331,16 @@ def _draws(finals: list[dict], plan: Plan) -> dict:
 
 def _pick(job, draws):
     """The sampled lines of one shard: (lang, (index in the language, line, times))."""
-    import bisect  # noqa: PLC0415
-
     lang, path, offset, n = job
     repeats, chosen = draws[lang]
     lo, hi = bisect.bisect_left(chosen, offset), bisect.bisect_left(chosen, offset + n)
     picked = set(chosen[lo:hi])
-    if not repeats and not picked:
-        return
-    with _open_read(path) as raw:
-        import gzip  # noqa: PLC0415
-
-        data = gzip.GzipFile(fileobj=raw).read()
-    # A shard holds kept paragraphs and the blank lines between documents only.
-    lines = [line for line in data.split(b"\n") if line]
+    lines = []
+    if repeats or picked:
+        with _open_read(path) as raw:
+            data = gzip.GzipFile(fileobj=raw).read()
+        # A shard holds kept paragraphs and the blank lines between documents only.
+        lines = [line for line in data.split(b"\n") if line]
     for i, line in enumerate(lines):
         times = repeats + (offset + i in picked)
         if times:
@@ -401,9 +406,7 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
 
 def _tokenize(plan: Plan, beam_args: Sequence[str]) -> None:
     """The second job: seqio's token cache of every prepared language's task."""
-    from xlmeta_jax.data import task_names as names  # noqa: PLC0415
-    from xlmeta_jax.data import tasks, token_cache  # noqa: PLC0415 - seqio, TensorFlow
-    from xlmeta_jax.data.corpora import Corpora  # noqa: PLC0415
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, on use
 
     # Only the steps before the cache placeholder matter here: no token counts needed.
     tasks.register(Corpora(vocab_path=plan.vocab, cc100_dir=plan.output,

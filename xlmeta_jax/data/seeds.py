@@ -15,6 +15,10 @@ One run seed (gin: ``train.seed``, t5x's ``SEED``) gives every stream its own se
   partition the data.
 * Parameter initialisation keeps the run seed itself: every arm of a seed starts from
   the same parameters.
+* **A phase resumed on another process count** (``train.new_process_count='reseed'``)
+  cannot continue its hosts' streams, which are one per process: every host restarts
+  from :func:`reseeded`, a seed of (phase seed, step, process count), so the new
+  streams repeat neither the old ones nor those of another resume.
 """
 
 from __future__ import annotations
@@ -60,3 +64,9 @@ def phase_seeds(sources, seed: int) -> list[int]:
 def host_seed(seed: int, shard_index: int) -> int:
     """The data seed of one host (input shard) of a stream seeded ``seed``."""
     return _derive("host", int(seed), int(shard_index))
+
+
+def reseeded(phase_seed_: int, step: int, process_count: int) -> int:
+    """The stream seed of a phase resumed at ``step`` on ``process_count`` processes,
+    after it ran on another count (the old streams cannot continue)."""
+    return _derive("reseed", int(phase_seed_), int(step), int(process_count))

@@ -50,6 +50,7 @@ _READ_BLOCK_BYTES = 8 << 20
 _UNSUPPORTED_SUFFIXES = (".xz", ".bz2", ".zst", ".lz4", ".7z", ".zip")
 
 COUNT_UNITS = ("tokens", "lines", "bytes")
+_progress = logging.getLogger("xlmeta_jax.train")
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 # A file with a larger share of lines that are not UTF-8 is refused: it is binary, or
@@ -425,7 +426,8 @@ def corpus_stats(
                 uncounted.append(path)
                 continue
             if stats is None:
-                logging.info("counting %s (once; cached in %s)", path, cache_files[0])
+                # A progress line of the commands: counting is the slow part of a start.
+                _progress.info("counting %s (once; cached in %s)", path, cache_files[0])
                 stats = scan_text_file(path, max_line_bytes)
                 fresh += 1
                 cached[os.path.basename(path)] = {

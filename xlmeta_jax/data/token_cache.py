@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from xlmeta_jax.data import beam_runs, text_files
 from xlmeta_jax.data.vocabulary import EOS_ID
 
 
@@ -172,7 +173,7 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
     import seqio  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
-    from xlmeta_jax.data import beam_runs, tasks, text_files  # noqa: PLC0415
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, on use
 
     corpora = tasks.registered_corpora()
     eos_after = corpora.eos_after if corpora is not None else "line"

@@ -470,13 +470,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a folder of python -m xlmeta_jax.data.prepare --vocab_sample_lines=N: train on "
         "the line sample it drew (its alpha, seed and size)")
     parser.add_argument("--alpha", type=float, default=None,
-                        help="language sampling exponent: q_l ~ n_l^alpha (default 0.3, "
+                        help="language sampling exponent: q_l ~ n_l^alpha (default: 0.3, "
                         "XLM-R's)")
     parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the line sample and of the trainer (default 0)")
+                        help="seed of the line sample and of the trainer (default: 0)")
     parser.add_argument("--num_lines", type=int, default=None,
-                        help="lines in the training sample, over all languages (default "
-                        "2000000)")
+                        help="lines in the training sample, over all languages "
+                        "(default: 2000000)")
     parser.add_argument("--character_coverage", type=float, default=0.9995,
                         help="share of characters the pieces must cover (rest: bytes/unk)")
     parser.add_argument(

@@ -14,7 +14,7 @@ import sentencepiece as spm
 
 from xlmeta_jax import errors, files
 from xlmeta_jax.model import mlm, network, partitioning
-from xlmeta_jax.pretrain import checkpoints, run_dir, step
+from xlmeta_jax.pretrain import checkpoints, iterator_item, run_dir, step
 
 if TYPE_CHECKING:
     from xlmeta_jax.pretrain import trainer
@@ -192,8 +192,13 @@ def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.Encod
     return latest_checkpoint(model_dir, phase, model, data_seed) == phase.num_steps
 
 
+# The train() setting that lets an unfinished phase resume on another process count.
+NEW_PROCESS_COUNT = ("reseed",)
+
+
 def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
-                     model: network.EncoderConfig, data_seeds: Sequence[int]) -> set[str]:
+                     model: network.EncoderConfig, data_seeds: Sequence[int],
+                     new_process_count: str | None = None) -> set[str]:
     """Checks what a rerun reads of MODEL_DIR; returns the names of the complete phases.
 
     Needs no data, so it runs before any corpus is prepared or pipeline built: a damaged
@@ -204,8 +209,12 @@ def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
     final checkpoint, the run's product, has its optimizer state checked too; an
     unfinished phase's is checked when the resume reads it.
 
+    An unfinished phase whose checkpoint another process count wrote resumes only with
+    ``new_process_count='reseed'``: its hosts' input streams cannot continue.
+
     Raises:
-      run_dir.RunConfigMismatch: a stored checkpoint was written for another run.
+      run_dir.RunConfigMismatch: a stored checkpoint was written for another run, or
+        by another process count without ``new_process_count``.
       checkpoints.CheckpointError: a checkpoint is damaged, naming it.
     """
     complete = set()
@@ -223,4 +232,14 @@ def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
             checkpoints.read_meta(step_dir)
         if latest == phase.num_steps:
             complete.add(phase.name)
+            continue
+        stored = iterator_item.stored_process_count(step_dir)
+        if stored not in (None, jax.process_count()) and new_process_count is None:
+            raise run_dir.RunConfigMismatch(
+                f"[{phase.name}] {step_dir} was written by {stored} "
+                f"process{'es' if stored > 1 else ''}, this run has "
+                f"{jax.process_count()}: its hosts' input streams continue on {stored} only; "
+                "pass --gin.train.new_process_count=\"'reseed'\" to restore the parameters "
+                "and optimizer state onto this mesh and restart every host's stream from a "
+                "new seed")
     return complete

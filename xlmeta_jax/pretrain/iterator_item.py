@@ -2,7 +2,9 @@
 
 Each process saves the state of its own input iterator (its shard of the data and its
 position in it) under ``<step>/data/process_<i>-of-<n>``, so a restore on the same
-process count continues every host's stream where it stopped.
+process count continues every host's stream where it stopped. On another count the
+streams cannot continue: the trainer refuses, or with ``train.new_process_count='reseed'``
+restores the rest and restarts the streams (:func:`stored_process_count` tells which).
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from xlmeta_jax.errors import CheckpointError
+
+
+def stored_process_count(step_dir) -> int | None:
+    """How many processes wrote a checkpoint's input-iterator states (None: no states)."""
+    found = sorted(epath.Path(step_dir).glob("data/process_0-of-*"))
+    for path in found:
+        count = path.name.split("-of-")[1].split(".")[0]
+        if count.isdigit():
+            return int(count)
+    return None
 
 
 def _process_file(directory: epath.Path) -> str:

@@ -30,12 +30,14 @@ from xlmeta_jax.pretrain import (
     flops,
     handoff,
     hardware,
+    iterator_item,
     progress,
     run_dir,
     signals,
     step,
 )
 from xlmeta_jax.pretrain.checks import (
+    NEW_PROCESS_COUNT,
     ConfigError,
     check_model_dir,
     check_stored_run,
@@ -130,6 +132,11 @@ class _Run:
     mesh: Any = None
     # Each phase's data and dropout seed (seeds.phase_seed: run seed, task, occurrence).
     phase_seeds: list = dataclasses.field(default_factory=list)
+    # Each phase's input-stream seed: its phase seed, or seeds.reseeded once it resumed on
+    # another process count (recorded in its checkpoints as stream_seed).
+    stream_seeds: list = dataclasses.field(default_factory=list)
+    # Phases resuming on another process count: their iterators start anew (not restored).
+    reseeded: set = dataclasses.field(default_factory=set)
     # config.gin still to be (re)written: at this run's first checkpoint, so that a rerun
     # failing before it (a NaN, a bad binding found late) leaves the stored config alone.
     config_pending: bool = False
@@ -172,8 +179,10 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
         return _phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
                               meta.get("initialized_from"), steps_run=0, wall=0.0)
     if latest is not None:
-        # (Its data seed equals this run's: checked by checks.check_stored_run.)
-        state, meta = ckpt.restore(latest, fns.abstract_state, iterator)
+        # (Its data seed equals this run's: checked by checks.check_stored_run.) On another
+        # process count the streams restart (run.reseeded): the iterator is not restored.
+        state, meta = ckpt.restore(latest, fns.abstract_state,
+                                   None if phase.name in run.reseeded else iterator)
         phase_step = int(meta["phase_step"])
         step_offset = int(meta["step_offset"])
         provenance = meta.get("initialized_from")
@@ -219,6 +228,8 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             "step_offset": step_offset,
             "task": phase.task,
             "data_seed": phase_seed,
+            "stream_seed": run.stream_seeds[index],
+            "process_count": jax.process_count(),
             "batch_size": phase.batch_size,
             "sequence_length": phase.sequence_length,
             "model_config": dataclasses.asdict(model),
@@ -381,6 +392,7 @@ def train(
     config_text: str | None = None,
     describe: Callable[[str], str] = str,
     prepare: Callable[[], Any] | None = None,
+    new_process_count: str | None = None,
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
 
@@ -415,12 +427,19 @@ def train(
         passes its gin lookup, e.g. ``'META_STEPS'`` for a phase's step count).
       prepare: writes data the run reads (the demo's corpus into MODEL_DIR), called once
         MODEL_DIR is locked and the checks that need no data have passed.
+      new_process_count: ``'reseed'`` lets an unfinished phase resume on another process
+        count than the one that wrote its checkpoint: parameters and optimizer state are
+        restored onto the new mesh and every host's input stream restarts from
+        ``seeds.reseeded(phase seed, step, process count)``; None refuses such a resume.
     """
     # ---------------------------------------------------------------- validate
     # Checked before any data is prepared or read or code compiled: the settings, then
     # (MODEL_DIR locked) the stored run, then the vocabulary once prepared.
     if rng_impl not in step.RNG_IMPLS:
         raise ConfigError(f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}")
+    if new_process_count not in (None, *NEW_PROCESS_COUNT):
+        raise ConfigError(f"gin binding train.new_process_count={new_process_count!r} is not "
+                          f"None or one of {NEW_PROCESS_COUNT}")
     corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
                           microbatches, describe=describe)
@@ -441,7 +460,8 @@ def train(
                microbatches=microbatches, corpora=corpora, feeder=feeder,
                config_text=config_text, phase_seeds=phase_seeds)
     try:
-        run.complete = check_stored_run(model_dir, phases, model, phase_seeds)
+        run.complete = check_stored_run(model_dir, phases, model, phase_seeds,
+                                        new_process_count)
         if prepare is not None:
             prepare()
         check_vocabulary(vocab_path, model)
@@ -462,12 +482,13 @@ def _train_all(run: _Run, mesh_shape) -> dict:
     # All iterators are built now so a missing file or unknown task fails early
     # (except for phases that are already complete).
     iterators = {}
+    run.stream_seeds = [_stream_seed(run, i, p) for i, p in enumerate(phases)]
     for i, p in enumerate(phases):
         if p.name in run.complete:  # its final checkpoint was read back by train()
             iterators[p.name] = None
             continue
         log.info("[%s] building the input pipeline of %s", p.name, p.task)
-        iterators[p.name] = _make_iterator(run, p, seed=run.phase_seeds[i])
+        iterators[p.name] = _make_iterator(run, p, seed=run.stream_seeds[i])
     # A run that trains records its config: a new run now, a rerun with its first
     # checkpoint (run.config_pending); a rerun of a complete run leaves it alone.
     if jax.process_index() == 0 and any(it is not None for it in iterators.values()):
@@ -492,6 +513,32 @@ def _train_all(run: _Run, mesh_shape) -> dict:
         files.write_atomic(os.path.join(model_dir, "summary.json"), json.dumps(summary, indent=2))
     progress.log_summary(summary)
     return summary
+
+
+def _stream_seed(run: _Run, index: int, phase: Phase) -> int:
+    """The seed a phase's input stream is built with (its checkpoint's, when resuming)."""
+    phase_seed = run.phase_seeds[index]
+    if phase.name in run.complete:
+        return phase_seed
+    ckpt = checkpoints.PhaseCheckpoints(os.path.join(run.model_dir, phase.name),
+                                        save_interval_steps=1, max_to_keep=None, read_only=True)
+    latest = ckpt.latest_step()
+    ckpt.close()
+    if latest is None:
+        return phase_seed
+    step_dir = ckpt.step_dir(latest)
+    meta = checkpoints.read_meta(step_dir)
+    stored = iterator_item.stored_process_count(step_dir)
+    if stored in (None, jax.process_count()):
+        return int(meta.get("stream_seed", phase_seed))
+    # (Allowed by train.new_process_count='reseed': checked by checks.check_stored_run.)
+    run.reseeded.add(phase.name)
+    new = seeds.reseeded(phase_seed, int(meta["phase_step"]), jax.process_count())
+    log.info("[%s] %s was written by %d process%s, this run has %d: parameters and "
+             "optimizer state are restored onto this mesh, every host's input stream restarts "
+             "from seed %d (train.new_process_count='reseed')", phase.name, step_dir, stored,
+             "es" if stored > 1 else "", jax.process_count(), new)
+    return new
 
 
 def _write_config(run: _Run) -> None:

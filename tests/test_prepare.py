@@ -1,0 +1,309 @@
+"""``python -m xlmeta_jax.data.prepare`` on Beam's DirectRunner: CC-100 ``.xz`` files to
+shards, statistics, the vocabulary's sample and seqio's token cache.
+
+The inputs are Leipzig sentences (``../shared/data``) in CC-100's layout, compressed to
+``.xz`` (one language also as ``.gz``, one plain, one in two files), with a line that is
+not UTF-8, an over-long line and whitespace-only document breaks. Checked against the
+one-process code on the same text: the lines and documents of every language, the
+counts (``text_files.corpus_stats``), the mixture rates, the vocabulary's line sample
+(``line_sample``) and the batches of the on-the-fly pipeline; two workers against one.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import lzma
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("apache_beam")
+seqio = pytest.importorskip("seqio")
+
+from xlmeta_jax import errors  # noqa: E402
+from xlmeta_jax.data import (  # noqa: E402
+    feeding,
+    line_sample,
+    prepare,
+    prepared,
+    tasks,
+    text_files,
+)
+from xlmeta_jax.data import task_names as names  # noqa: E402
+from xlmeta_jax.model import mlm, partitioning  # noqa: E402
+
+# Lines per language (af fits one shard: the cache's batches are compared on it).
+LINES = {"en": 600, "de": 400, "sw": 300, "af": 40}
+LONG = 2000  # --max_line_bytes of the job: one line of each .xz input is longer
+SHARD_BYTES = 20_000
+
+
+def _documents(lines, lang):
+    """4 lines a document; a whitespace-only line between some, a CRLF in others."""
+    out = []
+    for i in range(0, len(lines), 4):
+        doc = lines[i:i + 4]
+        if lang == "de" and i % 8 == 0:
+            doc = [doc[0] + "\r", *doc[1:]]
+        out.append(doc)
+    return out
+
+
+def _write_input(folder, lang, lines):
+    """The language's text as bytes, with the lines the reader drops mixed in."""
+    docs = _documents(lines, lang)
+    parts = []
+    for k, doc in enumerate(docs):
+        body = [line.encode() for line in doc]
+        if k == 3:
+            body.insert(1, b"\xff\xfe not UTF-8")
+            body.insert(2, b"x" * (LONG + 1))
+        parts.append(b"\n".join(body) + (b"\n  \n" if k % 5 == 0 else b"\n\n"))
+    return b"".join(parts)
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("prepare")
+    source = os.path.join(shared_data, "leipzig_sentences", "sentences")
+    inputs, plain = root / "cc100-xz", root / "plain"
+    inputs.mkdir()
+    plain.mkdir()
+    for lang, n in LINES.items():
+        with open(os.path.join(source, f"{lang}.txt"), encoding="utf-8") as f:
+            lines = [line.strip() for line in f if line.strip()][:n]
+        data = _write_input(inputs, lang, lines)
+        (plain / f"{lang}.txt").write_bytes(data)
+        if lang == "de":
+            (inputs / "de.txt.gz").write_bytes(gzip.compress(data, mtime=0))
+        elif lang == "af":
+            (inputs / "af.txt").write_bytes(data)
+        elif lang == "sw":  # two files of one language, in name order
+            cut = data.index(b"\n\n", len(data) // 2) + 2
+            (inputs / "sw.txt.0.xz").write_bytes(lzma.compress(data[:cut]))
+            (inputs / "sw.txt.1.xz").write_bytes(lzma.compress(data[cut:]))
+        else:
+            (inputs / f"{lang}.txt.xz").write_bytes(lzma.compress(data))
+    out = root / "out"
+    flags = [f"--input={inputs}/*", f"--output={out}", f"--shard_bytes={SHARD_BYTES}",
+             f"--max_line_bytes={LONG}", "--vocab_sample_lines=700", "--alpha=0.3",
+             "--seed=3"]
+    assert prepare.main(flags) == 0
+    # A vocabulary from the prepared sample alone, then the token cache written with it.
+    from xlmeta_jax.data import vocabulary
+
+    vocab = vocabulary.train_vocabulary(None, str(root / "spm" / "toy"), 600, num_threads=2,
+                                        print_report=False, prepared_dir=str(out))
+    assert prepare.main([*flags, "--overwrite", "--tokenize", f"--vocab={vocab}"]) == 0
+    return {"root": root, "inputs": inputs, "plain": plain, "out": out, "flags": flags,
+            "vocab": vocab}
+
+
+def _plain(corpus, lang):
+    return str(corpus["plain"] / f"{lang}.txt")
+
+
+def _shards(corpus, lang, out=None):
+    return sorted(glob.glob(os.path.join(out or corpus["out"], f"{lang}.txt-*-of-*.gz")))
+
+
+def _docs_of(path, max_line_bytes=LONG):
+    """A file's documents as the reader sees them (kept lines, blank-line breaks)."""
+    docs, doc = [], []
+    for line in text_files.iter_lines(path, max_line_bytes):
+        if line is None:
+            continue
+        if not line.strip():
+            if doc:
+                docs.append(tuple(doc))
+            doc = []
+            continue
+        try:
+            doc.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    return docs + ([tuple(doc)] if doc else [])
+
+
+def test_shards_keep_every_document_whole_and_every_line(corpus):
+    out = corpus["out"]
+    assert (out / "COMPLETED").exists() and not (out / prepared.TEMP_DIR).exists()
+    for lang in LINES:
+        files = _shards(corpus, lang)
+        assert files and all(f.endswith(f"-of-{len(files):05d}.gz") for f in files)
+        # Every shard ends at a document end and none is cut: the documents of the shards
+        # in order are the input's, and so is the multiset of lines.
+        assert [d for f in files for d in _docs_of(f)] == _docs_of(_plain(corpus, lang))
+        got = collections.Counter(t for f in files for t in text_files.iter_paragraphs(f))
+        want = collections.Counter(text_files.iter_paragraphs(_plain(corpus, lang), LONG))
+        assert got == want and sum(want.values()) == LINES[lang]
+        if lang != "af":
+            assert len(files) > 1
+    # The CC-100 task reads them: {lang}.txt*.
+    assert len(text_files.list_text_files(str(out / "sw.txt*"), what="sw")) == len(
+        _shards(corpus, "sw"))
+
+
+def test_statistics_equal_the_counting_pass(corpus, tmp_path):
+    stats = json.loads((corpus["out"] / prepared.STATS_FILENAME).read_text())
+    languages = stats[text_files.PREPARED_KEY]["languages"]
+    for lang in LINES:
+        ref = text_files.corpus_stats([_plain(corpus, lang)], max_line_bytes=LONG,
+                                      cache_dir=str(tmp_path))[0]
+        for key in ("lines", "documents", "text_bytes", "skipped_invalid_utf8",
+                    "skipped_long_lines"):
+            assert languages[lang][key] == getattr(ref, key), (lang, key)
+        # Per shard: exactly what the counting pass finds in it.
+        for path in _shards(corpus, lang):
+            entry = stats["files"][os.path.basename(path)]
+            scan = text_files.scan_text_file(path, LONG)
+            assert {k: entry[k] for k in entry} == {
+                k: getattr(scan, k) for k in entry}, path
+    assert languages["sw"]["inputs"] == sorted(str(p) for p in corpus["inputs"].glob("sw.*"))
+    # corpus_stats reads them without counting, even where no host may count.
+    files = _shards(corpus, "en")
+    got = text_files.corpus_stats(files, max_line_bytes=LONG, count_missing=False)
+    assert [s.lines for s in got] == [stats["files"][os.path.basename(f)]["lines"]
+                                      for f in files]
+
+
+@pytest.mark.parametrize("unit", ["tokens", "lines", "bytes"])
+def test_mixture_rates_from_prepared_statistics_equal_counting(corpus, tmp_path, unit):
+    copy = tmp_path / "copy"  # the same shards without the statistics: counted
+    copy.mkdir()
+    for lang in LINES:
+        for path in _shards(corpus, lang):
+            shutil.copy(path, copy)
+    rates = []
+    for folder in (corpus["out"], copy):
+        tasks.register(vocab_path=corpus["vocab"], cc100_dir=str(folder),
+                       languages=list(LINES), count_unit=unit, max_line_bytes=LONG)
+        rates.append(tasks.language_probabilities(names.CC100_MIXTURE))
+    assert rates[0] == rates[1]
+    if unit != "tokens":  # in lines and bytes, the input files' own counts
+        tasks.register(vocab_path=corpus["vocab"], cc100_dir=str(corpus["plain"]),
+                       languages=list(LINES), count_unit=unit, max_line_bytes=LONG,
+                       stats_cache_dir=str(tmp_path / "stats"))
+        assert tasks.language_probabilities(names.CC100_MIXTURE) == rates[0]
+
+
+def test_vocabulary_sample_is_line_samples(corpus, tmp_path):
+    lines, q, meta = prepared.vocab_sample(str(corpus["out"]))
+    want_lines, want_q = line_sample.sample_training_lines(
+        {lang: [_plain(corpus, lang)] for lang in LINES}, num_lines=700, alpha=0.3, seed=3,
+        max_line_bytes=LONG, stats_cache_dir=str(tmp_path))
+    assert q == want_q and lines == want_lines
+    assert sum(map(len, lines.values())) == 700 == meta["num_lines"]
+
+
+def _iterator(task, **kw):
+    mesh = partitioning.create_mesh(data=4, fsdp=2, tensor=1)
+    return feeding.make_mlm_iterator(task, sequence_length=32, global_batch_size=16,
+                                     mesh=mesh, seed=1, features=mlm.FEATURES,
+                                     shuffle=False, num_epochs=1, **kw)
+
+
+@pytest.fixture
+def own_cache_dirs():
+    before = list(seqio.utils.get_global_cache_dirs())
+    seqio.utils.set_global_cache_dirs([])
+    yield
+    seqio.utils.set_global_cache_dirs(before)
+
+
+def test_token_cache_gives_the_batches_of_the_pipeline(corpus, own_cache_dirs):
+    cache = corpus["out"] / prepared.CACHE_DIR
+    task = names.cc100_task("af")  # one shard: one stream order to compare
+    folder = cache / task
+    assert (folder / "COMPLETED").exists()
+    info = json.loads((folder / "info.train.json").read_text())
+    assert info["xlmeta_eos_after"] == "line" and info["num_shards"] == 1
+    docs = json.loads((folder / "stats.train.json").read_text())["examples"]
+    assert docs == len(_docs_of(_plain(corpus, "af")))
+    for lang in LINES:  # a cache file per shard, every document once
+        stats = json.loads((cache / names.cc100_task(lang) / "stats.train.json").read_text())
+        assert stats["examples"] == len(_docs_of(_plain(corpus, lang)))
+        assert len(glob.glob(str(cache / names.cc100_task(lang) / "train.tfrecord-*"))) == len(
+            _shards(corpus, lang))
+    tasks.register(vocab_path=corpus["vocab"])  # new Task objects: no remembered cache
+    tasks.register(vocab_path=corpus["vocab"], cc100_dir=str(corpus["out"]),
+                   languages=list(LINES), max_line_bytes=LONG)
+    fly = _iterator(task)
+    cached = _iterator(task, use_cached=True, cache_dir=str(cache))
+    for _ in range(3):
+        a, b = feeding.batch_to_numpy(next(cached)), feeding.batch_to_numpy(next(fly))
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _listing(folder):
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "**"), recursive=True)):
+        if os.path.isfile(path):
+            out[os.path.relpath(path, folder)] = path
+    return out
+
+
+@pytest.mark.slow
+def test_two_workers_write_what_one_writes(corpus, tmp_path):
+    other = tmp_path / "two"
+    flags = [f if not f.startswith("--output=") else f"--output={other}"
+             for f in corpus["flags"]]
+    assert prepare.main([*flags, "--tokenize", f"--vocab={corpus['vocab']}",
+                         "--direct_num_workers=2",
+                         "--direct_running_mode=multi_processing"]) == 0
+    one, two = _listing(corpus["out"]), _listing(other)
+    assert one.keys() == two.keys()
+    for name in one:
+        a, b = open(one[name], "rb").read(), open(two[name], "rb").read()
+        if name == prepared.STATS_FILENAME:  # the shards' times differ, nothing else
+            a, b = (json.loads(x) for x in (a, b))
+            for x in (a, b):
+                for entry in x["files"].values():
+                    entry.pop("mtime_ns")
+                for lang in x[text_files.PREPARED_KEY]["languages"].values():
+                    lang.pop("inputs")
+        assert a == b, name
+
+
+def _damaged(folder, name, data):
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.mark.parametrize("case", ["damaged", "truncated", "language", "not_xz"])
+def test_bad_inputs_name_the_file_and_leave_nothing(corpus, tmp_path, capsys, case):
+    good = lzma.compress((corpus["plain"] / "en.txt").read_bytes())
+    bad = {"damaged": ("en.txt.xz", good[:200] + bytes(64) + good[264:]),
+           "truncated": ("en.txt.xz", good[: len(good) // 2]),
+           "language": ("zh.txt.xz", good),
+           "not_xz": ("en.txt.xz", b"plain text, not xz\n")}[case]
+    folder = _damaged(tmp_path / "in", *bad)
+    out = tmp_path / "out"
+    code = errors.run_command(prepare.main, [f"--input={folder}/*", f"--output={out}"],
+                              prog="xlmeta_jax.data.prepare")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert str(folder / bad[0]) in err[0] or (case == "language" and "'zh'" in err[0]), err
+    expected = {"damaged": "damaged .xz", "truncated": "truncated", "language": "zh-Hans",
+                "not_xz": "not an .xz file"}[case]
+    assert expected in err[0]
+    assert not out.exists() or not os.listdir(out)
+
+
+def test_output_in_the_way_is_refused(corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    flags = [f"--input={corpus['inputs']}/en.txt.xz", f"--output={out}"]
+    for extra, words in (([], "is not empty"), (["--overwrite"], "did not write")):
+        code = errors.run_command(prepare.main, flags + extra, prog="prepare")
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and "notes.txt" in err
+    assert os.listdir(out) == ["notes.txt"]
