@@ -43,6 +43,16 @@ def shared_data() -> pathlib.Path:
 
 
 @pytest.fixture
+def own_cache_dirs():
+    """seqio's cache folders are global: a test's own alone are searched, then restored."""
+    seqio = pytest.importorskip("seqio")
+    before = list(seqio.utils.get_global_cache_dirs())
+    seqio.utils.set_global_cache_dirs([])
+    yield
+    seqio.utils.set_global_cache_dirs(before)
+
+
+@pytest.fixture
 def clean_gin():
     """gin's one global config, empty before and after the test (for tests that parse)."""
     import gin

@@ -17,6 +17,7 @@ from xlmeta_jax.data import (  # noqa: E402
     feeding,
     tasks,  # noqa: E402
     text_files,  # noqa: E402
+    token_cache,
     vocabulary,
 )
 from xlmeta_jax.data import task_names as names  # noqa: E402
@@ -151,15 +152,6 @@ def test_masks_differ_each_epoch_and_repeat_for_a_seed(toy, mesh, tmp_path):
     np.testing.assert_array_equal(again["weights"], run["weights"])
 
 
-@pytest.fixture
-def own_cache_dirs():
-    """seqio's cache folders are global: a test's own alone are searched, then restored."""
-    before = list(seqio.utils.get_global_cache_dirs())
-    seqio.utils.set_global_cache_dirs([])
-    yield
-    seqio.utils.set_global_cache_dirs(before)
-
-
 @pytest.mark.parametrize("eos_after", ["line", "document"])
 def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, own_cache_dirs):
     # New Task objects: seqio's tasks remember the cache folder they first found.
@@ -192,10 +184,10 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
 def test_document_ends_of_a_token_stream():
     eos = vocabulary.EOS_ID
     run = np.array([7, eos, 8, eos, eos, 9, eos])
-    np.testing.assert_array_equal(caching.document_ends(run, "document", False), [1, 3, 4, 6])
-    np.testing.assert_array_equal(caching.document_ends(run, "line", False), [4])
+    np.testing.assert_array_equal(token_cache.document_ends(run, "document", False), [1, 3, 4, 6])
+    np.testing.assert_array_equal(token_cache.document_ends(run, "line", False), [4])
     # A document whose closing eos starts the next run of the stream.
-    np.testing.assert_array_equal(caching.document_ends(np.array([eos, 5]), "line", True), [0])
+    np.testing.assert_array_equal(token_cache.document_ends(np.array([eos, 5]), "line", True), [0])
 
 
 def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):

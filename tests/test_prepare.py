@@ -208,14 +208,6 @@ def _iterator(task, **kw):
                                      shuffle=False, num_epochs=1, **kw)
 
 
-@pytest.fixture
-def own_cache_dirs():
-    before = list(seqio.utils.get_global_cache_dirs())
-    seqio.utils.set_global_cache_dirs([])
-    yield
-    seqio.utils.set_global_cache_dirs(before)
-
-
 def test_token_cache_gives_the_batches_of_the_pipeline(corpus, own_cache_dirs):
     cache = corpus["out"] / prepared.CACHE_DIR
     task = names.cc100_task("af")  # one shard: one stream order to compare

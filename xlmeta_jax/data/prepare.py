@@ -145,10 +145,10 @@ def _remove(folder: str, names: Sequence[str]) -> None:
             elif os.path.exists(path):
                 os.remove(path)
         else:
-            found = [m.path for m in _fs().match([path, path + "/**"])[0].metadata_list] + [
-                m.path for m in _fs().match([path + "/**"])[0].metadata_list]
+            found = {m.path for result in _fs().match([path, path + "/**"])
+                     for m in result.metadata_list}
             if found:
-                _fs().delete(sorted(set(found)))
+                _fs().delete(sorted(found))
 
 
 # --------------------------------------------------------------------------- the plan
@@ -248,7 +248,8 @@ class _Split:
                 path, _open_read, _open_write, _join(plan.temp, f"{lang}-{index:05d}"),
                 shard_bytes=plan.shard_bytes, max_line_bytes=plan.max_line_bytes,
                 gzip_level=plan.gzip_level, head_lines=plan.token_sample_lines)
-            _check_usable(path, counts, plan.max_line_bytes)
+            text_files.check_usable(path, counts.lines, counts.skipped_invalid_utf8,
+                                    counts.skipped_long_lines, plan.max_line_bytes)
         except text_files.CorpusError as e:
             raise beam_runs.input_error(e) from None
         for name, value in (("text_bytes", counts.text_bytes), ("lines", counts.lines),
@@ -256,20 +257,6 @@ class _Split:
             metrics.Metrics.counter("prepare", name).inc(value)
         yield lang, (index, path, dataclasses.asdict(counts),
                      [(p.path, dataclasses.asdict(p.counts), p.head) for p in pieces])
-
-
-def _check_usable(path: str, counts: shards.Counts, max_line_bytes: int) -> None:
-    """corpus_stats' refusals, for an input file: no text, or mostly not UTF-8."""
-    undecodable = counts.skipped_invalid_utf8 / max(1, counts.lines + counts.skipped_invalid_utf8)
-    if counts.lines and undecodable > text_files.MAX_UNDECODABLE_SHARE:
-        raise text_files.CorpusError(
-            f"{path}: {100 * undecodable:.0f}% of its lines are not valid UTF-8: not a text "
-            "corpus, or not UTF-8 encoded")
-    if counts.lines == 0:
-        raise text_files.CorpusError(
-            f"{path} has no usable text: {counts.skipped_invalid_utf8} lines are not valid "
-            f"UTF-8, {counts.skipped_long_lines} exceed {max_line_bytes} bytes, the rest "
-            "are blank")
 
 
 def _finalize(item, plan: Plan):
@@ -399,9 +386,8 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
     except BaseException:
         _remove(plan.output, [n for n in _entries(plan.output) if prepared.is_own_entry(n)])
         raise
-    stats = json.loads(open_text(_join(plan.output, prepared.STATS_FILENAME)))
     return {"seconds": time.time() - t0, "seconds_text": seconds_text,
-            "languages": stats[text_files.PREPARED_KEY]["languages"]}
+            "languages": prepared.read_stats(plan.output)["languages"]}
 
 
 def _tokenize(plan: Plan, beam_args: Sequence[str]) -> None:
@@ -414,11 +400,6 @@ def _tokenize(plan: Plan, beam_args: Sequence[str]) -> None:
                            eos_after=plan.eos_after, max_line_bytes=plan.max_line_bytes))
     token_cache.cache_tasks([names.cc100_task(lang) for lang in plan.languages],
                             _join(plan.output, prepared.CACHE_DIR), beam_args=beam_args)
-
-
-def open_text(path: str) -> str:
-    with _open_read(path) as f:
-        return f.read().decode("utf-8")
 
 
 # --------------------------------------------------------------------------- command

@@ -45,27 +45,9 @@ def is_own_entry(name: str) -> bool:
     return bool(sep and stem and rest.endswith(".gz") and "-of-" in rest)
 
 
-def _gfile():
-    import tensorflow as tf  # noqa: PLC0415 - only for non-local file systems
-
-    return tf.io.gfile
-
-
-def _exists(path: str) -> bool:
-    return bool(_gfile().exists(path)) if "://" in path else os.path.exists(path)
-
-
-def _read_text(path: str) -> str:
-    if "://" in path:
-        with _gfile().GFile(path) as f:
-            return f.read()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
 def is_complete(folder: str) -> bool:
     """Whether ``folder`` is a prepared folder whose job finished."""
-    return _exists(os.path.join(folder, COMPLETED)) and _exists(
+    return text_files.exists(os.path.join(folder, COMPLETED)) and text_files.exists(
         os.path.join(folder, STATS_FILENAME))
 
 
@@ -74,7 +56,7 @@ def read_stats(folder: str) -> dict | None:
     if not is_complete(folder):
         return None
     try:
-        data = json.loads(_read_text(os.path.join(folder, STATS_FILENAME)))
+        data = json.loads(text_files.read_text(os.path.join(folder, STATS_FILENAME)))
     except (OSError, ValueError):
         return None
     return data.get(text_files.PREPARED_KEY)
@@ -89,10 +71,10 @@ def token_sample(folder: str, lang: str, sample_lines: int,
       settings (the caller then reads the shards' heads).
     """
     path = os.path.join(folder, TOKEN_SAMPLE_DIR, f"{lang}.json")
-    if not _exists(os.path.join(folder, COMPLETED)) or not _exists(path):
+    if not text_files.exists(os.path.join(folder, COMPLETED)) or not text_files.exists(path):
         return None
     try:
-        sample = json.loads(_read_text(path))
+        sample = json.loads(text_files.read_text(path))
     except (OSError, ValueError):
         return None
     if (sample.get("sample_lines"), sample.get("max_line_bytes")) != (
@@ -112,12 +94,12 @@ def vocab_sample(folder: str) -> tuple[dict[str, list[str]], dict[str, float], d
         raise text_files.CorpusError(
             f"{folder} is not a complete prepared folder (no {COMPLETED}): run "
             "python -m xlmeta_jax.data.prepare --vocab_sample_lines=N to the end")
-    if not _exists(meta_path):
+    if not text_files.exists(meta_path):
         raise text_files.CorpusError(
             f"{folder} has no vocabulary sample: prepare it with --vocab_sample_lines=N")
-    meta = json.loads(_read_text(meta_path))
+    meta = json.loads(text_files.read_text(meta_path))
     lines = {}
     for lang in meta["q"]:
-        text = _read_text(os.path.join(folder, VOCAB_SAMPLE_DIR, f"{lang}.txt"))
+        text = text_files.read_text(os.path.join(folder, VOCAB_SAMPLE_DIR, f"{lang}.txt"))
         lines[lang] = text.split("\n")[:-1] if text else []
     return lines, dict(meta["q"]), meta

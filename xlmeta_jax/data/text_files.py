@@ -443,19 +443,8 @@ def corpus_stats(
             f"{len(uncounted)} files have no counts (e.g. {uncounted[0]})", uncounted)
     out = [result[p] for p in files]
     for stats in out:
-        undecodable = stats.skipped_invalid_utf8 / max(1, stats.lines + stats.skipped_invalid_utf8)
-        if stats.lines and undecodable > MAX_UNDECODABLE_SHARE:
-            raise CorpusError(
-                f"{stats.path}: {100 * undecodable:.0f}% of its lines are not valid UTF-8 "
-                f"(more than {100 * MAX_UNDECODABLE_SHARE:.0f}%): not a text corpus, or "
-                "not UTF-8 encoded"
-            )
-        if stats.lines == 0:
-            raise CorpusError(
-                f"{stats.path} has no usable text: {stats.skipped_invalid_utf8} lines are not "
-                f"valid UTF-8, {stats.skipped_long_lines} exceed {max_line_bytes} bytes, the "
-                "rest are blank"
-            )
+        check_usable(stats.path, stats.lines, stats.skipped_invalid_utf8,
+                     stats.skipped_long_lines, max_line_bytes)
     # Warned only once no file is refused: a refused file's line says it all.
     for stats in out:
         if stats.skipped_invalid_utf8 or stats.skipped_long_lines:
@@ -463,6 +452,41 @@ def corpus_stats(
                             "longer than %d bytes", stats.path, stats.skipped_invalid_utf8,
                             stats.skipped_long_lines, max_line_bytes)
     return out
+
+
+def check_usable(path: str, lines: int, invalid: int, long_lines: int,
+                 max_line_bytes: int) -> None:
+    """Refuses a file's counts: no usable text, or mostly not UTF-8.
+
+    Raises:
+      CorpusError: naming the file.
+    """
+    undecodable = invalid / max(1, lines + invalid)
+    if lines and undecodable > MAX_UNDECODABLE_SHARE:
+        raise CorpusError(
+            f"{path}: {100 * undecodable:.0f}% of its lines are not valid UTF-8 "
+            f"(more than {100 * MAX_UNDECODABLE_SHARE:.0f}%): not a text corpus, or "
+            "not UTF-8 encoded"
+        )
+    if lines == 0:
+        raise CorpusError(
+            f"{path} has no usable text: {invalid} lines are not valid UTF-8, {long_lines} "
+            f"exceed {max_line_bytes} bytes, the rest are blank"
+        )
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` exists, on any file system TF reads."""
+    return _exists(path)
+
+
+def read_text(path: str) -> str:
+    """A whole (plain) file as UTF-8 text, on any file system TF reads."""
+    if _is_remote(path):
+        with _gfile().GFile(path) as f:
+            return f.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def count(stats: Iterable[FileStats], unit: str) -> int:

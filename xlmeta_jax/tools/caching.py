@@ -30,9 +30,6 @@ from xlmeta_jax import errors
 from xlmeta_jax.cli import configurables
 from xlmeta_jax.data import token_cache
 
-# Kept under its old name for callers of this module.
-document_ends = token_cache.document_ends
-
 
 def cache_task(
     task_name: str,
