@@ -18,8 +18,9 @@ import dataclasses
 import gzip
 import lzma
 import os
+import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from xlmeta_jax.data import text_files
 from xlmeta_jax.data.languages import check_languages
@@ -87,16 +88,93 @@ def _decompressing(path: str, raw):
     return raw
 
 
+# A run of two or more blank lines is one document end; so is a blank line at a start.
+_BLANK_RUNS = re.compile(rb"\n\n+")
+
+
+def _chunks(f, max_line_bytes: int, block_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Blocks of whole lines (each ending in b"\\n") and the over-long lines dropped between.
+
+    A line longer than a block is never held: once it passes the limit it is dropped
+    up to its newline, as :func:`text_files.iter_stream_lines` drops it.
+    """
+    limit = max_line_bytes + 1  # a trailing '\r' is only dropped at the end
+    carry, dropping = b"", False
+    while True:
+        block = f.read(block_bytes)
+        if not block:
+            break
+        if dropping:
+            end = block.find(b"\n")
+            if end < 0:
+                continue
+            block, dropping = block[end + 1:], False
+            yield b"", 1
+        end = block.rfind(b"\n")
+        if end < 0:
+            carry += block
+            if len(carry) > limit:
+                carry, dropping = b"", True
+            continue
+        chunk, carry = carry + block[:end + 1], block[end + 1:]
+        if len(carry) > limit:
+            carry, dropping = b"", True
+        yield chunk, 0
+    if dropping:
+        yield b"", 1
+    elif carry:
+        yield carry + b"\n", 0
+
+
+def _kept(chunk: bytes, max_line_bytes: int, total: Counts) -> bytes:
+    """``chunk``'s lines as the reader keeps them; blank ones empty, skipped ones counted.
+
+    Most blocks are valid UTF-8 without '\\r', long lines or lines of spaces, and are
+    kept as they are, checked at C speed; the others go line by line.
+    """
+    lines = chunk[:-1].split(b"\n")
+    try:
+        chunk.decode("utf-8")
+        # A line of spaces only is blank (bytes.strip), and only the slow path empties it.
+        clean = (b"\r" not in chunk and max(map(len, lines)) <= max_line_bytes
+                 and not any(map(bytes.isspace, lines)))
+    except UnicodeDecodeError:
+        clean = False
+    if clean:
+        return chunk
+    kept = []
+    for line in lines:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if len(line) > max_line_bytes:
+            total.skipped_long_lines += 1
+        elif not line.strip():
+            kept.append(b"")
+        else:
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                total.skipped_invalid_utf8 += 1
+                continue
+            kept.append(line)
+    kept.append(b"")
+    return b"\n".join(kept)
+
+
 class _ShardWriter:
-    """Shards of one input file: opened on demand, closed at a document boundary."""
+    """Shards of one input file: opened on demand, closed at a document boundary.
+
+    It is fed blocks of kept lines (:func:`_kept`: each line ends in ``\\n``, a blank
+    line is empty) and writes them a slice at a time, counting with ``bytes.count``:
+    after blank runs are collapsed, every ``\\n\\n`` is one document end.
+    """
 
     def __init__(self, open_write, temp_prefix, shard_bytes, gzip_level, head_lines):
         self._open_write, self._prefix = open_write, temp_prefix
         self._shard_bytes, self._level, self._head_lines = shard_bytes, gzip_level, head_lines
         self.pieces: list[Piece] = []
         self._raw = self._gz = None
-        self._buffer: list[bytes] = []
-        self._buffered = 0
+        self._in_doc = False
 
     def _open(self) -> None:
         path = f"{self._prefix}-{len(self.pieces):05d}.gz"
@@ -106,40 +184,69 @@ class _ShardWriter:
                                  mtime=0, filename="")
         self.pieces.append(Piece(path, Counts(), []))
 
-    def line(self, line: bytes, starts_document: bool) -> None:
-        if self._gz is None:
-            self._open()
+    def write(self, kept: bytes) -> None:
+        """Appends a block of kept lines, closing each shard at its first document end
+        past ``shard_bytes``."""
+        if b"\n\n\n" in kept:
+            kept = _BLANK_RUNS.sub(b"\n\n", kept)
+        if kept.startswith(b"\n"):
+            kept = kept.lstrip(b"\n")
+            if self._in_doc:
+                self.end_document()
+        pos, size = 0, len(kept)
+        while pos < size:
+            if self._gz is None:
+                self._open()
+            cut = self._cut(kept, pos, self._shard_bytes - self.pieces[-1].counts.text_bytes)
+            self._segment(kept, pos, size if cut is None else cut)
+            if cut is None:
+                break
+            self.close()
+            pos = cut
+
+    @staticmethod
+    def _cut(kept: bytes, pos: int, need: int) -> int | None:
+        """The end of the first document after which ``kept[pos:]`` holds ``need`` text
+        bytes; None if the block ends first."""
+        start, text = pos, 0
+        search = pos + max(need, 0)
+        while True:
+            i = kept.find(b"\n\n", search)
+            if i < 0:
+                return None
+            end = i + 2
+            text += (end - start) - kept.count(b"\n", start, end)
+            if text >= need:
+                return end
+            start, search = end, end + (need - text)
+
+    def _segment(self, kept: bytes, pos: int, end: int) -> None:
         piece = self.pieces[-1]
         counts = piece.counts
-        if starts_document:
-            counts.documents += 1
-        counts.lines += 1
-        counts.text_bytes += len(line)
-        if len(piece.head) < self._head_lines:
-            piece.head.append(line.decode("utf-8"))
-        self._buffer.append(line)
-        self._buffered += len(line) + 1
-        if self._buffered >= 1 << 20:
-            self._flush()
+        newlines, blanks = kept.count(b"\n", pos, end), kept.count(b"\n\n", pos, end)
+        ends_document = kept.endswith(b"\n\n", pos, end)
+        counts.lines += newlines - blanks
+        counts.text_bytes += (end - pos) - newlines
+        counts.documents += blanks - ends_document + (not self._in_doc)
+        self._in_doc = not ends_document
+        start = pos
+        while len(piece.head) < self._head_lines and start < end:
+            stop = kept.find(b"\n", start, end)  # a segment ends in a newline
+            if stop > start:
+                piece.head.append(kept[start:stop].decode("utf-8"))
+            start = stop + 1
+        self._gz.write(memoryview(kept)[pos:end])
 
     def end_document(self) -> None:
-        """Closes the document (a blank line); the shard too once it is full."""
-        if self._gz is None:
-            return
-        self._buffer.append(b"")
-        self._flush()
-        if self.pieces[-1].counts.text_bytes >= self._shard_bytes:
-            self.close()
-
-    def _flush(self) -> None:
-        if self._buffer:
-            self._buffer.append(b"")
-            self._gz.write(b"\n".join(self._buffer))
-            self._buffer, self._buffered = [], 0
+        """Closes the open document (a blank line); the shard too once it is full."""
+        if self._in_doc:
+            self._gz.write(b"\n")
+            self._in_doc = False
+            if self.pieces[-1].counts.text_bytes >= self._shard_bytes:
+                self.close()
 
     def close(self) -> None:
         if self._gz is not None:
-            self._flush()
             self._gz.close()
             self._raw.close()
             self._raw = self._gz = None
@@ -155,6 +262,7 @@ def split_file(
     max_line_bytes: int = text_files.DEFAULT_MAX_LINE_BYTES,
     gzip_level: int = 1,
     head_lines: int = 0,
+    block_bytes: int = 8 << 20,
 ) -> tuple[Counts, list[Piece]]:
     """Reads ``path`` once and writes its documents into shards ``{temp_prefix}-NNNNN.gz``.
 
@@ -167,6 +275,7 @@ def split_file(
       max_line_bytes: longer lines are dropped (and counted), as the reader drops them.
       gzip_level: the shards' gzip compression level (1 fastest .. 9 smallest).
       head_lines: kept paragraphs of each shard to return in ``Piece.head``.
+      block_bytes: decompressed bytes read at a time.
 
     Returns:
       The input's counts (its skipped lines included) and the shards written, in order.
@@ -181,25 +290,10 @@ def split_file(
             check_header(path, raw.read(len(XZ_MAGIC)))
         with open_read(path) as raw:
             f = _decompressing(path, raw)
-            in_doc = False
-            for line in text_files.iter_stream_lines(f, max_line_bytes):
-                if line is None:
-                    total.skipped_long_lines += 1
-                    continue
-                if not line.strip():
-                    if in_doc:
-                        writer.end_document()
-                    in_doc = False
-                    continue
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError:
-                    total.skipped_invalid_utf8 += 1
-                    continue
-                writer.line(line, starts_document=not in_doc)
-                in_doc = True
-            if in_doc:
-                writer.end_document()
+            for chunk, long_lines in _chunks(f, max_line_bytes, block_bytes):
+                total.skipped_long_lines += long_lines
+                writer.write(_kept(chunk, max_line_bytes, total))
+            writer.end_document()
     except lzma.LZMAError as e:
         raise text_files.CorpusError(f"{path}: damaged .xz file ({e})") from e
     except EOFError as e:

@@ -1,6 +1,6 @@
 """What ``python -m xlmeta_jax.data.prepare`` costs, against today's one-process path.
 
-    python -m xlmeta_jax.tools.prepare_bench [--mb=256] [--files=4] \\
+    python -m xlmeta_jax.tools.prepare_bench [--mb=1024] [--files=4] [--cache_mb=32] \\
         [--startup_mb=50,2000] [--work_dir=DIR]
 
 Prints, on this machine:
@@ -12,8 +12,11 @@ Prints, on this machine:
    2-worker speed-up. In the same process, the reference: today's path on the same
    text, one process — ``lzma`` decompression, gzip level 1 and the counting pass
    (``text_files.corpus_stats``) — and the counting pass alone.
-2. **the token cache** (``prepare --tokenize``'s job) on the same shards with a
-   small vocabulary: tokens per second of wall time and per CPU-second, 1 vs 2 workers.
+   The same job on 100 kB gives its fixed part (start, plan, finish), which does not
+   grow with the corpus; the speed-up is also printed less that part.
+2. **the token cache** (``prepare --tokenize``'s job) on ``--cache_mb`` MB of prepared
+   text with a small vocabulary: tokens per second of wall time and per CPU-second,
+   1 vs 2 workers.
 3. **start-up**: seconds from launching ``python -m xlmeta_jax.train`` (tiny model,
    one step) to its first step on 100 languages of prepared text, for each size of
    ``--startup_mb``; and what counting that text would take at the measured rate.
@@ -107,21 +110,33 @@ def _workers(n: int) -> list[str]:
                               "--direct_running_mode=multi_processing"]
 
 
-def bench_prepare(work: str, mb: int, files: int, pool) -> dict:
-    """MB/s of prepare with 1 and 2 workers, and of today's one-process path."""
-    inputs = os.path.join(work, "xz")
+def _xz_inputs(work: str, name: str, mb: float, files: int, pool) -> tuple[str, list[str]]:
+    """``files`` .xz files of ``mb`` MB of text in all, and the same text uncompressed."""
+    inputs = os.path.join(work, name)
     os.makedirs(inputs, exist_ok=True)
     plain = []
     for k, lang in enumerate(languages.XLMR_LANGUAGES[:files]):
-        data = _text(pool, mb * 1_000_000 // files, seed=k)
-        plain.append(os.path.join(work, f"plain_{lang}.txt"))
+        data = _text(pool, int(mb * 1_000_000) // files, seed=k)
+        plain.append(os.path.join(work, f"{name}_plain_{lang}.txt"))
         with open(plain[-1], "wb") as f:
             f.write(data)
         with open(os.path.join(inputs, f"{lang}.txt.xz"), "wb") as f:
             f.write(lzma.compress(data, preset=1))
-    text_mb = sum(os.path.getsize(p) for p in plain) / 1e6
-    out = {"text_mb": text_mb}
+    return inputs, plain
+
+
+def bench_prepare(work: str, mb: int, files: int, pool) -> dict:
+    """MB/s of prepare with 1 and 2 workers, and of today's one-process path."""
+    inputs, plain = _xz_inputs(work, "xz", mb, files, pool)
+    tiny, _ = _xz_inputs(work, "tiny", 0.1, files, pool)
+    out = {"text_mb": sum(os.path.getsize(p) for p in plain) / 1e6}
     for n in (1, 2):
+        # The same job on 100 kB: what does not grow with the data (start, plan, finish).
+        r = {}
+        with _timed(r):
+            _quiet_main([f"--input={tiny}/*", f"--output={work}/tiny{n}", "--overwrite",
+                         *_workers(n)])
+        out[f"fixed_{n}"] = r
         r = {}
         with _timed(r):
             _quiet_main([f"--input={inputs}/*", f"--output={work}/out{n}", "--overwrite",
@@ -130,7 +145,7 @@ def bench_prepare(work: str, mb: int, files: int, pool) -> dict:
     ref, count = {}, {}
     with _timed(ref):  # today: xz -dc | gzip -1, then the counting pass, one process
         for k, path in enumerate(plain):
-            lang = os.path.basename(path)[6:-4]
+            lang = os.path.basename(path).split("_")[-1][:-4]
             with lzma.open(os.path.join(inputs, f"{lang}.txt.xz")) as f:
                 data = f.read()
             with open(os.path.join(work, f"manual_{k}.txt.gz"), "wb") as g:
@@ -143,11 +158,13 @@ def bench_prepare(work: str, mb: int, files: int, pool) -> dict:
     return out
 
 
-def bench_cache(work: str, vocab: str) -> dict:
-    """Tokens/s of the token cache job on prepare's output, 1 vs 2 workers."""
+def bench_cache(work: str, mb: int, files: int, pool, vocab: str) -> dict:
+    """Tokens/s of the token cache job on ``mb`` MB of prepared text, 1 vs 2 workers."""
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, on use
 
-    folder = os.path.join(work, "out1")
+    inputs, _ = _xz_inputs(work, "cache_xz", mb, files, pool)
+    folder = os.path.join(work, "cache_prepared")
+    _quiet_main([f"--input={inputs}/*", f"--output={folder}", "--overwrite"])
     langs = sorted({n.split(".txt")[0] for n in os.listdir(folder) if ".txt-" in n})
     tasks.register(vocab_path=vocab, cc100_dir=folder, languages=langs, count_unit="lines")
     out = {}
@@ -219,8 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = errors.ArgumentParser(prog="python -m xlmeta_jax.tools.prepare_bench",
                                    description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--mb", type=int, default=256, help="MB of text for parts 1 and 2")
+    parser.add_argument("--mb", type=int, default=1024, help="MB of text for part 1")
     parser.add_argument("--files", type=int, default=4, help=".xz files (languages)")
+    parser.add_argument("--cache_mb", type=int, default=32, help="MB of text for part 2")
     parser.add_argument("--startup_mb", default="50,2000",
                         help="comma-separated sizes (MB of prepared text, 100 languages); "
                         "empty: skip part 3")
@@ -228,8 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work_dir", help="scratch folder (default: a temporary one)")
     errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
-    if args.mb <= 0 or args.files <= 0:
-        raise errors.UsageError("--mb and --files must be > 0")
+    if min(args.mb, args.files, args.cache_mb) <= 0:
+        raise errors.UsageError("--mb, --files and --cache_mb must be > 0")
     sizes = [int(s) for s in args.startup_mb.split(",") if s]
     pool = _pool(args.shared_data)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
@@ -242,14 +260,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ("today: the counting pass alone", p["counting"])]
         for name, r in rows:
             print(f"{name:<40} {r['wall']:>8.2f} {mb / r['wall']:>8.1f} {mb / r['cpu']:>9.1f}")
+        for n in (1, 2):
+            print(f"{f'  of which fixed ({n} worker' + ('s' if n > 1 else '') + ', 100 kB)':<40} "
+                  f"{p[f'fixed_{n}']['wall']:>8.2f}")
         speedup = p["prepare_1"]["wall"] / p["prepare_2"]["wall"]
-        print(f"2 workers / 1 worker (wall): {speedup:.2f}x; 1 worker / today per CPU-second: "
+        work_speedup = ((p["prepare_1"]["wall"] - p["fixed_1"]["wall"])
+                        / (p["prepare_2"]["wall"] - p["fixed_2"]["wall"]))
+        print(f"2 workers / 1 worker (wall): {speedup:.2f}x, less the fixed part "
+              f"{work_speedup:.2f}x; 1 worker / today per CPU-second: "
               f"{p['today']['cpu'] / p['prepare_1']['cpu']:.2f}x")
         vocab = vocabulary.train_vocabulary(
-            {"mix": [os.path.join(work, "plain_*.txt")]}, os.path.join(work, "spm"), 4000,
+            {"mix": [os.path.join(work, "xz_plain_*.txt")]}, os.path.join(work, "spm"), 4000,
             num_lines=20000, num_threads=2, print_report=False)
-        c = bench_cache(work, vocab)
-        print(f"\n{'token cache':<40} {'wall s':>8} {'tok/s':>10} {'tok/CPU-s':>10}")
+        c = bench_cache(work, args.cache_mb, args.files, pool, vocab)
+        title = f"token cache, {args.cache_mb} MB of text"
+        print(f"\n{title:<40} {'wall s':>8} {'tok/s':>10} {'tok/CPU-s':>10}")
         for n in (1, 2):
             r = c[f"cache_{n}"]
             print(f"{f'{n} worker' + ('s' if n > 1 else ''):<40} {r['wall']:>8.2f} "
