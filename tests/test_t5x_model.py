@@ -193,6 +193,42 @@ def test_fill_mask_and_masked_token_scores():
     assert np.asarray(inter["mlm_log_probs"])[1, 2:].tolist() == [0.0, 0.0]
 
 
+def test_masking_rate_sets_shapes_before_any_dataset_and_fills_that_many_masks():
+    cfg = network.get_config("tiny")
+    opt = OptimizerConfig(learning_rate=1e-3, warmup_steps=2, total_steps=10)
+    model = t5x_model.MaskedLMModel(cfg, t5x_model.adamw(opt), masking=mlm.Masking(rate=0.3))
+    lengths = model.FEATURE_CONVERTER_CLS(pack=False).get_model_feature_lengths(
+        {"inputs": 16, "targets": 16})
+    assert lengths["mlm_positions"] == mlm.max_predictions(16, 0.3) == 6
+    params = model.get_initial_variables(jax.random.PRNGKey(7), {"inputs": (1, 16)})["params"]
+    inputs = np.full((1, 16), 9, np.int32)
+    inputs[0, 0] = 3
+    inputs[0, 1:7] = MASK_ID  # six masks: 30%'s slots, two more than 15%'s
+    filled, _ = jax.jit(model.predict_batch_with_aux)(params, {"inputs": inputs})
+    assert (np.asarray(filled) != MASK_ID).all()
+    default, _ = _model(cfg)
+    filled, _ = jax.jit(default.predict_batch_with_aux)(params, {"inputs": inputs})
+    assert (np.asarray(filled) == MASK_ID).sum() == 6 - mlm.max_predictions(16, 0.15)
+
+
+def test_converter_refuses_a_task_masked_at_another_rate(corpus):
+    from xlmeta_jax.data import tasks
+
+    tasks.register(vocab_path=corpus["vocab"], english_files=corpus["english"],
+                   cc100_dir=corpus["cc100_dir"], languages=corpus["languages"],
+                   masking=mlm.Masking(rate=0.3))
+    cfg = _dataset_config(names.ENGLISH_TEXT_TASK)
+    opt = OptimizerConfig(learning_rate=1e-3, warmup_steps=2, total_steps=10)
+    model = t5x_model.MaskedLMModel(network.get_config("tiny"), t5x_model.adamw(opt),
+                                    masking=mlm.Masking(rate=0.3))
+    ds = t5x_utils.get_dataset(cfg, 0, 1, model.FEATURE_CONVERTER_CLS)
+    assert next(ds.as_numpy_iterator())["mlm_positions"].shape == (
+        BATCH, mlm.max_predictions(LENGTH, 0.3))
+    with pytest.raises(mlm.MaskingError, match=r"carry 11 prediction slots, but "
+                       r"MaskedLMModel.masking.rate=0.15 gives 6"):
+        t5x_utils.get_dataset(cfg, 0, 1, t5x_model.MLMFeatureConverter)
+
+
 @pytest.mark.parametrize("shape, match", [
     ((3, 2), r"\(data, model\)=\(3, 2\) has 6 devices but 8 are available"),
     ((-1, 3), "8 devices are not divisible by 3"),

@@ -4,6 +4,7 @@ data pipeline has its own tests), 8 fake CPU devices."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import signal
@@ -261,6 +262,7 @@ MULTIHOST = textwrap.dedent("""
     from xlmeta_jax.model import network
     from xlmeta_jax.cli import train
     from xlmeta_jax.pretrain import trainer
+    train.setup_logging()
     rest = train.initialize_distributed(sys.argv[2:])
     assert jax.device_count() == 8, jax.device_count()
     trainer.train(model_dir=sys.argv[1], model=network.get_config("tiny", pad_token_id=0),
@@ -284,15 +286,32 @@ def test_two_processes_match_one(tmp_path):
             continue
         break
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    # The same two processes as srun starts them: no flags, SLURM's environment.
+    for attempt in range(2):
+        slurm = tmp_path / f"slurm{attempt}"
+        codes, slurm_outs = multihost.two_processes([sys.executable, script, slurm], None,
+                                                    slurm_job=multihost.port(50 + attempt))
+        if codes != [0, 0] and attempt == 0 and multihost.gloo_timed_out(slurm_outs):
+            continue
+        break
+    assert codes == [0, 0], slurm_outs[0][-3000:] + slurm_outs[1][-3000:]
+    for i in range(2):
+        assert f"jax.distributed from flags: process {i} of 2, 4 local devices" in outs[i]
+        assert (f"jax.distributed from the SLURM environment: process {i} of 2, 4 local "
+                "devices") in slurm_outs[i]
     a, meta_a = _final_params(tmp_path / "one", "phase1")
-    b, meta_b = _final_params(two, "phase1")
-    # Not bit-identical: gradients are all-reduced across processes (gloo) in another
-    # summation order than within one process. 1e-7 is ~1000x below one AdamW update
-    # (lr 6e-4 x O(1)), so a wrong shard or a missing process's data would show.
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7,
-                                   err_msg=jax.tree_util.keystr(path))
-    assert meta_a["metrics"]["loss"] == pytest.approx(meta_b["metrics"]["loss"], rel=1e-6)
+    for run in (two, slurm):
+        b, meta_b = _final_params(run, "phase1")
+        # Not bit-identical: gradients are all-reduced across processes (gloo) in another
+        # summation order than within one process. 1e-7 is ~1000x below one AdamW update
+        # (lr 6e-4 x O(1)), so a wrong shard or a missing process's data would show.
+        for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7,
+                                       err_msg=jax.tree_util.keystr(path))
+        assert meta_a["metrics"]["loss"] == pytest.approx(meta_b["metrics"]["loss"], rel=1e-6)
+    print(f"final loss: one process {meta_a['metrics']['loss']}, two by flags "
+          f"{_final_params(two, 'phase1')[1]['metrics']['loss']}, two under SLURM "
+          f"{meta_b['metrics']['loss']}")
 
 
 MULTIHOST_STOP = textwrap.dedent("""
@@ -381,7 +400,13 @@ def _handoff(step_dir, monkeypatch, **flags):
             raise AssertionError("restored the earlier phase's whole state")
 
         monkeypatch.setattr(checkpoints.PhaseCheckpoints, "restore", whole_state)
-    return fns, handoff.handoff_state(fns, step_dir, seed=0, **flags)
+    else:
+        # The earlier state whole, restored once: no fresh state beside it.
+        def fresh_state(*a, **k):
+            raise AssertionError("built a fresh state beside the restored one")
+
+        fns = dataclasses.replace(fns, init=fresh_state, from_params=fresh_state)
+    return fns, handoff.handoff_state(fns, step_dir, **flags)
 
 
 def _counts(opt_state):
@@ -406,9 +431,10 @@ def test_handoff_with_fresh_optimizer_restores_params_only(phase1_run, monkeypat
     assert set(_counts(state.opt_state)) == {expected}
 
 
-def test_handoff_keeping_optimizer_carries_moments(phase1_run, monkeypatch):
+@pytest.mark.parametrize("reset_schedule", [True, False])
+def test_handoff_keeping_optimizer_carries_moments(phase1_run, monkeypatch, reset_schedule):
     fns, state = _handoff(phase1_run, monkeypatch, reset_optimizer=False,
-                          reset_schedule=True)
+                          reset_schedule=reset_schedule)
     ckpt = checkpoints.PhaseCheckpoints(os.fspath(phase1_run.parent), save_interval_steps=1,
                                         max_to_keep=None, read_only=True)
     saved, _ = ckpt.restore(3, fns.abstract_state)
@@ -417,5 +443,6 @@ def test_handoff_keeping_optimizer_carries_moments(phase1_run, monkeypatch):
     for a, b in zip(_moments(saved.opt_state), _moments(state.opt_state), strict=True):
         np.testing.assert_array_equal(a, b)
     assert any(m.any() for m in _moments(state.opt_state))
-    # A fresh schedule: step and optax's counters restart at 0.
-    assert int(state.step) == 0 and set(_counts(state.opt_state)) == {0}
+    # A fresh schedule: step and optax's counters restart at 0; else they go on.
+    expected = 0 if reset_schedule else 3
+    assert int(state.step) == expected and set(_counts(state.opt_state)) == {expected}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import jax
+import jax.numpy as jnp
 
 from xlmeta_jax.interop.hf import weights as hf
 from xlmeta_jax.model import network
@@ -21,7 +22,7 @@ def is_count(path) -> bool:
     return any(getattr(k, "name", None) == "count" for k in path)
 
 
-def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimizer: bool,
+def handoff_state(fns: step.StepFunctions, step_dir, *, reset_optimizer: bool,
                   reset_schedule: bool) -> step.TrainState:
     """The initial state of a phase that starts from an earlier phase's checkpoint.
 
@@ -29,12 +30,11 @@ def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimiz
     without ``reset_schedule``, the step) are read, through Orbax's partial restore:
     the earlier phase's AdamW moments never reach memory, and fresh ones are built
     around the restored parameters in place. Without ``reset_optimizer`` the whole
-    state is restored and its moments are kept.
+    state is restored, once, and its moments are kept.
 
     Args:
       fns: the new phase's step functions (mesh, shardings, optimizer).
       step_dir: the earlier phase's final step directory.
-      seed: init seed (only used when the earlier state is restored whole).
       reset_optimizer: start from fresh AdamW moments.
       reset_schedule: restart the step and the learning-rate schedule at 0.
     """
@@ -55,7 +55,6 @@ def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimiz
             state.opt_state,
         )
         return state.replace(step=previous, opt_state=opt_state)
-    fresh = fns.init(jax.random.key(seed))
     prev = checkpoints.PhaseCheckpoints(os.path.dirname(os.fspath(step_dir)),
                                         save_interval_steps=1, max_to_keep=None, read_only=True)
     try:
@@ -63,13 +62,18 @@ def handoff_state(fns: step.StepFunctions, step_dir, seed: int, *, reset_optimiz
                                    fns.abstract_state)
     finally:
         prev.close()
-
-    def pick(path, f, p):
-        return f if (is_count(path) and reset_schedule) else p
-
-    opt_state = jax.tree_util.tree_map_with_path(pick, fresh.opt_state, previous.opt_state)
-    step_value = fresh.step if reset_schedule else previous.step
-    return step.TrainState(step=step_value, params=previous.params, opt_state=opt_state)
+    if not reset_schedule:
+        return previous
+    # A fresh schedule: the step and optax's counters restart at 0, as fns.init sets them.
+    opt_state = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding)
+        if is_count(path) else x,
+        previous.opt_state,
+    )
+    return previous.replace(
+        step=jax.device_put(jnp.zeros(previous.step.shape, previous.step.dtype),
+                            previous.step.sharding),
+        opt_state=opt_state)
 
 
 def initial_params(path: str, model: network.EncoderConfig):

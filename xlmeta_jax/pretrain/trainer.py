@@ -206,9 +206,9 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             run_dir.check_stored_config(os.fspath(prev.step_dir(prev_step)),
                                         prev.read_meta(prev_step), model, prev_phase)
             provenance = os.fspath(prev.step_dir(prev_step))
-            state = handoff.handoff_state(fns, provenance, run.seed,
-                                  reset_optimizer=phase.reset_optimizer,
-                                  reset_schedule=phase.reset_schedule)
+            state = handoff.handoff_state(fns, provenance,
+                                          reset_optimizer=phase.reset_optimizer,
+                                          reset_schedule=phase.reset_schedule)
             step_offset = int(state.step)
             log.info("[%s] initialised from %s (reset_optimizer=%s, reset_schedule=%s)",
                      phase.name, provenance, phase.reset_optimizer, phase.reset_schedule)

@@ -65,10 +65,11 @@ class MLMFeatureConverter(seqio.FeatureConverter):
     {'inputs': L, 'targets': L}``, the ``sequence_length`` our tasks take), plus the
     ``mlm_*`` slots the task's masking wrote. Model features (``mlm.STEP_FEATURES``):
     ``inputs`` [L] and ``mlm_positions``, ``mlm_targets``, ``mlm_weights`` [P], the
-    task's slot count (``mlm.max_predictions(L, MASK_RATE)``). Every selected position — masked,
-    randomly replaced or kept — carries weight 1, as our trainer's loss has it.
-    Blocks are packed by the tasks (RoBERTa's FULL-SENTENCES), so ``pack`` must
-    be False.
+    slots of ``masking`` (``mlm.max_predictions(L, MASK_RATE)``), the tasks' own. Every
+    selected position — masked, randomly replaced or kept — carries weight 1, as our
+    trainer's loss has it. Blocks are packed by the tasks (RoBERTa's FULL-SENTENCES), so
+    ``pack`` must be False. t5x builds it from ``MaskedLMModel.FEATURE_CONVERTER_CLS``,
+    which carries the model's ``masking``.
     """
 
     TASK_FEATURES = {
@@ -83,15 +84,15 @@ class MLMFeatureConverter(seqio.FeatureConverter):
     }
     PACKING_FEATURE_DTYPES = {}
 
-    def __init__(self, pack: bool = False, **kwargs):
+    def __init__(self, pack: bool = False, masking: mlm.Masking = mlm.DEFAULT_MASKING,
+                 **kwargs):
         if pack:
             raise ValueError(
                 "MLMFeatureConverter: the MLM tasks pack blocks themselves; set "
                 "DatasetConfig.pack = False"
             )
         super().__init__(pack=False, **kwargs)
-        # Prediction slots of the last converted dataset (they follow the task's masking rate).
-        self.slots = None
+        self.masking = masking
 
     def _convert_features(
         self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
@@ -102,7 +103,14 @@ class MLMFeatureConverter(seqio.FeatureConverter):
                 f"MLMFeatureConverter: the dataset has no {missing}; it must come from an "
                 "MLM task (xlmeta_jax/data/task_names.py) whose last preprocessor masks the blocks"
             )
-        self.slots = int(ds.element_spec["mlm_positions"].shape[-1])
+        slots = int(ds.element_spec["mlm_positions"].shape[-1])
+        length = int(task_feature_lengths["inputs"])
+        if slots != mlm.max_predictions(length, self.masking.rate):
+            raise mlm.MaskingError(
+                f"the task's blocks of {length} tokens carry {slots} prediction slots, but "
+                f"MaskedLMModel.masking.rate={self.masking.rate} gives "
+                f"{mlm.max_predictions(length, self.masking.rate)}: bind both from MASK_RATE "
+                "(gin/pretrain.gin)")
         return ds.map(
             lambda ex: {k: ex[k] for k in self.MODEL_FEATURES},
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -110,8 +118,7 @@ class MLMFeatureConverter(seqio.FeatureConverter):
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict:
         length = int(task_feature_lengths["inputs"])
-        # Without a dataset (shapes only): the slots of XLM-R's 15% masking.
-        slots = self.slots or mlm.max_predictions(length, mlm.DEFAULT_MASKING.rate)
+        slots = mlm.max_predictions(length, self.masking.rate)
         return {
             "inputs": length,
             "mlm_positions": slots,
@@ -172,15 +179,23 @@ class MaskedLMModel(t5x_models.BaseModel):
         config: network.EncoderConfig,
         optimizer_def: t5x_optimizers.OptimizerDefType,
         mask_id: int = MASK_ID,
+        masking: mlm.Masking = mlm.DEFAULT_MASKING,
     ):
         """Args:
         config: encoder sizes and numerics (gin/models/*.gin).
         optimizer_def: e.g. :func:`adamw` (our AdamW and schedule).
         mask_id: id of ``<mask>``; ``predict_batch`` fills these positions.
+        masking: the tasks' masking (gin/t5x/run.gin binds MASK_RATE's): the prediction
+          slots of the feature converter's shapes and of ``predict_batch``.
         """
         if not isinstance(config, network.EncoderConfig):
             raise TypeError(f"MaskedLMModel.config must be an EncoderConfig, got {config!r}")
+        if not isinstance(masking, mlm.Masking):
+            raise TypeError(f"MaskedLMModel.masking must be an mlm.Masking, got {masking!r}")
         super().__init__(optimizer_def=optimizer_def)
+        self.masking = masking
+        # t5x builds its converter from this attribute, as its own models set it per instance.
+        self.FEATURE_CONVERTER_CLS = functools.partial(MLMFeatureConverter, masking=masking)
         self.config = config
         self.module = network.XLMRForMaskedLM(config)
         self.mask_id = int(mask_id)
@@ -224,7 +239,7 @@ class MaskedLMModel(t5x_models.BaseModel):
         """Fill-mask: ``inputs`` with every ``<mask>`` replaced by the model's top token.
 
         The LM head runs at the first ``P`` ``<mask>`` positions of each row (P: the
-        slots of 15% masking, as in training); masks beyond those stay unfilled.
+        slots of ``masking``, as in training); masks beyond those stay unfilled.
 
         Returns:
           ``(filled [batch, length], aux)``; ``aux['log_probs']`` [batch, length] is the
@@ -233,7 +248,7 @@ class MaskedLMModel(t5x_models.BaseModel):
         del rng
         inputs = jnp.asarray(batch["inputs"])
         masked = inputs == self.mask_id
-        slots = min(inputs.shape[1], mlm.max_predictions(inputs.shape[1], mlm.DEFAULT_MASKING.rate))
+        slots = min(inputs.shape[1], mlm.max_predictions(inputs.shape[1], self.masking.rate))
         # The masked positions first (stable: in order); the head runs only there.
         positions = jnp.argsort(~masked, axis=1, stable=True)[:, :slots].astype(jnp.int32)
         logits = self.module.apply(
