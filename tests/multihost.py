@@ -36,21 +36,33 @@ def gloo_timed_out(outs) -> bool:
     return "gloo" in "".join(outs).lower()
 
 
-def two_processes(cmd, port_: int, on_line=None, devices: int = 4):
+def slurm_env(index: int, job_id: int, tasks: int = 2, devices: int = 4) -> dict:
+    """What ``srun --ntasks=2`` on this machine sets for task ``index`` (JAX reads these)."""
+    return {**env(devices), "SLURM_JOB_ID": str(job_id), "SLURM_NTASKS": str(tasks),
+            "SLURM_PROCID": str(index), "SLURM_LOCALID": str(index),
+            "SLURM_STEP_NODELIST": "localhost", "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_STEP_NUM_NODES": "1"}
+
+
+def two_processes(cmd, port_: int | None, on_line=None, devices: int = 4, slurm_job=None):
     """Runs ``cmd`` as processes 0 and 1; returns their exit codes and outputs.
 
     Args:
       cmd: the command (a list), before the distributed flags.
-      port_: the coordinator's port.
+      port_: the coordinator's port (None: no distributed flags).
       on_line: ``on_line(index, line, procs)`` sees every output line as it comes.
       devices: fake CPU devices per process.
+      slurm_job: start them as SLURM tasks of this job id (:func:`slurm_env`).
     """
+    def flags(i):
+        return [] if port_ is None else [f"--coordinator_address=localhost:{port_}",
+                                         "--process_count=2", f"--process_index={i}"]
+
     procs = [
         subprocess.Popen(
-            [*map(os.fspath, cmd), f"--coordinator_address=localhost:{port_}",
-             "--process_count=2", f"--process_index={i}"],
-            env=env(devices), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True,
+            [*map(os.fspath, cmd), *flags(i)],
+            env=env(devices) if slurm_job is None else slurm_env(i, slurm_job, devices=devices),
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for i in range(2)
     ]

@@ -35,23 +35,30 @@ log = logging.getLogger("xlmeta_jax.train")
 def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
     """Connects processes with ``jax.distributed`` (t5x-like flags); returns other args.
 
-    Flags: ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``.
-    On Cloud TPU VMs with several hosts, ``jax.distributed.initialize()`` needs no flags.
+    Flags: ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``
+    (``--local_device_ids`` where one process drives several GPUs). Without them, on a
+    cluster JAX detects by itself (:func:`hosts.cluster_environment`: a Cloud TPU VM
+    slice, a SLURM step, an Open MPI job), ``jax.distributed.initialize()`` needs no
+    flags. One line says what was found.
     """
     args, rest = hosts.parse_distributed_flags(argv_rest, prog="xlmeta_jax.train")
     if args.coordinator_address:
         if args.process_count is None or args.process_index is None:
             raise trainer.ConfigError(
                 "--coordinator_address needs --process_count and --process_index")
-        if args.process_count > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
-        jax.distributed.initialize(
-            coordinator_address=args.coordinator_address,
-            num_processes=args.process_count,
-            process_id=args.process_index,
-        )
-    elif hosts.tpu_pod_hosts():
-        jax.distributed.initialize()
+        source, count = "flags", args.process_count
+        kwargs = dict(coordinator_address=args.coordinator_address,
+                      num_processes=args.process_count, process_id=args.process_index)
+    elif (cluster := hosts.cluster_environment()) is not None:
+        source, count, kwargs = f"the {cluster.name} environment", cluster.process_count, {}
+    else:
+        return rest
+    if count > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
+    jax.distributed.initialize(local_device_ids=args.local_device_ids, **kwargs)
+    log.info("jax.distributed from %s: process %d of %d, %d local devices (%s)", source,
+             jax.process_index(), jax.process_count(), jax.local_device_count(),
+             jax.local_devices()[0].platform)
     return rest
 
 
@@ -77,10 +84,12 @@ GIN_FILES = ("native/meta.gin", "native/xlmr.gin", "demo.gin", "models/*.gin", "
 
 HELP_FLAGS = (
     ("--coordinator_address=HOST:PORT", "jax.distributed coordinator (multi-process runs; "
-     "with --process_count and --process_index)"),
+     "with --process_count and --process_index; not needed on a TPU VM slice, under srun "
+     "or mpirun)"),
     ("--process_count=N", "number of processes"),
     ("--process_index=I", "this process's index"),
     ("--cpu_collectives=gloo", "collectives of multi-process CPU runs"),
+    ("--local_device_ids=0,1,..", "this process's GPUs (one process per node)"),
 )
 
 
