@@ -21,6 +21,7 @@ import shutil
 
 import numpy as np
 import pytest
+import reader_documents
 
 pytest.importorskip("apache_beam")
 seqio = pytest.importorskip("seqio")
@@ -112,24 +113,6 @@ def _shards(corpus, lang, out=None):
     return sorted(glob.glob(os.path.join(out or corpus["out"], f"{lang}.txt-*-of-*.gz")))
 
 
-def _docs_of(path, max_line_bytes=LONG):
-    """A file's documents as the reader sees them (kept lines, blank-line breaks)."""
-    docs, doc = [], []
-    for line in text_files.iter_lines(path, max_line_bytes):
-        if line is None:
-            continue
-        if not line.strip():
-            if doc:
-                docs.append(tuple(doc))
-            doc = []
-            continue
-        try:
-            doc.append(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            continue
-    return docs + ([tuple(doc)] if doc else [])
-
-
 def test_shards_keep_every_document_whole_and_every_line(corpus):
     out = corpus["out"]
     assert (out / "COMPLETED").exists() and not (out / prepared.TEMP_DIR).exists()
@@ -138,7 +121,8 @@ def test_shards_keep_every_document_whole_and_every_line(corpus):
         assert files and all(f.endswith(f"-of-{len(files):05d}.gz") for f in files)
         # Every shard ends at a document end and none is cut: the documents of the shards
         # in order are the input's, and so is the multiset of lines.
-        assert [d for f in files for d in _docs_of(f)] == _docs_of(_plain(corpus, lang))
+        assert [d for f in files for d in reader_documents.documents(f, LONG)] == \
+            reader_documents.documents(_plain(corpus, lang), LONG)
         got = collections.Counter(t for f in files for t in text_files.iter_paragraphs(f))
         want = collections.Counter(text_files.iter_paragraphs(_plain(corpus, lang), LONG))
         assert got == want and sum(want.values()) == LINES[lang]
@@ -216,10 +200,10 @@ def test_token_cache_gives_the_batches_of_the_pipeline(corpus, own_cache_dirs):
     info = json.loads((folder / "info.train.json").read_text())
     assert info["xlmeta_eos_after"] == "line" and info["num_shards"] == 1
     docs = json.loads((folder / "stats.train.json").read_text())["examples"]
-    assert docs == len(_docs_of(_plain(corpus, "af")))
+    assert docs == len(reader_documents.documents(_plain(corpus, "af"), LONG))
     for lang in LINES:  # a cache file per shard, every document once
         stats = json.loads((cache / names.cc100_task(lang) / "stats.train.json").read_text())
-        assert stats["examples"] == len(_docs_of(_plain(corpus, lang)))
+        assert stats["examples"] == len(reader_documents.documents(_plain(corpus, lang), LONG))
         assert len(glob.glob(str(cache / names.cc100_task(lang) / "train.tfrecord-*"))) == len(
             _shards(corpus, lang))
     tasks.register(vocab_path=corpus["vocab"])  # new Task objects: no remembered cache

@@ -2,7 +2,7 @@
 that lines, blank runs and over-long lines straddle the blocks it reads.
 
 The reference is the one-line-at-a-time code: ``text_files.scan_text_file`` for the
-counts and ``text_files.iter_lines`` for the documents.
+counts and ``reader_documents`` (``text_files.iter_lines``) for the documents.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import io
 import random
 
 import pytest
+import reader_documents
 
 from xlmeta_jax.data import shards, text_files
 
@@ -30,24 +31,6 @@ def _text(seed: int) -> bytes:
         else:
             lines.append(bytes(rng.choice(b"abcdef ") for _ in range(rng.randint(1, 20))))
     return b"\n".join(lines) + rng.choice([b"", b"\n", b"\n\n"])
-
-
-def _reference_documents(path: str) -> list[tuple[bytes, ...]]:
-    docs, doc = [], []
-    for line in text_files.iter_lines(path, MAX_LINE):
-        if line is None:
-            continue
-        if not line.strip():
-            if doc:
-                docs.append(tuple(doc))
-            doc = []
-            continue
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        doc.append(line)
-    return docs + ([tuple(doc)] if doc else [])
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -90,4 +73,5 @@ def test_split_keeps_the_readers_lines_and_counts(tmp_path, seed, block_bytes):
         assert k == len(pieces) - 1 or piece.counts.text_bytes - last_doc < 60 \
             <= piece.counts.text_bytes
         documents += docs
-    assert documents == _reference_documents(str(path))
+    assert [tuple(line.decode() for line in d) for d in documents] == \
+        reader_documents.documents(str(path), MAX_LINE)

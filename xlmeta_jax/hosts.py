@@ -52,12 +52,6 @@ def _device_ids(text: str) -> list[int]:
     return ids
 
 
-def tpu_pod_hosts() -> list[str]:
-    """The hosts of this Cloud TPU VM's slice when it has several, else []."""
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    return hosts.split(",") if "," in hosts else []
-
-
 @dataclasses.dataclass(frozen=True)
 class ClusterEnvironment:
     """A multi-process environment that ``jax.distributed.initialize()`` detects by itself."""
@@ -92,8 +86,9 @@ def cluster_environment(environ: Mapping[str, str] | None = None) -> ClusterEnvi
     if OPEN_MPI_VARIABLE in environ:
         count = _integer(environ, "OMPI_COMM_WORLD_SIZE")
         if count > 1:
-            return ClusterEnvironment("Open MPI", count,
-                                      _integer(environ, "OMPI_COMM_WORLD_RANK"))
+            rank = "OMPI_COMM_WORLD_RANK"
+            return ClusterEnvironment(
+                "Open MPI", count, _integer(environ, rank) if rank in environ else "?")
     return None
 
 

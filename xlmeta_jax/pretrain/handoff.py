@@ -49,12 +49,7 @@ def handoff_state(fns: step.StepFunctions, step_dir, *, reset_optimizer: bool,
         # optax's counters advance with the step (both start at 0 in every phase and
         # move together), so the earlier step is also their value.
         previous = restored["step"]
-        opt_state = jax.tree_util.tree_map_with_path(
-            lambda path, x: jax.device_put(previous.astype(x.dtype), x.sharding)
-            if is_count(path) else x,
-            state.opt_state,
-        )
-        return state.replace(step=previous, opt_state=opt_state)
+        return state.replace(step=previous, opt_state=_counts_at(state.opt_state, previous))
     prev = checkpoints.PhaseCheckpoints(os.path.dirname(os.fspath(step_dir)),
                                         save_interval_steps=1, max_to_keep=None, read_only=True)
     try:
@@ -65,15 +60,17 @@ def handoff_state(fns: step.StepFunctions, step_dir, *, reset_optimizer: bool,
     if not reset_schedule:
         return previous
     # A fresh schedule: the step and optax's counters restart at 0, as fns.init sets them.
-    opt_state = jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding)
+    zero = jax.device_put(jnp.zeros_like(previous.step), previous.step.sharding)
+    return previous.replace(step=zero, opt_state=_counts_at(previous.opt_state, zero))
+
+
+def _counts_at(opt_state, value: jax.Array):
+    """``opt_state`` with optax's step counters set to ``value`` (on their shardings)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.device_put(value.astype(x.dtype), x.sharding)
         if is_count(path) else x,
-        previous.opt_state,
+        opt_state,
     )
-    return previous.replace(
-        step=jax.device_put(jnp.zeros(previous.step.shape, previous.step.dtype),
-                            previous.step.sharding),
-        opt_state=opt_state)
 
 
 def initial_params(path: str, model: network.EncoderConfig):

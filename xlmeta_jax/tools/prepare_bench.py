@@ -144,8 +144,7 @@ def bench_prepare(work: str, mb: int, files: int, pool) -> dict:
         out[f"prepare_{n}"] = r
     ref, count = {}, {}
     with _timed(ref):  # today: xz -dc | gzip -1, then the counting pass, one process
-        for k, path in enumerate(plain):
-            lang = os.path.basename(path).split("_")[-1][:-4]
+        for k, lang in enumerate(languages.XLMR_LANGUAGES[:files]):
             with lzma.open(os.path.join(inputs, f"{lang}.txt.xz")) as f:
                 data = f.read()
             with open(os.path.join(work, f"manual_{k}.txt.gz"), "wb") as g:
