@@ -7,6 +7,7 @@ schedule against fairseq's ``polynomial_decay`` as its trainer drives it.
 """
 
 import dataclasses
+import math
 
 import flax
 import flax.linen as nn
@@ -298,3 +299,100 @@ def test_state_structure_does_not_depend_on_clipping_or_decay_mask():
         for clip in (0.0, 1.0) for every in (True, False)
     }
     assert len(set(structures.values())) == 1, structures
+
+
+# ---------------------------------------------------------------- other schedules
+# Each against a plain-Python transcription of its reference formula.
+
+
+def _wsd_reference(lr, end, warmup, total, decay, shape, t):
+    """Warm-up-stable-decay (Hu et al. 2024), cool-downs of Hagele et al. 2024 (eq. 1)."""
+    if t < warmup:
+        return lr * t / warmup
+    start = total - decay
+    if t <= start:
+        return lr
+    p = min(1.0, (t - start) / decay)
+    remaining = {"linear": 1 - p, "cosine": 0.5 * (1 + math.cos(math.pi * p)),
+                 "1-sqrt": 1 - math.sqrt(p)}[shape]
+    return end + (lr - end) * remaining
+
+
+def _fairseq_inverse_sqrt(lr, warmup_updates, num_updates):
+    """fairseq/optim/lr_scheduler/inverse_square_root_schedule.py, warmup_init_lr = 0."""
+    warmup_init_lr = 0.0
+    lr_step = (lr - warmup_init_lr) / warmup_updates
+    decay_factor = lr * warmup_updates**0.5
+    if num_updates < warmup_updates:
+        return warmup_init_lr + num_updates * lr_step
+    return decay_factor * num_updates**-0.5
+
+
+@pytest.mark.parametrize("shape", optimizer.DECAY_SHAPES)
+@pytest.mark.parametrize("warmup", [0, 7])
+def test_wsd_schedule_matches_reference(shape, warmup):
+    cfg = OptimizerConfig(learning_rate=6e-4, warmup_steps=warmup, total_steps=60,
+                          end_learning_rate=1e-5, schedule="wsd", decay_steps=20,
+                          decay_shape=shape)
+    sched = optimizer.learning_rate_schedule(cfg)
+    got = [float(sched(t)) for t in range(70)]
+    want = [_wsd_reference(6e-4, 1e-5, warmup, 60, 20, shape, t) for t in range(70)]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+    assert got[40] == pytest.approx(6e-4) and got[60] == pytest.approx(1e-5)
+
+
+def test_wsd_shapes_differ_where_the_cool_down_runs():
+    def rates(shape):
+        sched = optimizer.learning_rate_schedule(OptimizerConfig(
+            learning_rate=1.0, warmup_steps=0, total_steps=10, schedule="wsd",
+            decay_steps=4, decay_shape=shape))
+        return [float(sched(t)) for t in range(12)]
+
+    lin, cos, sqrt = (rates(s) for s in optimizer.DECAY_SHAPES)
+    assert lin[:7] == cos[:7] == sqrt[:7] == [1.0] * 7  # warm-up 0, stable to step 6
+    # At p = 1/2: linear 1/2, cosine 1/2, 1-sqrt 1 - 0.707.
+    assert lin[8] == pytest.approx(0.5) and cos[8] == pytest.approx(0.5)
+    assert sqrt[8] == pytest.approx(1 - math.sqrt(0.5), rel=1e-6)
+    assert cos[7] > lin[7] > sqrt[7]
+
+
+@pytest.mark.parametrize("warmup", [1, 10])
+def test_inverse_sqrt_matches_fairseq(warmup):
+    cfg = OptimizerConfig(learning_rate=5e-4, warmup_steps=warmup, total_steps=100,
+                          schedule="inverse_sqrt")
+    sched = optimizer.learning_rate_schedule(cfg)
+    got = [float(sched(t)) for t in range(100)]
+    want = [_fairseq_inverse_sqrt(5e-4, warmup, t) for t in range(100)]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+
+
+def test_optimizer_follows_the_configured_schedule():
+    # The update of a zero-decay AdamW on a constant gradient is -lr(t) * (nearly 1), so
+    # each step's update is its schedule's rate.
+    cfg = OptimizerConfig(learning_rate=1.0, warmup_steps=2, total_steps=8, schedule="wsd",
+                          decay_steps=4, decay_shape="1-sqrt", weight_decay=0.0, eps=1e-12)
+    tx = optimizer.make_optimizer(cfg)
+    params = {"w": jnp.zeros(())}
+    state = tx.init(params)
+    got = []
+    for _ in range(9):
+        updates, state = tx.update({"w": jnp.ones(())}, state, params)
+        got.append(-float(updates["w"]))
+    want = [_wsd_reference(1.0, 0.0, 2, 8, 4, "1-sqrt", t) for t in range(9)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(schedule="step"), "schedule"),
+        (dict(schedule="wsd", decay_shape="exp", decay_steps=5), "decay_shape"),
+        (dict(schedule="wsd", decay_steps=0), "decay_steps"),
+        (dict(schedule="wsd", warmup_steps=10, total_steps=20, decay_steps=11), "decay_steps"),
+        (dict(schedule="linear", decay_steps=5), "decay_steps"),
+        (dict(schedule="inverse_sqrt", warmup_steps=0), "warmup_steps"),
+    ],
+)
+def test_schedule_settings_are_checked(kwargs, field):
+    with pytest.raises(ValueError, match=f"OptimizerConfig.{field}"):
+        OptimizerConfig(**kwargs)

@@ -10,6 +10,13 @@ The defaults are fairseq's, as RoBERTa's pretraining README runs it (``--optimiz
 - no gradient clipping (``max_grad_norm = 0``);
 - weight decay on every parameter (fairseq's Adam decays all of them; HF's fine-tuning
   scripts, and so :mod:`xlmeta_jax.evaluation`, exempt biases and LayerNorm).
+
+Besides that linear decay (``schedule='linear'``), the staged curricula use
+warm-up-stable-decay (``'wsd'``: MiniCPM, Hu et al. 2024; with a linear, cosine or
+1-sqrt cool-down, Hagele et al. 2024, as mmBERT's decay stage runs it) and fairseq's
+inverse square root (``'inverse_sqrt'``). Every schedule is a function of optax's update
+count, so a phase that continues the previous phase's schedule (``Phase.reset_schedule
+=False``) continues the same curve.
 """
 
 from __future__ import annotations
@@ -18,9 +25,15 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from xlmeta_jax import errors
+
+# OptimizerConfig.schedule: the learning-rate schedules after the linear warm-up.
+SCHEDULES = ("linear", "wsd", "inverse_sqrt")
+# OptimizerConfig.decay_shape: how a 'wsd' schedule cools down over its decay_steps.
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
 class OptimizerConfigError(errors.UserError, ValueError):
@@ -62,6 +75,14 @@ class OptimizerConfig:
     decay_all_parameters: bool = True
     # Clip gradients to this global norm; 0 disables clipping (RoBERTa: --clip-norm 0.0).
     max_grad_norm: float = 0.0
+    # After the warm-up: 'linear' decay to total_steps (RoBERTa), 'wsd' (stable at the peak,
+    # then decay_steps of cool-down ending at total_steps), or 'inverse_sqrt' (fairseq's:
+    # peak * sqrt(warmup_steps / step); needs warmup_steps >= 1; no end point).
+    schedule: str = "linear"
+    # 'wsd': steps of the final cool-down, in (0, total_steps - warmup_steps].
+    decay_steps: int = 0
+    # 'wsd': the cool-down's shape, 'linear', 'cosine' or '1-sqrt'.
+    decay_shape: str = "linear"
 
     def __post_init__(self):
         def bad(field: str, rule: str):
@@ -86,6 +107,19 @@ class OptimizerConfig:
             bad("weight_decay", ">= 0")
         if not self.max_grad_norm >= 0:
             bad("max_grad_norm", ">= 0 (0 disables clipping)")
+        if self.schedule not in SCHEDULES:
+            bad("schedule", f"one of {SCHEDULES}")
+        if self.decay_shape not in DECAY_SHAPES:
+            bad("decay_shape", f"one of {DECAY_SHAPES}")
+        if self.schedule == "wsd":
+            if not 0 < self.decay_steps <= self.total_steps - self.warmup_steps:
+                bad("decay_steps", f"in (0, total_steps - warmup_steps = "
+                    f"{self.total_steps - self.warmup_steps}] for schedule='wsd'")
+        elif self.decay_steps:
+            bad("decay_steps", f"0 for schedule={self.schedule!r} (it sets 'wsd''s cool-down)")
+        if self.schedule == "inverse_sqrt" and self.warmup_steps < 1:
+            bad("warmup_steps", ">= 1 for schedule='inverse_sqrt' (its decay is "
+                "peak * sqrt(warmup_steps / step))")
 
 
 def linear_warmup_linear_decay(cfg: OptimizerConfig) -> optax.Schedule:
@@ -104,6 +138,58 @@ def linear_warmup_linear_decay(cfg: OptimizerConfig) -> optax.Schedule:
     if cfg.warmup_steps == 0:
         return decay
     return optax.join_schedules([warmup, decay], [cfg.warmup_steps])
+
+
+def warmup_stable_decay(cfg: OptimizerConfig) -> optax.Schedule:
+    """Linear warm-up, the peak until ``total_steps - decay_steps``, then a cool-down.
+
+    The rate of update ``t`` is ``lr * t / warmup_steps`` during warm-up (the first is 0,
+    as in :func:`linear_warmup_linear_decay`), ``lr`` while stable, and over the last
+    ``decay_steps`` updates, with ``p = (t - (total_steps - decay_steps)) / decay_steps``,
+    ``end + (lr - end) * f(p)`` where ``f`` is ``1 - p`` ('linear'), ``(1 + cos(pi p)) / 2``
+    ('cosine') or ``1 - sqrt(p)`` ('1-sqrt', Hagele et al. 2024, eq. 1); ``end`` from
+    ``total_steps`` on.
+    """
+    peak, end = cfg.learning_rate, cfg.end_learning_rate
+    warmup, start, length = cfg.warmup_steps, cfg.total_steps - cfg.decay_steps, cfg.decay_steps
+    shape = cfg.decay_shape
+
+    def schedule(count):
+        t = jnp.asarray(count, jnp.float32)
+        p = jnp.clip((t - start) / length, 0.0, 1.0)
+        if shape == "linear":
+            remaining = 1.0 - p
+        elif shape == "cosine":
+            remaining = 0.5 * (1.0 + jnp.cos(jnp.pi * p))
+        else:
+            remaining = 1.0 - jnp.sqrt(p)
+        decayed = end + (peak - end) * remaining
+        return jnp.where(t < warmup, peak * t / max(warmup, 1), decayed)
+
+    return schedule
+
+
+def inverse_sqrt(cfg: OptimizerConfig) -> optax.Schedule:
+    """fairseq's ``inverse_sqrt`` from a warm-up start of 0: ``lr * sqrt(warmup / t)`` after it.
+
+    fairseq/optim/lr_scheduler/inverse_square_root_schedule.py ``step_update``:
+    ``warmup_init_lr + t * lr_step`` while ``t < warmup_updates``, then
+    ``decay_factor * t ** -0.5`` with ``decay_factor = lr * warmup_updates ** 0.5``.
+    """
+    peak, warmup = cfg.learning_rate, cfg.warmup_steps
+
+    def schedule(count):
+        t = jnp.asarray(count, jnp.float32)
+        return jnp.where(t < warmup, peak * t / warmup,
+                         peak * math.sqrt(warmup) * jax.lax.rsqrt(jnp.maximum(t, 1.0)))
+
+    return schedule
+
+
+def learning_rate_schedule(cfg: OptimizerConfig) -> optax.Schedule:
+    """The schedule ``cfg.schedule`` names (see :data:`SCHEDULES`)."""
+    return {"linear": linear_warmup_linear_decay, "wsd": warmup_stable_decay,
+            "inverse_sqrt": inverse_sqrt}[cfg.schedule](cfg)
 
 
 def decay_mask(params):
@@ -138,7 +224,7 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     return optax.chain(
         clip,
         optax.adamw(
-            learning_rate=linear_warmup_linear_decay(cfg),
+            learning_rate=learning_rate_schedule(cfg),
             b1=cfg.b1,
             b2=cfg.b2,
             eps=cfg.eps,

@@ -25,7 +25,7 @@ from xlmeta_jax.model.network import EncoderConfig, XLMRForMaskedLM
 from xlmeta_jax.model.optimizer import (
     OptimizerConfig,
     global_norm,
-    linear_warmup_linear_decay,
+    learning_rate_schedule,
     make_optimizer,
 )
 
@@ -133,7 +133,7 @@ def make_step_functions(
                          f"expected one of {RNG_IMPLS}")
     model = XLMRForMaskedLM(model_cfg)
     tx = make_optimizer(opt_cfg)
-    schedule = linear_warmup_linear_decay(opt_cfg)
+    schedule = learning_rate_schedule(opt_cfg)
 
     def from_params_fn(params):
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))

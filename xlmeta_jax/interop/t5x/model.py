@@ -316,13 +316,13 @@ def _summary_metrics(loss, metrics: Mapping[str, jax.Array], batch) -> dict:
 
 
 def adamw(config: optimizer.OptimizerConfig) -> t5x_optimizers.OptaxWrapper:
-    """Our AdamW, clipping and warm-up/decay schedule (``optimizer.make_optimizer``)."""
+    """Our AdamW, clipping and learning-rate schedule (``optimizer.make_optimizer``)."""
     return t5x_optimizers.OptaxWrapper(optimizer.make_optimizer(config))
 
 
 def learning_rate(config: optimizer.OptimizerConfig):
     """The schedule :func:`adamw` follows, for t5x's ``Trainer.learning_rate_fn`` (logged)."""
-    return optimizer.linear_warmup_linear_decay(config)
+    return optimizer.learning_rate_schedule(config)
 
 
 def logical_axis_rules(
