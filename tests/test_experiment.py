@@ -242,3 +242,24 @@ def test_plan_measures_the_step_when_nothing_ran_yet(tmp_path, fast_compiles):
     # 10 steps in 1 phase, then 2 evaluations of 60 s.
     assert "pretraining left: 10 steps in 1 phases" in text
     assert "evaluation left: pawsx 1 x 1m00s, tatoeba 1 x 1m00s ~ 2m00s" in text
+
+
+def test_annealed_arm_trains_meta_tokens_in_three_stages_on_one_schedule():
+    stages = arms.arm_phases("annealed", BUDGET, english_task="en_task",
+                             xling_mixture="xling_mix", optimizer=OPT,
+                             languages=["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"])
+    assert arms.phase_tokens(stages) == arms.phase_tokens(_phases("meta"))
+    assert [p.num_steps for p in stages] == [840, 240, 120]
+    # The largest languages first (CC-100 tokens), then more, then all ten.
+    assert [p.languages for p in stages] == [
+        ("en", "vi", "ru"), ("en", "vi", "ru", "de", "fr", "ar"),
+        ("en", "vi", "ru", "de", "fr", "ar", "th", "hi", "ja", "sw")]
+    assert [(p.alpha, p.mask_rate) for p in stages] == [(0.7, 0.3), (0.5, 0.15), (0.3, 0.05)]
+    assert [p.init_from for p in stages] == [None, "stage1", "stage2"]
+    assert not any(p.reset_optimizer or p.reset_schedule for p in stages)
+    opt = stages[0].optimizer_config()
+    assert all(p.optimizer_config() == opt for p in stages)
+    assert (opt.schedule, opt.total_steps, opt.decay_steps, opt.decay_shape) == (
+        "wsd", 1200, 120, "1-sqrt")
+    assert opt.learning_rate == 1e-3 and opt.warmup_steps == 60
+    assert "annealed" not in arms.ARMS and "annealed" in arms.ALL_ARMS

@@ -125,6 +125,19 @@ XLMR_LANGUAGES: tuple[str, ...] = tuple(XLMR_LANGUAGE_NAMES)
 _MC4_RENAMES = {"he": "iw", "tl": "fil", "hi_rom": "hi-Latn", "zh-Hans": "zh"}
 _NOT_IN_MC4 = frozenset({"bn_rom", "my_zaw", "ta_rom", "te_rom", "ur_rom", "zh-Hant"})
 
+# The 100 languages from the largest to the smallest in CC-100 tokens (XLM-R paper, Table 6;
+# my = Burmese 56M, my_zaw = Burmese (Zawgyi) 15M): the order staged curricula add them in.
+BY_CC100_SIZE: tuple[str, ...] = (
+    "en", "vi", "ru", "id", "fa", "sv", "ro", "de", "fr", "es", "no", "pt", "da", "hu", "uk",
+    "fi", "pl", "ko", "bg", "nl", "it", "el", "sk", "he", "hr", "ar", "tr", "cs", "lt", "th",
+    "ca", "hi", "sl", "ms", "lv", "sq", "et", "sr", "az", "ur", "ta", "tl", "ja", "bn", "is",
+    "gl", "kk", "ka", "mk", "hy", "la", "be", "ml", "sw", "eu", "zh-Hans", "te", "mn", "si",
+    "af", "ne", "zh-Hant", "mr", "kn", "eo", "cy", "gu", "ps", "ky", "uz", "hi_rom", "ga",
+    "ur_rom", "bn_rom", "am", "pa", "ku", "so", "ha", "my", "sd", "te_rom", "km", "or",
+    "ta_rom", "yi", "fy", "ug", "mg", "jv", "gd", "lo", "sa", "br", "my_zaw", "bs", "xh", "su",
+    "om", "as",
+)
+
 # Scripts written without spaces between words: tokens/word means little there,
 # so the vocabulary report also shows characters per token.
 UNSPACED_LANGUAGES = frozenset({"ja", "km", "lo", "my", "my_zaw", "th", "zh-Hans", "zh-Hant"})

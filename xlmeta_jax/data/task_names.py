@@ -44,3 +44,12 @@ PRETRAINING_NAMES = (
 LANGUAGE_OF_TASK = {
     task: lang for by_lang in (CC100_TASKS, MC4_TASKS) for lang, task in by_lang.items()
 }
+
+
+def base_name(name: str) -> str:
+    """A registered name without its view suffix: ``xlmeta_cc100_fr.stage2`` -> ``xlmeta_cc100_fr``.
+
+    A phase with languages, alpha or masking of its own reads its corpus registered once
+    more under names ending in ``.{phase}`` (``tasks.register(views=...)``).
+    """
+    return name.partition(".")[0]

@@ -16,7 +16,8 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 
 import jax
 import seqio
@@ -29,8 +30,11 @@ from xlmeta_jax.data.languages import mc4_split_name
 
 log = logging.getLogger(__name__)
 
-# What the last successful register() call registered: its settings and providers.
-_registered: tuple[corpora_lib.Corpora, dict[str, seqio.Task | seqio.Mixture]] | None = None
+# What the last successful register() call registered: its settings (with its views)
+# and providers.
+_registered: tuple[tuple, dict[str, seqio.Task | seqio.Mixture]] | None = None
+# A view's suffix: '.' and a phase name (seqio task names allow '.' and word characters).
+_VIEW_SUFFIX = re.compile(r"\.\w+")
 
 
 def _output_features(vocab) -> dict[str, seqio.Feature]:
@@ -57,10 +61,19 @@ class _Plan:
     # Whether files without cached or prepared counts are counted: on one process only
     # (a pod's hosts would each count the whole corpus and write the same files).
     may_count: bool = True
+    # Appended to every name this plan registers (a phase's own view: '.stage2').
+    suffix: str = ""
     tasks: dict = dataclasses.field(default_factory=dict)  # name -> TaskRegistry.add kwargs
     mixtures: dict = dataclasses.field(default_factory=dict)  # name -> [(task, rate)]
 
+    def has_task(self, name) -> bool:
+        return name + self.suffix in self.tasks
+
+    def has_mixture(self, name) -> bool:
+        return name + self.suffix in self.mixtures
+
     def add_task(self, name, source, *, shuffle_buffer_size, language=None):
+        name += self.suffix
         steps = [
             functools.partial(preprocessors.tokenize_documents,
                               eos_after=self.corpora.eos_after),
@@ -83,9 +96,11 @@ class _Plan:
         )
 
     def add_mixture(self, name, task_by_lang, counts, alpha):
+        name += self.suffix
+        task_by_lang = {lang: task + self.suffix for lang, task in task_by_lang.items()}
         probs = rates.alpha_probabilities(counts, alpha)
-        log.info("%s: alpha=%s sampling probabilities %s", name, alpha,
-                 {k: round(v, 5) for k, v in probs.items()})
+        log.info("%s: alpha=%s, mask rate %s, sampling probabilities %s", name, alpha,
+                 self.corpora.masking.rate, {k: round(v, 5) for k, v in probs.items()})
         self.mixtures[name] = [(task_by_lang[lang], q) for lang, q in probs.items()]
         # Each language holds blocks in proportion to how often it is drawn: the blocks a
         # batch takes from any language then come from a window shuffle_buffer_size / batch
@@ -207,15 +222,16 @@ def _joint(plan: _Plan) -> None:
     share = plan.corpora.joint_english_share
     if share is None:
         return
-    english = [t for t in (names.ENGLISH_TEXT_TASK, names.ENGLISH_TFDS_TASK) if t in plan.tasks]
-    xling = [m for m in (names.CC100_MIXTURE, names.MC4_MIXTURE) if m in plan.mixtures]
+    english = [t for t in (names.ENGLISH_TEXT_TASK, names.ENGLISH_TFDS_TASK) if plan.has_task(t)]
+    xling = [m for m in (names.CC100_MIXTURE, names.MC4_MIXTURE) if plan.has_mixture(m)]
     if len(english) != 1 or len(xling) != 1:
         raise text_files.CorpusError(
             f"joint_english_share={share} needs exactly one English corpus and one "
             f"multilingual corpus configured; got {english or 'no English'} and "
             f"{xling or 'no multilingual mixture'}"
         )
-    plan.mixtures[names.JOINT_MIXTURE] = [(english[0], share), (xling[0], 1.0 - share)]
+    plan.mixtures[names.JOINT_MIXTURE + plan.suffix] = [
+        (english[0] + plan.suffix, share), (xling[0] + plan.suffix, 1.0 - share)]
 
 
 def _still_registered(providers_by_name) -> bool:
@@ -227,7 +243,8 @@ def _still_registered(providers_by_name) -> bool:
 
 
 def register(
-    corpora: corpora_lib.Corpora | None = None, /, **settings
+    corpora: corpora_lib.Corpora | None = None, /, *,
+    views: Mapping[str, corpora_lib.Corpora] | None = None, **settings
 ) -> tuple[str, ...]:
     """Registers the seqio tasks and mixtures of the configured corpora; returns their names.
 
@@ -240,12 +257,19 @@ def register(
     (``xlmeta_joint``). Language mixture rates are the alpha-sampling probabilities
     ``q_l ∝ n_l^alpha``, from the given or counted (cached) n_l.
 
+    ``views`` registers other settings beside them, each under names of its own: the
+    tasks and mixtures of ``views[suffix]`` are named as above with ``suffix`` appended
+    (a staged curriculum's phase ``stage2`` reads ``xlmeta_cc100.stage2``, with its own
+    languages, alpha and masking; :meth:`Phase.source
+    <xlmeta_jax.pretrain.phases.Phase.source>`).
+
     Calling it again with the same settings does nothing; with other settings it
     replaces every registration of the previous call (``TaskRegistry.remove`` /
     ``MixtureRegistry.remove``). Nothing is changed when the settings are invalid.
 
     Args:
       corpora: the settings (:class:`xlmeta_jax.data.corpora.Corpora`); default: none.
+      views: suffix (``'.{phase}'``) -> settings registered under names ending in it.
       **settings: fields of ``Corpora`` (override those of ``corpora``), e.g.
         ``vocab_path=..., english_files=[...], cc100_dir=..., languages=[...], alpha=0.3``.
 
@@ -262,25 +286,36 @@ def register(
         c = dataclasses.replace(base, **settings)
     except TypeError as e:
         raise TypeError(f"tasks.register: {e} (see xlmeta_jax.data.corpora.Corpora)") from None
-    if _registered is not None and _registered[0] == c and _still_registered(_registered[1]):
+    views = dict(views or {})
+    key = (c, tuple(sorted(views.items(), key=lambda kv: kv[0])))
+    if _registered is not None and _registered[0] == key and _still_registered(_registered[1]):
         return tuple(_registered[1])
+    for suffix in views:
+        if not suffix or not _VIEW_SUFFIX.fullmatch(suffix):
+            raise ValueError(f"tasks.register: view suffix {suffix!r} is not '.' and a word")
     # Cheap checks first, then the files; the registry is touched only at the end.
     c.check()
+    for view in views.values():
+        view.check()
     vocab = vocabulary.load_vocabulary(c.vocab_path)
-    plan = _Plan(c, _output_features(vocab), encode=vocab.tokenizer.encode,
-                 may_count=jax.process_count() == 1)
-    for add in (_english_text, _english_tfds, _cc100, _mc4, _joint):
-        add(plan)
+    plans = [_Plan(settings_, _output_features(vocab), encode=vocab.tokenizer.encode,
+                   may_count=jax.process_count() == 1, suffix=suffix)
+             for suffix, settings_ in (("", c), *views.items())]
+    for plan in plans:
+        for add in (_english_text, _english_tfds, _cc100, _mc4, _joint):
+            add(plan)
+    new_tasks = {k: v for plan in plans for k, v in plan.tasks.items()}
+    new_mixtures = {k: v for plan in plans for k, v in plan.mixtures.items()}
     previous = dict(_registered[1]) if _registered is not None else {}
-    for name in set(previous) | set(plan.tasks) | set(plan.mixtures):
+    for name in set(previous) | set(new_tasks) | set(new_mixtures):
         seqio.MixtureRegistry.remove(name)
         seqio.TaskRegistry.remove(name)
     added: dict[str, seqio.Task | seqio.Mixture] = {}
-    for name, kwargs in plan.tasks.items():
+    for name, kwargs in new_tasks.items():
         added[name] = seqio.TaskRegistry.add(name, **kwargs)
-    for name, tasks_and_rates in plan.mixtures.items():
+    for name, tasks_and_rates in new_mixtures.items():
         added[name] = seqio.MixtureRegistry.add(name, tasks_and_rates)
-    _registered = (c, added)
+    _registered = (key, added)
     if not added:
         log.info("tasks.register: no corpus configured, nothing registered")
     return tuple(added)
@@ -332,8 +367,9 @@ def check_registered(name: str, registered: Sequence[str]) -> str:
       CorpusError: naming the setting that registers ``name`` when it is missing.
     """
     if name not in registered:
+        base = names.base_name(name)
         hint = next(
-            (v for k, v in _SETTING.items() if name == k or name.startswith(k + "_")), None
+            (v for k, v in _SETTING.items() if base == k or base.startswith(k + "_")), None
         )
         if hint:  # the corpus's setting is empty or unset
             raise text_files.CorpusError(f"{name} has no corpus configured: set {hint}")
@@ -348,7 +384,7 @@ def check_registered(name: str, registered: Sequence[str]) -> str:
 
 def registered_corpora() -> corpora_lib.Corpora | None:
     """The settings of the last successful :func:`register` call (None before one)."""
-    return None if _registered is None else _registered[0]
+    return None if _registered is None else _registered[0][0]
 
 
 # The info.{split}.json key of an offline token cache that says where its </s> are
@@ -390,4 +426,5 @@ def language_probabilities(mixture_name: str) -> dict[str, float]:
     """q_l per language of a registered language mixture, from its seqio rates."""
     mixture = seqio.get_mixture_or_task(mixture_name)
     total = mixture.total_rate
-    return {names.LANGUAGE_OF_TASK[t.name]: mixture.get_rate(t) / total for t in mixture.tasks}
+    return {names.LANGUAGE_OF_TASK[names.base_name(t.name)]: mixture.get_rate(t) / total
+            for t in mixture.tasks}

@@ -13,6 +13,12 @@ share the number of tokens:
                data, no phases; registered by ``tasks.register`` with
                ``Corpora.joint_english_share``).
 ``xling_only`` the mixture for XLING_STEPS: meta without its phase 1.
+``annealed``   META_STEPS + XLING_STEPS on the mixture in three stages (70/20/10% of the
+               steps) whose languages grow (the largest 30%, 60%, then all of the
+               experiment's languages, by CC-100 size) while alpha (0.7, 0.5, 0.3) and
+               the masking rate (30, 15, 5%) fall, on one warm-up-stable-decay schedule
+               with a 1-sqrt cool-down over stage 3 (gin/native/annealed.gin's shape).
+               Not among the default arms; name it in ``experiment.arms``.
 =============  ==========================================================================
 """
 
@@ -23,10 +29,15 @@ from collections.abc import Sequence
 
 from xlmeta_jax import errors
 from xlmeta_jax.data import task_names as names
+from xlmeta_jax.data.languages import BY_CC100_SIZE, XLMR_LANGUAGES
 from xlmeta_jax.model.optimizer import OptimizerConfig
 from xlmeta_jax.pretrain import trainer
 
+# The default arms; every arm the experiment accepts is in ALL_ARMS.
 ARMS = ("meta", "xlmr", "joint", "xling_only")
+ALL_ARMS = (*ARMS, "annealed")
+# The annealed arm's stages: share of the steps, of the languages, alpha, masking rate.
+ANNEALED_STAGES = ((0.7, 0.3, 0.7, 0.3), (0.2, 0.6, 0.5, 0.15), (0.1, 1.0, 0.3, 0.05))
 
 
 class ArmError(errors.UserError, ValueError):
@@ -57,7 +68,8 @@ class Budget:
 
 
 def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: str,
-               optimizer: OptimizerConfig) -> list[trainer.Phase]:
+               optimizer: OptimizerConfig, languages: Sequence[str] | None = None
+               ) -> list[trainer.Phase]:
     """The trainer phases of one arm.
 
     Every phase trains ``budget.batch_size`` x ``budget.sequence_length`` per step and
@@ -70,6 +82,8 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
       english_task: seqio task of phase 1 (English).
       xling_mixture: seqio mixture of the multilingual phase.
       optimizer: AdamW settings shared by every phase.
+      languages: the mixture's languages (None: all 100); the annealed arm's stages
+        take the largest of them first.
 
     Raises:
       ArmError: for an unknown arm or a warm-up longer than a phase.
@@ -100,7 +114,33 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
         return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":
         return [phase("xling", xling_mixture, budget.xling_steps)]
-    raise ArmError(f"unknown arm {arm!r}; expected some of {ARMS}")
+    if arm == "annealed":
+        return _annealed(budget, xling_mixture, optimizer, languages)
+    raise ArmError(f"unknown arm {arm!r}; expected some of {ALL_ARMS}")
+
+
+def _annealed(budget: Budget, mixture: str, optimizer: OptimizerConfig,
+              languages: Sequence[str] | None) -> list[trainer.Phase]:
+    total = budget.meta_steps + budget.xling_steps
+    first, second = (round(share * total) for share, *_ in ANNEALED_STAGES[:2])
+    steps = (first, second, total - first - second)
+    if min(steps) < 1 or optimizer.warmup_steps > first:
+        raise ArmError(f"arm 'annealed': its stages of {steps} steps need each >= 1 and the "
+                       f"first >= warmup_steps={optimizer.warmup_steps} (raise META_STEPS / "
+                       "XLING_STEPS or lower WARMUP_STEPS)")
+    chosen = set(XLMR_LANGUAGES if languages is None else languages)
+    ordered = [lang for lang in BY_CC100_SIZE if lang in chosen]
+    schedule = dataclasses.replace(optimizer, total_steps=total, schedule="wsd",
+                                   decay_steps=steps[2], decay_shape="1-sqrt")
+    phases = []
+    for i, ((_, lang_share, alpha, mask_rate), n) in enumerate(zip(ANNEALED_STAGES, steps)):
+        count = max(1, round(lang_share * len(ordered)))
+        phases.append(trainer.Phase(
+            name=f"stage{i + 1}", task=mixture, num_steps=n, batch_size=budget.batch_size,
+            sequence_length=budget.sequence_length, optimizer=schedule,
+            init_from=f"stage{i}" if i else None, reset_optimizer=False, reset_schedule=False,
+            languages=tuple(ordered[:count]), alpha=alpha, mask_rate=mask_rate))
+    return phases
 
 
 def phase_tokens(phases: Sequence[trainer.Phase]) -> int:

@@ -29,7 +29,7 @@ from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
-from xlmeta_jax.experiment.arms import ARMS, ArmError, Budget, arm_phases
+from xlmeta_jax.experiment.arms import ALL_ARMS, ARMS, ArmError, Budget, arm_phases
 from xlmeta_jax.experiment.results import write_results
 from xlmeta_jax.experiment.state import (
     ExperimentError,
@@ -87,7 +87,8 @@ class Experiment:
 
     def phases(self, arm: str) -> list[trainer.Phase]:
         return arm_phases(arm, self.budget, english_task=self.english_task,
-                          xling_mixture=self.xling_mixture, optimizer=self.optimizer)
+                          xling_mixture=self.xling_mixture, optimizer=self.optimizer,
+                          languages=self.corpora.languages)
 
     def run_dir(self, arm: str, seed: int) -> str:
         return os.path.join(self.model_dir, "pretrain", arm, f"seed{seed}")
@@ -138,7 +139,7 @@ def experiment(
     Args:
       name: shown in the report.
       model_dir: the experiment's folder (gin macro MODEL_DIR).
-      arms: arms to run, some of :data:`ARMS`.
+      arms: arms to run, some of :data:`ALL_ARMS` (default: :data:`ARMS`, not annealed).
       seeds: pretraining seeds (init, dropout, data order); each arm runs each seed, and
         the fine-tuning of a checkpoint uses the same seed.
       meta_steps: English steps of the meta arm (META_STEPS).
@@ -166,9 +167,10 @@ def experiment(
         set per run); a task without one is refused when it is evaluated.
     """
     arms = tuple(arms)
-    bad = [a for a in arms if a not in ARMS]
+    bad = [a for a in arms if a not in ALL_ARMS]
     if bad or not arms or len(set(arms)) != len(arms):
-        raise ExperimentError(f"experiment.arms={list(arms)}: expected distinct arms of {ARMS}")
+        raise ExperimentError(f"experiment.arms={list(arms)}: expected distinct arms of "
+                              f"{ALL_ARMS}")
     seeds = tuple(seeds)
     if not seeds or len(set(seeds)) != len(seeds) or not all(
             isinstance(s, int) and s >= 0 for s in seeds):

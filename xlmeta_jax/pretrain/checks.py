@@ -5,19 +5,19 @@ mesh shape) that is wrong."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import sentencepiece as spm
 
 from xlmeta_jax import errors, files
+from xlmeta_jax.data import rates
+from xlmeta_jax.data.languages import check_languages
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import checkpoints, iterator_item, run_dir, step
-
-if TYPE_CHECKING:
-    from xlmeta_jax.pretrain import trainer
+from xlmeta_jax.pretrain.phases import MONOLINGUAL, Phase
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -39,7 +39,7 @@ def check_model_dir(model_dir: str) -> None:
         raise ConfigError(f"MODEL_DIR {model_dir!r} is not a writable directory: {e}") from e
 
 
-def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.Phase], mesh_shape,
+def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], mesh_shape,
              num_devices: int, microbatches: int = 1, *,
              describe: Callable[[str], str] = str) -> tuple[int, int, int]:
     """Checks a run's settings; returns the mesh shape.
@@ -86,6 +86,8 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
                 f"{where}: init_from={p.init_from!r} is not an earlier phase ({sorted(seen)})"
             )
         seen.add(p.name)
+        if p.has_own_data():
+            _check_own_data(p, describe)
         if p.num_steps <= 0:
             raise ConfigError(f"{where}: num_steps must be > 0, got {p.num_steps}")
         if p.batch_size % data_parallel or p.batch_size % jax.process_count():
@@ -130,6 +132,33 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[trainer.P
     return shape
 
 
+def _check_own_data(p: Phase, describe: Callable[[str], str]) -> None:
+    """A phase's own languages, alpha and masking rate (see Phase)."""
+    where = f"phase {p.name!r}"
+
+    def binding(field):
+        return describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.{field}")
+
+    if not re.fullmatch(r"\w+", p.name):
+        raise ConfigError(f"{where}: a phase with languages, alpha or mask_rate of its own "
+                          "registers its data under its name, which must be letters, digits "
+                          "and '_'")
+    if p.task in MONOLINGUAL:
+        for field in ("languages", "alpha"):
+            if getattr(p, field) is not None:
+                raise ConfigError(f"{where}: {field} ({binding(field)}) is for a multilingual "
+                                  f"mixture; task {p.task!r} has none (only mask_rate applies)")
+    checks = {"languages": lambda v: check_languages(v, what="languages"),
+              "alpha": rates.check_alpha, "mask_rate": lambda v: mlm.Masking(rate=v)}
+    for field, check in checks.items():
+        value = getattr(p, field)
+        if value is not None:
+            try:
+                check(value)
+            except errors.UserError as e:
+                raise ConfigError(f"{where}: {binding(field)}: {e}") from None
+
+
 def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> None:
     """VOCAB_PATH is a SentencePiece model the encoder's embedding covers, same pad id.
 
@@ -163,7 +192,7 @@ def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> No
         )
 
 
-def latest_checkpoint(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig,
+def latest_checkpoint(model_dir: str, phase: Phase, model: network.EncoderConfig,
                       data_seed: int | None = None) -> int | None:
     """The phase's latest checkpoint (finalised by Orbax), None without one.
 
@@ -186,7 +215,7 @@ def latest_checkpoint(model_dir: str, phase: trainer.Phase, model: network.Encod
         ckpt.close()
 
 
-def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.EncoderConfig,
+def phase_is_complete(model_dir: str, phase: Phase, model: network.EncoderConfig,
                       data_seed: int | None = None) -> bool:
     """Whether the phase's final checkpoint exists (see :func:`latest_checkpoint`)."""
     return latest_checkpoint(model_dir, phase, model, data_seed) == phase.num_steps
@@ -196,7 +225,7 @@ def phase_is_complete(model_dir: str, phase: trainer.Phase, model: network.Encod
 NEW_PROCESS_COUNT = ("reseed",)
 
 
-def check_stored_run(model_dir: str, phases: Sequence[trainer.Phase],
+def check_stored_run(model_dir: str, phases: Sequence[Phase],
                      model: network.EncoderConfig, data_seeds: Sequence[int],
                      new_process_count: str | None = None) -> set[str]:
     """Checks what a rerun reads of MODEL_DIR; returns the names of the complete phases.

@@ -35,7 +35,7 @@ LOCK_NAME = ".lock"
 # may change them (e.g. a GPU resume of a CPU run picks cuDNN attention).
 EXECUTION_ONLY_FIELDS = frozenset({"attention_impl", "remat_policy"})
 # Phase settings a resume must keep (more steps is allowed: the phase continues).
-PHASE_FIELDS = ("task", "batch_size", "sequence_length")
+PHASE_FIELDS = ("task", "batch_size", "sequence_length", "languages", "alpha", "mask_rate")
 
 
 class RunLockedError(UserError):
@@ -168,7 +168,10 @@ def check_stored_config(where: str, meta: dict, model, phase, data_seed: int | N
                 f"the config asks for {value!r}; use another MODEL_DIR or the stored setting"
             )
     for field in PHASE_FIELDS:
-        if field in meta and meta[field] != getattr(phase, field):
+        wanted = getattr(phase, field)
+        if isinstance(wanted, tuple):
+            wanted = list(wanted)  # as the metadata's JSON holds it
+        if field in meta and meta[field] != wanted:
             raise RunConfigMismatch(
                 f"{where} was trained with {field}={meta[field]!r}, the config asks for "
                 f"{getattr(phase, field)!r} (phase {phase.name!r}); use another MODEL_DIR "

@@ -24,7 +24,6 @@ from xlmeta_jax import errors, files
 from xlmeta_jax.data import feeding, seeds
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.model import network, partitioning
-from xlmeta_jax.model.optimizer import OptimizerConfig
 from xlmeta_jax.pretrain import (
     checkpoints,
     flops,
@@ -44,42 +43,12 @@ from xlmeta_jax.pretrain.checks import (
     check_vocabulary,
     validate,
 )
+from xlmeta_jax.pretrain.phases import SYNTHETIC, Phase
 from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
+__all__ = ["SYNTHETIC", "Phase", "train"]
+
 log = logging.getLogger("xlmeta_jax.train")
-
-SYNTHETIC = "synthetic"
-
-
-@dataclasses.dataclass
-class Phase:
-    """One pretraining phase. Meta-pretraining has two; the XLM-R baseline one."""
-
-    # Name of the phase; also its checkpoint directory under MODEL_DIR.
-    name: str
-    # SeqIO task or mixture to train on ('synthetic' for random tokens).
-    task: str
-    # Optimizer steps in this phase.
-    num_steps: int
-    # Global batch size (sequences per step, across all processes).
-    batch_size: int
-    # Tokens per packed sequence.
-    sequence_length: int
-    # Optimizer and schedule; default: AdamW as RoBERTa, 6% warm-up over num_steps.
-    optimizer: OptimizerConfig | None = None
-    # Name of an earlier phase whose final checkpoint initialises this one.
-    init_from: str | None = None
-    # With init_from: start from fresh AdamW moments (else carry them over).
-    reset_optimizer: bool = True
-    # With init_from: restart the learning-rate schedule at step 0 (else continue it).
-    reset_schedule: bool = True
-
-    def optimizer_config(self) -> OptimizerConfig:
-        if self.optimizer is not None:
-            return self.optimizer
-        return OptimizerConfig(total_steps=self.num_steps,
-                               warmup_steps=max(1, int(0.06 * self.num_steps)))
-
 
 def _make_iterator(run: _Run, phase: Phase, seed: int):
     if phase.task == SYNTHETIC:
@@ -89,14 +58,18 @@ def _make_iterator(run: _Run, phase: Phase, seed: int):
             mesh=run.mesh,
             seed=seed,
             vocab_size=run.model.vocab_size,
-            # The one masking setting (gin: MASK_RATE) shapes the synthetic batches too.
-            masking=run.corpora.masking,
+            # The masking setting (gin: MASK_RATE, or the phase's) shapes synthetic batches too.
+            masking=phase.corpora(run.corpora).masking,
         )
-    # Registers the corpora's seqio tasks, then reads the phase's task or mixture.
+    # Registers the corpora's seqio tasks, and each phase with data of its own once more
+    # under its own names, then reads the phase's task or mixture.
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
 
-    tasks.check_registered(phase.task, tasks.register(run.corpora))
-    return run.feeder(phase.task, sequence_length=phase.sequence_length,
+    views = {p.view_suffix(): tasks.reading(p.task, p.corpora(run.corpora))
+             for p in run.phases if p.source() != p.task}
+    registered = tasks.register(run.corpora, views=views)
+    tasks.check_registered(phase.source(), registered)
+    return run.feeder(phase.source(), sequence_length=phase.sequence_length,
                       global_batch_size=phase.batch_size, mesh=run.mesh, seed=seed)
 
 
@@ -227,6 +200,10 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             "num_steps": phase.num_steps,
             "step_offset": step_offset,
             "task": phase.task,
+            # The phase's own data settings (None: the run's; see Phase).
+            "languages": phase.languages and list(phase.languages),
+            "alpha": phase.alpha,
+            "mask_rate": phase.mask_rate,
             "data_seed": phase_seed,
             "stream_seed": run.stream_seeds[index],
             "process_count": jax.process_count(),
@@ -355,7 +332,7 @@ def _resume_point(ckpt) -> str:
 def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
     return {
         "phase": phase.name,
-        "task": phase.task,
+        "task": phase.source(),
         "steps": phase.num_steps,
         "steps_run_now": steps_run,
         "final_loss": metrics.get("loss"),
@@ -451,7 +428,7 @@ def train(
     # One writer per run directory (on a pod: the primary host speaks for all).
     lock = run_dir.RunLock(model_dir).acquire() if (
         jax.process_index() == 0 and run_dir.RunLock.supported(model_dir)) else None
-    phase_seeds = seeds.phase_seeds([p.task for p in phases], seed)
+    phase_seeds = seeds.phase_seeds([p.source() for p in phases], seed)
     run = _Run(model_dir=model_dir, model=model, phases=list(phases), seed=seed,
                checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                async_checkpointing=async_checkpointing, log_every=log_every,
@@ -487,7 +464,7 @@ def _train_all(run: _Run, mesh_shape) -> dict:
         if p.name in run.complete:  # its final checkpoint was read back by train()
             iterators[p.name] = None
             continue
-        log.info("[%s] building the input pipeline of %s", p.name, p.task)
+        log.info("[%s] building the input pipeline of %s", p.name, p.describe_data(run.corpora))
         iterators[p.name] = _make_iterator(run, p, seed=run.stream_seeds[i])
     # A run that trains records its config: a new run now, a rerun with its first
     # checkpoint (run.config_pending); a rerun of a complete run leaves it alone.

@@ -1,0 +1,160 @@
+"""Checkpoint merging: linear and TIES against NumPy references, self-merges bit for bit,
+refusals in one line, and the output read as every parameters checkpoint is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from xlmeta_jax.model import network
+from xlmeta_jax.pretrain import checkpoints, loading, merging
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _reference_ties(thetas, base, density, scaling=1.0):
+    """The TIES reference code (ties_merging: topk_values_mask, resolve_sign, disjoint_merge)
+    on flat vectors, one model at a time."""
+    d = base.size
+    trimmed = []
+    for theta in thetas:
+        tv = theta.astype(np.float64) - base
+        k = d - int(d * density)
+        if k > 0:  # torch.kthvalue(k): the k-th smallest magnitude
+            kth = np.sort(np.abs(tv))[k - 1]
+            tv = np.where(np.abs(tv) >= kth, tv, 0.0)
+        trimmed.append(tv)
+    stacked = np.stack(trimmed)
+    sign = np.sign(stacked.sum(0))
+    sign[sign == 0] = np.sign(sign.sum())  # resolve_zero_signs(..., "majority")
+    merged = np.zeros(d)
+    for i in range(d):
+        agree = [t[i] for t in trimmed if (t[i] > 0 if sign[i] > 0 else t[i] < 0)]
+        merged[i] = sum(agree) / max(len(agree), 1)
+    return base + scaling * merged
+
+
+def _init(cfg):
+    model = network.XLMRForMaskedLM(cfg)
+    variables = model.init(jax.random.key(0), np.ones((1, 8), np.int32))
+    return jax.tree.map(np.asarray, nn.unbox(variables["params"]))
+
+
+def _tree(rng, scale=1.0):
+    return {"a": {"kernel": (scale * rng.standard_normal((3, 4))).astype(np.float32)},
+            "b": (scale * rng.standard_normal(5)).astype(np.float32)}
+
+
+def _flat(tree):
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)]).astype(np.float64)
+
+
+@pytest.mark.parametrize("density", [0.2, 0.5, 1.0])
+def test_ties_matches_reference(density):
+    rng = np.random.default_rng(0)
+    base = _tree(rng)
+    models = [jax.tree.map(lambda x: x + rng.standard_normal(x.shape).astype(np.float32), base)
+              for _ in range(3)]
+    got = merging.ties(models, base, density=density, scaling=0.7)
+    want = _reference_ties([_flat(m) for m in models], _flat(base), density, 0.7)
+    np.testing.assert_allclose(_flat(got), want, rtol=1e-6, atol=1e-6)
+    assert jax.tree.structure(got) == jax.tree.structure(base)
+    if density < 1:
+        # Trimming matters: the merge differs from the disjoint mean of untrimmed vectors.
+        full = _reference_ties([_flat(m) for m in models], _flat(base), 1.0, 0.7)
+        assert not np.allclose(want, full)
+
+
+def test_linear_is_the_weighted_mean():
+    rng = np.random.default_rng(1)
+    models = [_tree(rng) for _ in range(3)]
+    got = merging.linear(models, [1.0, 2.0, 1.0])
+    want = (_flat(models[0]) + 2 * _flat(models[1]) + _flat(models[2])) / 4
+    np.testing.assert_allclose(_flat(got), want, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Three tiny checkpoints of one model (b and c perturbations of a) and one of another."""
+    root = tmp_path_factory.mktemp("merge")
+    cfg = network.get_config("tiny", pad_token_id=0)
+    params = _init(cfg)
+    rng = np.random.default_rng(2)
+    out = {}
+    for name in ("a", "b", "c"):
+        p = params if name == "a" else jax.tree.map(
+            lambda x: (x + 0.01 * rng.standard_normal(x.shape)).astype(x.dtype), params)
+        checkpoints.save_params(root / name, cfg, p)
+        out[name] = os.fspath(root / name)
+    other = network.get_config("tiny", pad_token_id=0, num_layers=1)
+    checkpoints.save_params(root / "other", other, _init(other))
+    out["other"] = os.fspath(root / "other")
+    out["root"] = root
+    return out
+
+
+def _params(path):
+    return loading.load_pretrained(path)[1]
+
+
+@pytest.mark.parametrize("copies", [2, 3])
+def test_a_checkpoint_merged_with_itself_comes_back_bit_for_bit(saved, copies, tmp_path):
+    a = _params(saved["a"])
+    for method, extra in (("linear", {}), ("ties", {"base": saved["b"], "density": 1.0})):
+        out = merging.merge([saved["a"]] * copies, os.fspath(tmp_path / method), method=method,
+                            **extra)
+        checkpoints.verify_readable(out, all_arrays=True)  # checksums written and matching
+        merged = _params(out)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(merged)):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+
+
+def test_merged_checkpoint_is_what_the_ties_reference_gives(saved, tmp_path):
+    out = merging.merge([saved["b"], saved["c"]], os.fspath(tmp_path / "m"), method="ties",
+                        base=saved["a"], density=0.3)
+    got = _flat(_params(out))
+    want = _reference_ties([_flat(_params(saved[n])) for n in "bc"], _flat(_params(saved["a"])),
+                           0.3)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    meta = checkpoints.read_meta(out)
+    assert meta["initialized_from"].startswith("ties(density=0.3")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "xlmeta_jax.tools.merge", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("other", "has num_layers=1"),
+    ("one", "merging needs 2 or more"),
+    ("ties_no_base", "--method=ties needs --base"),
+    ("density", "--density=1.5 must be in (0, 1]"),
+    ("output", "exists and is not an empty folder"),
+])
+def test_refusals_are_one_line_and_write_nothing(saved, tmp_path, case, match):
+    out = tmp_path / "out"
+    args = {
+        "other": [f"--checkpoints={saved['a']},{saved['other']}"],
+        "one": [f"--checkpoints={saved['a']}"],
+        "ties_no_base": [f"--checkpoints={saved['a']},{saved['b']}", "--method=ties"],
+        "density": [f"--checkpoints={saved['a']},{saved['b']}", "--method=ties",
+                    f"--base={saved['c']}", "--density=1.5"],
+        "output": [f"--checkpoints={saved['a']},{saved['b']}"],
+    }[case]
+    if case == "output":
+        out.mkdir()
+        (out / "keep.txt").write_text("x")
+    r = _cli(*args, f"--output={out}")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xlmeta_jax.tools.merge: error:"), r.stderr
+    assert match in lines[0]
+    assert (sorted(os.listdir(out)) == ["keep.txt"]) if case == "output" else not out.exists()

@@ -1,0 +1,105 @@
+"""A pretraining phase: what one stretch of a run trains on, for how long, and how.
+
+Meta-pretraining is two phases (English, then 100 languages), the XLM-R baseline one,
+and a staged curriculum (gin/native/annealed.gin, in mmBERT's manner) three, each with
+its own languages, sampling temperature and masking rate. The trainer
+(:mod:`xlmeta_jax.pretrain.trainer`) runs them in order; :mod:`.checks` validates them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from xlmeta_jax.data import task_names as names
+from xlmeta_jax.data.corpora import Corpora
+from xlmeta_jax.model.optimizer import OptimizerConfig
+
+# Phase.task of a stream of random tokens (no corpus).
+SYNTHETIC = "synthetic"
+# Tasks with no languages or alpha to set (a phase of theirs may set its mask rate only).
+MONOLINGUAL = (names.ENGLISH_TEXT_TASK, names.ENGLISH_TFDS_TASK, SYNTHETIC)
+
+
+@dataclasses.dataclass
+class Phase:
+    """One pretraining phase. Meta-pretraining has two; the XLM-R baseline one."""
+
+    # Name of the phase; also its checkpoint directory under MODEL_DIR.
+    name: str
+    # SeqIO task or mixture to train on ('synthetic' for random tokens).
+    task: str
+    # Optimizer steps in this phase.
+    num_steps: int
+    # Global batch size (sequences per step, across all processes).
+    batch_size: int
+    # Tokens per packed sequence.
+    sequence_length: int
+    # Optimizer and schedule; default: AdamW as RoBERTa, 6% warm-up over num_steps.
+    optimizer: OptimizerConfig | None = None
+    # Name of an earlier phase whose final checkpoint initialises this one.
+    init_from: str | None = None
+    # With init_from: start from fresh AdamW moments (else carry them over).
+    reset_optimizer: bool = True
+    # With init_from: restart the learning-rate schedule at step 0 (else continue it).
+    reset_schedule: bool = True
+    # The phase's own data, for staged curricula; None keeps the run's setting
+    # (CC100_LANGUAGES, ALPHA, MASK_RATE). With any set, the phase's task or mixture is
+    # registered once more under a name of its own, '{task}.{name}' (see source()).
+    # Languages of its multilingual mixture (CC-100 codes).
+    languages: Sequence[str] | None = None
+    # Sampling exponent of its mixture (q_l proportional to n_l^alpha).
+    alpha: float | None = None
+    # Share of the tokens selected for prediction in its blocks.
+    mask_rate: float | None = None
+
+    def __post_init__(self):
+        if self.languages is not None and not isinstance(self.languages, str):
+            self.languages = tuple(self.languages)
+
+    def optimizer_config(self) -> OptimizerConfig:
+        if self.optimizer is not None:
+            return self.optimizer
+        return OptimizerConfig(total_steps=self.num_steps,
+                               warmup_steps=max(1, int(0.06 * self.num_steps)))
+
+    def has_own_data(self) -> bool:
+        """Whether the phase sets its languages, alpha or masking rate itself."""
+        return any(v is not None for v in (self.languages, self.alpha, self.mask_rate))
+
+    def source(self) -> str:
+        """The registered task or mixture the phase reads (and its seeds derive from).
+
+        ``task`` itself, or for a corpus phase with data of its own ``'{task}.{name}'``,
+        the name its own registration has (``tasks.register(views=...)``).
+        """
+        if self.task == SYNTHETIC or not self.has_own_data():
+            return self.task
+        return f"{self.task}{self.view_suffix()}"
+
+    def view_suffix(self) -> str:
+        """What the names of the phase's own tasks and mixture end with."""
+        return f".{self.name}"
+
+    def corpora(self, run_corpora: Corpora) -> Corpora:
+        """The run's corpus settings with this phase's own languages, alpha and masking."""
+        changes = {}
+        if self.languages is not None:
+            changes["languages"] = tuple(self.languages)
+        if self.alpha is not None:
+            changes["alpha"] = self.alpha
+        if self.mask_rate is not None:
+            changes["masking"] = dataclasses.replace(run_corpora.masking, rate=self.mask_rate)
+        return dataclasses.replace(run_corpora, **changes) if changes else run_corpora
+
+    def describe_data(self, run_corpora: Corpora) -> str:
+        """One line on what the phase reads: its task, languages, alpha and masking rate."""
+        c = self.corpora(run_corpora)
+        parts = [self.source()]
+        if self.task not in MONOLINGUAL:
+            parts.append(f"{len(c.languages)} languages" if c.languages is not None
+                         else "every language")
+            parts.append(f"alpha {c.alpha:g}")
+        parts.append(f"mask rate {c.masking.rate:g}")
+        return ", ".join(parts)
+
