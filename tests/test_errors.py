@@ -688,3 +688,13 @@ def test_background_save_tracebacks_of_a_full_disk_are_not_logged(text):
     assert checkpoints._ORBAX_LOG_FILTER.filter(record) is False
     other = logging.LogRecord("absl", logging.ERROR, __file__, 1, "a real error", None, None)
     assert checkpoints._ORBAX_LOG_FILTER.filter(other) is True
+
+
+def test_ctrl_c_without_a_message_says_interrupted(capsys):
+    # A bare KeyboardInterrupt (Ctrl-C outside the trainer's own handling, e.g. while the
+    # demo's corpus is written) is truthy but has no text.
+    def main(argv):
+        raise KeyboardInterrupt
+
+    assert errors.run_command(main, [], prog="xlmeta_jax.train") == errors.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "xlmeta_jax.train: interrupted\n"

@@ -168,10 +168,37 @@ def test_every_command_has_a_help(module, parts):
 
 def test_t5x_command_help_says_what_it_adds_and_exits_0():
     # absl's --help exits 1; ours says what the command adds (--debug), then t5x's flags.
+    pytest.importorskip("t5x", reason="t5x is not on the package index (README: the t5x "
+                        "entry point); its command's own test without it is below")
     out = _run([sys.executable, "-m", "xlmeta_jax.t5x_train", "--help"], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     for part in ["--debug", "XLMETA_DEBUG=1", "gin/t5x/demo.gin", "--gin_file", "--gin_bindings"]:
         assert part in out.stdout, (part, out.stdout)
+
+
+def test_t5x_command_without_t5x_says_how_to_install_it(tmp_path):
+    # A user's clone with the README's test command only: no t5x. The command starts
+    # with t5x hidden: a sitecustomize marks the module absent (import raises
+    # ModuleNotFoundError and importlib.util.find_spec answers None, as without it).
+    hide = tmp_path / "sitecustomize.py"
+    hide.write_text("import sys\nsys.modules['t5x'] = None\n")
+    e = _user_env()
+    e["PYTHONPATH"] = os.pathsep.join([str(tmp_path), e.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-m", "xlmeta_jax.t5x_train", "--help"], env=e,
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    _assert_one_line(out, "python -m xlmeta_jax.t5x_train: error: t5x is not installed",
+                     "'.[t5x]'")
+
+
+def test_tensorflow_stays_quiet_when_the_user_sets_its_log_level(tmp_path):
+    # TF_CPP_MIN_LOG_LEVEL=3 asks for less: TensorFlow's import-time lines stay away too.
+    e = dict(_user_env(), TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-m", "xlmeta_jax.tools.caching",
+                          "--task=xlmeta_cc100", f"--cache_dir={tmp_path}",
+                          "--gin_file=gin/data/cc100.gin", f"--gin.CC100_DIR='{tmp_path}'",
+                          "--gin.VOCAB_PATH='/nonexistent.model'"],
+                         env=e, cwd=REPO, capture_output=True, text=True, timeout=300)
+    _assert_one_line(out, "vocabulary file /nonexistent.model does not exist")
 
 
 def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):

@@ -1,5 +1,6 @@
 """t5x-style gin flags, and every gin/finetune file parses against the real configurables."""
 
+import os
 import pathlib
 
 import gin
@@ -141,3 +142,28 @@ phase1/xlmeta_jax.model.optimizer.OptimizerConfig.warmup_steps = 20
             "OptimizerConfig.warmup_steps")
     finally:
         gin.clear_config()
+
+
+@pytest.mark.parametrize("files, match", [
+    ({"self.gin": "include 'self.gin'\nX = 1\n"},
+     r"self.gin includes itself: .*self.gin -> .*self.gin$"),
+    ({"a.gin": "include 'b.gin'\n", "b.gin": "include 'a.gin'\n"},
+     r"a.gin includes itself: .*a.gin -> .*b.gin -> .*a.gin$"),
+    ({"a.gin": "X = 1\nY = (1,\nMETA_STEPS = 3\n"},
+     r"a.gin, line 2: the '\(' opened there is not closed before line 3 starts a new binding"),
+    ({"a.gin": "X = [1,\n  2]\nY = foo\n"}, r"a.gin, line 3: 'foo' is not a value"),
+])
+def test_gin_file_mistakes_are_named_where_they_are(tmp_path, files, match):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    first = next(iter(files))
+    with pytest.raises(gin_cli.GinConfigError, match=match):
+        gin_cli.apply_gin([os.fspath(tmp_path / first)], [], [os.fspath(tmp_path)])
+
+
+@pytest.mark.parametrize("name", ["meta.gin", "xlmr.gin"])
+def test_t5x_run_files_given_to_our_commands_name_t5x_command(name):
+    with pytest.raises(gin_cli.GinConfigError,
+                       match=rf"gin/{name} is a run file of t5x's trainer: run it with "
+                       rf"python -m t5x.train --gin_file=gin/{name}"):
+        gin_cli.apply_gin([f"gin/{name}"], [])

@@ -210,7 +210,8 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
     except KeyboardInterrupt as e:
         if debug:
             raise
-        print(f"{prog}: {e or 'interrupted'}", file=sys.stderr)
+        # A bare KeyboardInterrupt has no message (and an exception is always truthy).
+        print(f"{prog}: {str(e) or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - classified below; bugs are re-raised
         message = _user_message(e)

@@ -3,8 +3,8 @@
 TensorFlow (the input pipeline's tf.data) logs at import, before its log level
 applies, and on hosts without NVIDIA GPUs an ERROR line about ``cuInit``: our
 TensorFlow never runs on an accelerator (JAX owns them), so both are noise.
-Setting ``TF_CPP_MIN_LOG_LEVEL`` yourself (to anything but JAX's default "1") keeps
-TensorFlow's own behaviour.
+Setting ``TF_CPP_MIN_LOG_LEVEL=0`` yourself (more than JAX's default "1") keeps
+TensorFlow's own lines; "2" or "3" (fewer) get the quiet start too.
 
 An installed libtpu (the ``aot`` extra, the TPU compiler) on a host without TPU chips
 is tried first as JAX's backend, and logs a TPU VM's set-up errors (``E0000 …
@@ -57,15 +57,15 @@ def quiet_start(*, import_tensorflow: bool = False) -> None:
       import_tensorflow: import TensorFlow now, with its import-time C++ lines
         dropped (for commands whose input pipeline needs it anyway).
     """
-    # JAX's import sets "1" by default (os.environ.setdefault), so only another value
-    # is the user's own choice.
     if ("JAX_PLATFORMS" not in os.environ and not _has_nvidia_device()
             and _libtpu_without_tpu()):
         jax.config.update("jax_platforms", "cpu")
-    user_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") != "1"
-    if not user_level and not _has_nvidia_device():
+    # A user who asks for TensorFlow's info lines ("0") gets them; "2" and "3" ask for
+    # fewer, and TensorFlow's import-time lines ignore the level, so they are dropped too.
+    verbose = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "0"
+    if not verbose and not _has_nvidia_device():
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    if import_tensorflow and not user_level and "tensorflow" not in sys.modules:
+    if import_tensorflow and not verbose and "tensorflow" not in sys.modules:
         # Python exceptions raised by the import still surface (after fd 2 is back).
         with _stderr_silenced():
             try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import io
 import logging
 import os
 import pathlib
@@ -224,6 +225,11 @@ def apply_gin(
                 f"gin file {f!r} not found (searched: {', '.join(search)})"
             )
         resolved.append(found)
+        _check_not_t5x_run_file(found, f)
+        cycle = _include_cycle(found, search)
+        if cycle:
+            raise GinConfigError(f"gin config: gin file {found} includes itself: "
+                                 f"{' -> '.join(cycle)}")
     gin.clear_config()
     probes = _DropIncludeProbes()
     logging.getLogger().addFilter(probes)
@@ -247,6 +253,49 @@ def apply_gin(
 
 
 _BAD_TOKEN = re.compile(r"Failed to parse token '(.*)'")
+_INCLUDE = re.compile(r"""^include\s+['"]([^'"]+)['"]""", re.MULTILINE)
+# What only t5x's run files hold: t5x's train script as gin's dynamic-registration module.
+_T5X_RUN_FILE = re.compile(r"^import __main__ as train_script", re.MULTILINE)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return ""  # gin's own parse reports it
+
+
+def _check_not_t5x_run_file(path: str, given: str) -> None:
+    """Refuses t5x's run files (gin/meta.gin, gin/xlmr.gin) given to our commands."""
+    if _T5X_RUN_FILE.search(_read_text(path)):
+        raise GinConfigError(
+            f"gin file {given} is a run file of t5x's trainer: run it with python -m "
+            f"t5x.train --gin_file={given} (or python -m xlmeta_jax.t5x_train); this "
+            "command's run files are gin/native/*.gin and gin/demo*.gin")
+
+
+def _include_cycle(path: str, search: Sequence[str], chain: tuple[str, ...] = ()
+                   ) -> list[str] | None:
+    """The include chain from ``path`` back to a file already on it, else None.
+
+    gin follows includes without a check and a cycle ends in a RecursionError
+    thousands of lines long; this names the files instead.
+    """
+    here = os.path.realpath(path)
+    if here in chain:
+        return [*chain[chain.index(here):], here]
+    if len(chain) > 50:
+        return None
+    for name in _INCLUDE.findall(_read_text(path)):
+        candidates = [os.path.join(os.path.dirname(path), name), name,
+                      *(os.path.join(p, name) for p in search)]
+        found = next((c for c in candidates if os.path.isfile(c)), None)
+        if found:
+            cycle = _include_cycle(found, search, (*chain, here))
+            if cycle:
+                return cycle
+    return None
 
 
 def _parse(what: str, *, files: Sequence[str] = (), bindings: Sequence[str] = ()) -> None:
@@ -262,19 +311,63 @@ def _parse(what: str, *, files: Sequence[str] = (), bindings: Sequence[str] = ()
     """
     try:
         gin.parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
+    except (SyntaxError, ValueError) as e:
+        # gin reads on past an unclosed bracket and reports the next binding's line.
+        unclosed = files and _unclosed_bracket(files[0])
+        if unclosed:
+            raise GinConfigError(f"gin config: gin file {files[0]}, {unclosed}") from None
+        if isinstance(e, SyntaxError):
+            _bare_word(e, what)
+        raise
     except tokenize.TokenError:
         raise GinConfigError(
             f"gin config: {what}: a '(', '[' or '{{' is never closed"
         ) from None
-    except SyntaxError as e:
-        token = _BAD_TOKEN.search(str(e))
-        if token is None or not str(e).startswith("malformed node"):
-            raise
-        where = f"gin file {e.filename}, line {e.lineno}" if e.filename else what
-        raise GinConfigError(
-            f"gin config: {where}: {token.group(1)!r} is not a value (quote a string: "
-            f"'{token.group(1)}'; a reference is @name() or %MACRO)"
-        ) from None
+
+
+def _bare_word(e: SyntaxError, what: str) -> None:
+    """Raises GinConfigError for gin's report of an unquoted string; returns otherwise."""
+    token = _BAD_TOKEN.search(str(e))
+    if token is None or not str(e).startswith("malformed node"):
+        return
+    where = f"gin file {e.filename}, line {e.lineno}" if e.filename else what
+    raise GinConfigError(
+        f"gin config: {where}: {token.group(1)!r} is not a value (quote a string: "
+        f"'{token.group(1)}'; a reference is @name() or %MACRO)"
+    ) from None
+
+
+def _tokens(path: str):
+    """Python's tokens of a gin file, up to where tokenizing fails (an open bracket at EOF)."""
+    tokens = tokenize.generate_tokens(io.StringIO(_read_text(path)).readline)
+    try:
+        yield from tokens
+    except (tokenize.TokenError, SyntaxError):
+        return
+
+
+def _unclosed_bracket(path: str) -> str | None:
+    """Where a bracket left open runs into the next binding, e.g. "line 2: the '(' ...".
+
+    A new binding starts at column 0; a bracket still open there was never closed.
+    """
+    pairs = {")": "(", "]": "[", "}": "{"}
+    stack: list[tuple[int, str]] = []
+    last_row = 0
+    for tok in _tokens(path):
+        if tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.ENDMARKER):
+            continue
+        row, col = tok.start
+        if stack and row > last_row and col == 0 and tok.type == tokenize.NAME:
+            opened_row, char = stack[-1]
+            return (f"line {opened_row}: the {char!r} opened there is not closed before "
+                    f"line {row} starts a new binding")
+        last_row = row
+        if tok.string in "([{" and tok.type == tokenize.OP:
+            stack.append((row, tok.string))
+        elif tok.string in pairs and tok.type == tokenize.OP and stack:
+            stack.pop()
+    return None
 
 
 def _gin_message(e: BaseException) -> str:

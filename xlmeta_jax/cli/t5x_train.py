@@ -12,6 +12,7 @@ them, and t5x's whole log.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -23,6 +24,10 @@ from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import flags as gin_flags
 
 T5X_MAIN = "t5x.train"
+# What a command that needs t5x says where it is not installed (README, The t5x entry point).
+T5X_MISSING = ("t5x is not installed (it is not on the package index): pip install -c "
+               "constraints.txt -e '.[t5x]', then t5x, airio and jestimator with --no-deps "
+               "from git, as README's 'The t5x entry point' shows")
 
 HELP_FLAGS = ("--help", "-h", "--helpfull", "--helpshort")
 
@@ -67,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     command adds before t5x's flags, and exits 0 (absl's help exits 1).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    if importlib.util.find_spec("t5x") is None:
+        # Not on the package index: the install line, before anything starts.
+        print(f"python -m xlmeta_jax.t5x_train: error: {T5X_MISSING}", file=sys.stderr)
+        sys.exit(errors.EXIT_USER_ERROR)
     if errors.DEBUG_FLAG in argv:
         argv = [a for a in argv if a != errors.DEBUG_FLAG]
         os.environ[errors.DEBUG_ENV] = "1"

@@ -26,7 +26,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import configurables
 from xlmeta_jax.data import token_cache
 
@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true")
     errors.add_debug_flag(parser)
     args, beam_args = parser.parse_known_args(flags.remaining)
+    logs.quiet_start(import_tensorflow=True)
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
     for name in args.task:
         # Registered for its own corpus (and only that is counted), then cached.

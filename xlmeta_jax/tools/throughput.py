@@ -24,10 +24,10 @@ from collections.abc import Sequence
 
 import jax
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, logs
 from xlmeta_jax.data import english_pd as english_pd_lib
-from xlmeta_jax.data import feeding, tasks, vocabulary
 from xlmeta_jax.data import task_names as names
+from xlmeta_jax.data import vocabulary
 from xlmeta_jax.model import partitioning
 from xlmeta_jax.tools import caching
 
@@ -74,7 +74,10 @@ def run(
     vocab_size: int,
 ) -> dict[str, dict]:
     """Runs both measurements; returns ``{"on the fly": ..., "seqio cache": ...}``."""
+    # seqio and TensorFlow only once the command runs (its --help stays quiet).
     import seqio  # noqa: PLC0415 - seqio (TensorFlow) only where data is read
+
+    from xlmeta_jax.data import feeding, tasks  # noqa: PLC0415
 
     files = english_pd_lib.english_text_files(os.path.join(work_dir, "text"), english_pd)
     if not vocab:
@@ -134,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab_size", type=int, default=8000)
     errors.add_debug_flag(parser)
     args = parser.parse_args(argv)
+    logs.quiet_start(import_tensorflow=True)
     with tempfile.TemporaryDirectory() as tmp:
         results = run(
             vocab=args.vocab,
