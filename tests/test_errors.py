@@ -112,6 +112,9 @@ BAD_BINDINGS = [
     (["--gin.SEQUENCE_LENGTH=2"], ["sequence_length (SEQUENCE_LENGTH) = 2 is below",
                                    "8 tokens"]),
     (["--gin.META_STEPS=2"], ["phase1/4 is at step 4", "num_steps=2"]),
+    # In range, but at L=32 it predicts nothing in almost every block: refused, not trained.
+    (["--gin.MASK_RATE=0.001"], ["masking rate 0.001 (MASK_RATE) selects 0.03 of a block's 30",
+                                 "most blocks would predict nothing"]),
     # The masking is checked before the finished run is found complete.
     *[([f"--gin.MASK_RATE={rate}"],
        ["MASK_RATE: masking rate must be a number in (0, 1)", f"got {rate}"])

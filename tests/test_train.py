@@ -18,8 +18,10 @@ import multihost
 import numpy as np
 import pytest
 
+from xlmeta_jax import errors
 from xlmeta_jax.cli import train
-from xlmeta_jax.model import network
+from xlmeta_jax.data.corpora import Corpora
+from xlmeta_jax.model import mlm, network
 from xlmeta_jax.pretrain import checkpoints, handoff, loading, trainer
 from xlmeta_jax.pretrain import checks as validation
 
@@ -170,6 +172,24 @@ def test_nan_loss_stops_naming_step_and_never_checkpoints_nan(tmp_path):
     assert checkpoints.all_finite(params)
 
 
+def test_steps_that_predict_nothing_stop_the_run(tmp_path, monkeypatch):
+    # Blocks without a masked position (here: every weight zeroed) train nothing: the run
+    # stops at the first progress line, as for a non-finite loss, not with exit 0.
+    class Unmasked(trainer.SyntheticMLMIterator):
+        def _global_numpy(self, index):
+            batch = dict(super()._global_numpy(index))
+            batch["mlm_weights"] = np.zeros_like(batch["mlm_weights"])
+            return batch
+
+    monkeypatch.setattr(trainer, "SyntheticMLMIterator", Unmasked)
+    phases = [trainer.Phase("phase1", "synthetic", 6, 8, 32)]
+    with pytest.raises(errors.NothingTrainedError,
+                       match=r"\[phase1\] steps 1 to 2 predicted no token"):
+        trainer.train(model_dir=os.fspath(tmp_path), model=_tiny(), phases=phases,
+                      mesh_shape=(8, 1, 1), checkpoint_every=1, log_every=2,
+                      async_checkpointing=False)
+
+
 def test_checkpoint_refuses_non_finite_params(tmp_path):
     from xlmeta_jax.pretrain import step as step_lib
 
@@ -197,6 +217,12 @@ def test_checkpoint_refuses_non_finite_params(tmp_path):
         (dict(rng_impl="philox"), r"train.rng_impl='philox' is not one of"),
         (dict(microbatches=0), r"microbatches must be a positive integer, got 0"),
         (dict(microbatches=2), r"batch_size=8 does not split into 2 microbatches"),
+        # A masking rate that leaves most blocks without a prediction trains nothing.
+        (dict(phases=[trainer.Phase("p", "synthetic", 2, 8, 32, mask_rate=0.01)]),
+         r"phase 'p': masking rate 0.01 .* selects 0.30 of a block's 30 maskable tokens "
+         r"\(sequence_length 32"),
+        (dict(corpora=Corpora(masking=mlm.Masking(rate=0.001))),
+         r"masking rate 0.001 .*raise it to at least 0.0167"),
     ],
 )
 def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, match):
@@ -259,8 +285,10 @@ def test_unknown_gin_file_is_named():
 MULTIHOST = textwrap.dedent("""
     import sys
     import jax
-    from xlmeta_jax.model import network
-    from xlmeta_jax.cli import train
+    from xlmeta_jax.model import mlm, network
+    from xlmeta_jax import errors
+from xlmeta_jax.cli import train
+from xlmeta_jax.data.corpora import Corpora
     from xlmeta_jax.pretrain import trainer
     train.setup_logging()
     rest = train.initialize_distributed(sys.argv[2:])
@@ -318,8 +346,10 @@ MULTIHOST_STOP = textwrap.dedent("""
     import sys
     import jax
     from xlmeta_jax import errors
-    from xlmeta_jax.model import network
-    from xlmeta_jax.cli import train
+    from xlmeta_jax.model import mlm, network
+    from xlmeta_jax import errors
+from xlmeta_jax.cli import train
+from xlmeta_jax.data.corpora import Corpora
     from xlmeta_jax.pretrain import trainer
     rest = train.initialize_distributed(sys.argv[2:])
     train.setup_logging()

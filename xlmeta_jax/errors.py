@@ -41,6 +41,10 @@ class NonFiniteError(UserError, FloatingPointError):
     """Training diverged: a non-finite loss, or parameters that would be checkpointed."""
 
 
+class NothingTrainedError(UserError, RuntimeError):
+    """Training steps that predict no token: nothing is learned (e.g. a tiny masking rate)."""
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable, damaged or inconsistent with the run."""
 

@@ -41,13 +41,15 @@ def check_model_dir(model_dir: str) -> None:
 
 def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], mesh_shape,
              num_devices: int, microbatches: int = 1, *,
-             describe: Callable[[str], str] = str) -> tuple[int, int, int]:
+             describe: Callable[[str], str] = str,
+             masking: mlm.Masking = mlm.DEFAULT_MASKING) -> tuple[int, int, int]:
     """Checks a run's settings; returns the mesh shape.
 
     Args:
       model_dir, model, phases, mesh_shape, microbatches: as :func:`trainer.train`.
       num_devices: the devices the mesh spans.
       describe: names where a setting (a gin name) was given, for the messages.
+      masking: the run's masking (``Corpora.masking``); a phase may set its own rate.
 
     Raises:
       ConfigError: naming the first bad setting.
@@ -107,6 +109,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"{where}: sequence_length ({source}) = {p.sequence_length} is below the "
                 f"shortest block the MLM tasks pack, {mlm.MIN_SEQUENCE_LENGTH} tokens"
             )
+        _check_predictions(p, masking, describe)
         if p.sequence_length > model.max_length:
             raise ConfigError(
                 f"{where}: sequence_length={p.sequence_length} exceeds the model's "
@@ -130,6 +133,27 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"{offset + p.num_steps - total} steps would train at its end learning rate"
             )
     return shape
+
+
+def _check_predictions(p: Phase, masking: mlm.Masking, describe: Callable[[str], str]) -> None:
+    """Refuses a masking rate that leaves most of a phase's blocks without a prediction.
+
+    A block of L tokens has L - 2 maskable ones (<s> and </s> are not), of which
+    ``floor(rate * n + u)`` are selected: with ``e = rate * n < 1`` a share ``1 - e`` of
+    the blocks predicts nothing, and far below the loss, accuracy and gradient are 0 on
+    every step. Below half a prediction per block, most blocks train nothing.
+    """
+    rate = p.mask_rate if p.mask_rate is not None else masking.rate
+    expected = rate * (p.sequence_length - 2)
+    if expected < 0.5:
+        source = (describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.mask_rate")
+                  if p.mask_rate is not None else describe("xlmeta_jax.model.mlm.Masking.rate"))
+        length = describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.sequence_length")
+        raise ConfigError(
+            f"phase {p.name!r}: masking rate {rate:g} ({source}) selects {expected:.2f} of "
+            f"a block's {p.sequence_length - 2} maskable tokens (sequence_length "
+            f"{p.sequence_length}, {length}): most blocks would predict nothing; raise it "
+            f"to at least {0.5 / (p.sequence_length - 2):.3g}")
 
 
 def _check_own_data(p: Phase, describe: Callable[[str], str]) -> None:

@@ -229,8 +229,13 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
     first_step = phase_step
     pending = None  # (phase_step, device metrics) checked one step late
 
+    # Tokens predicted since the last progress line, and that window's first step.
+    predictions, window_first = 0.0, phase_step + 1
+
     def check(pstep, metrics):
+        nonlocal predictions
         host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        predictions += host["num_predictions"]
         if not math.isfinite(host["loss"]):
             # The save in flight holds an earlier, finite state: finished, it leaves no
             # temporary folder, and config.gin (written with it) names a real checkpoint.
@@ -263,6 +268,13 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
             last_metrics = check(*pending)
             pending = None
         if phase_step % run.log_every == 0 or done:
+            if predictions == 0:
+                ckpt.wait()  # as for a non-finite loss: no save left half-written
+                raise errors.NothingTrainedError(
+                    f"[{phase.name}] steps {window_first} to {phase_step} predicted no token "
+                    "(no position was masked): nothing trains; check the masking rate "
+                    "(MASK_RATE) and the data")
+            predictions, window_first = 0.0, phase_step + 1
             elapsed = time.time() - t_log
             tok_s = tokens_per_step * steps_since_log / max(elapsed, 1e-9)
             step_s = elapsed / steps_since_log
@@ -419,7 +431,7 @@ def train(
                           f"None or one of {NEW_PROCESS_COUNT}")
     corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
-                          microbatches, describe=describe)
+                          microbatches, describe=describe, masking=corpora.masking)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
