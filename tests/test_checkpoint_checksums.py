@@ -216,6 +216,28 @@ def test_flip_refused_by_every_reader(finished, tmp_path, capsys):
     assert digest(model_dir) == before
 
 
+def test_a_record_that_lost_an_array_is_damaged(finished, tmp_path, capsys):
+    # An entry renamed in the record: that array would be restored unchecked. Every reader
+    # refuses the checkpoint instead, naming the array.
+    import json
+
+    model_dir = copy_run(finished[0], tmp_path / "run")
+    meta_file = model_dir / "phase2" / str(STEPS) / checkpoints.META / "metadata"
+    meta = json.loads(meta_file.read_text())
+    arrays = meta[checkpoints.CHECKSUMS]["arrays"]
+    name = next(n for n in sorted(arrays) if n.startswith("params"))
+    arrays[name + "_renamed"] = arrays.pop(name)
+    meta_file.write_text(json.dumps(meta))
+    before = digest(model_dir)
+    code, captured = _rerun(finished, model_dir, capsys)
+    assert code == errors.EXIT_USER_ERROR, captured.err
+    _one_line(captured.err, "xlmeta_jax.train", "phase2/4 is damaged",
+              f"array {name} has no checksum in the record saved with it")
+    with pytest.raises(checkpoints.CheckpointError, match=f"array {name} has no checksum"):
+        loading.load_pretrained(model_dir)
+    assert digest(model_dir) == before
+
+
 def test_checksum_cost_command_times_a_whole_state(tmp_path, capsys, fast_compiles):
     """The benchmark saves and reads the trainer's whole state (parameters and both AdamW
     moments) and its record verifies; figures are printed, not asserted (timing)."""

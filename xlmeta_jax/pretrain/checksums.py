@@ -140,7 +140,7 @@ def record(state) -> dict:
 
 
 def damaged(stored: dict | None, restored) -> list[str]:
-    """Names of the arrays of ``restored`` whose values differ from the ``stored`` record.
+    """Names of the arrays of ``restored`` that differ from the ``stored`` record or lack one.
 
     Args:
       stored: :func:`record`'s output as read back from the checkpoint; None (or another
@@ -152,8 +152,9 @@ def damaged(stored: dict | None, restored) -> list[str]:
         return []
     expected = stored.get("arrays") or {}
     actual = of_entries(restored)
-    return [name for name, value in actual.items()
-            if name in expected and expected[name] != value]
+    # An array the record does not name (an entry renamed or dropped) has lost its check:
+    # the record is damaged, as the array would be.
+    return [name for name, value in actual.items() if expected.get(name) != value]
 
 
 def verify(step_dir, stored: dict | None, restored) -> None:
@@ -165,10 +166,10 @@ def verify(step_dir, stored: dict | None, restored) -> None:
     bad = damaged(stored, restored)
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint {step_dir} is damaged: array {bad[0]}{more} differs from the "
-            "checksum recorded when it was saved"
-        )
+        recorded = (stored.get("arrays") or {})
+        what = ("differs from the checksum recorded when it was saved" if bad[0] in recorded
+                else "has no checksum in the record saved with it")
+        raise CheckpointError(f"checkpoint {step_dir} is damaged: array {bad[0]}{more} {what}")
 
 
 def t5x_record_path(step_dir) -> epath.Path:
