@@ -88,6 +88,54 @@ def test_bad_inputs_fail_before_training(shared_data, vocab, tmp_path):
         finetune_cli.main(["--gin_file=finetune/xnli.gin", "--seeds=0"])
 
 
+def test_a_model_dir_holding_another_tasks_results_is_refused(shared_data, vocab, tmp_path):
+    results = {"task": "xnli", "model": {"checkpoint": "init:tiny"}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    before = (tmp_path / "results.json").read_bytes()
+    with pytest.raises(errors.UserError, match=r"holds the results of task xnli; pawsx would "
+                       r"replace them: choose another MODEL_DIR"):
+        finetune(FineTuneConfig.from_kwargs(task="pawsx", initial_checkpoint_path="init:tiny",
+                                            model_dir=str(tmp_path), vocab_path=vocab,
+                                            data_dir=str(shared_data)))
+    assert (tmp_path / "results.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_a_second_evaluation_into_one_model_dir_is_refused(shared_data, vocab, tmp_path):
+    # Another process holds MODEL_DIR (a fine-tune in progress): this one is refused at
+    # once, naming it, and writes nothing. The holder is a real second process.
+    import subprocess
+    import sys
+
+    model_dir = tmp_path / "eval"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from xlmeta_jax.pretrain import run_dir\n"
+         "lock = run_dir.RunLock(sys.argv[1]).acquire()\n"
+         "print('locked', flush=True)\n"
+         "sys.stdin.read()\n", str(model_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(errors.UserError, match=rf"MODEL_DIR {model_dir} is in use by pid "
+                           rf"{holder.pid}"):
+            finetune(FineTuneConfig.from_kwargs(
+                task="xnli", initial_checkpoint_path="init:tiny", model_dir=str(model_dir),
+                vocab_path=vocab, data_dir=str(shared_data)))
+        assert sorted(p.name for p in model_dir.iterdir()) == [".lock"]
+    finally:
+        holder.communicate("", timeout=60)
+
+
+def test_an_evaluation_that_fails_on_its_inputs_leaves_no_model_dir(vocab, tmp_path):
+    model_dir = tmp_path / "eval"
+    with pytest.raises(FileNotFoundError, match="no_data"):
+        finetune(FineTuneConfig.from_kwargs(
+            task="xnli", initial_checkpoint_path="init:tiny", model_dir=str(model_dir),
+            vocab_path=vocab, data_dir=str(tmp_path / "no_data")))
+    assert not model_dir.exists()
+
+
 def _random_params(cfg):
     """Random XLMRForMaskedLM params of the right tree (no XLA init compile)."""
     shapes = jax.eval_shape(

@@ -17,6 +17,7 @@ tasks is asked of the task object (:mod:`xlmeta_jax.evaluation.tasks`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -49,6 +50,7 @@ from xlmeta_jax.evaluation.settings import (
 )
 from xlmeta_jax.evaluation.tasks.base import FineTunedTask, TaskError
 from xlmeta_jax.model import partitioning
+from xlmeta_jax.pretrain import run_dir
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +207,10 @@ def _run_seed(task: FineTunedTask, seed, s: FineTuneSettings, cfg, loaded, train
     }
 
 
-def _check_model_dir(model_dir: pathlib.Path, checkpoint: str) -> None:
+def _check_model_dir(model_dir: pathlib.Path, checkpoint: str, task: str | None = None
+                     ) -> None:
     """Refuses a MODEL_DIR that is a file, or holds the evaluation of another checkpoint
-    (it would be replaced).
+    or another task (it would be replaced).
 
     Raises:
       errors.UserError: naming MODEL_DIR (and both checkpoints).
@@ -219,9 +222,16 @@ def _check_model_dir(model_dir: pathlib.Path, checkpoint: str) -> None:
     if not path.is_file():
         return
     try:
-        recorded = (json.loads(path.read_text()).get("model") or {}).get("checkpoint")
+        stored = json.loads(path.read_text())
+        recorded = (stored.get("model") or {}).get("checkpoint")
+        recorded_task = stored.get("task")
     except (ValueError, OSError, AttributeError):
-        recorded = None
+        recorded, recorded_task = None, None
+    if task is not None and recorded_task is not None and recorded_task != task:
+        raise errors.UserError(
+            f"MODEL_DIR {model_dir} holds the results of task {recorded_task}; {task} "
+            "would replace them: choose another MODEL_DIR for this task"
+        )
     same = recorded is not None and (recorded == checkpoint or (
         ":" not in checkpoint and os.path.abspath(recorded) == os.path.abspath(checkpoint)))
     if not same:
@@ -251,7 +261,8 @@ def _check(config: FineTuneConfig) -> None:
                         f"{qa_decoding.UNKNOWN_PIECES}, got {s.qa_unknown_pieces!r}")
     if s.eval_every is not None and s.eval_every < 1:
         raise TaskError(f"finetune.eval_every must be >= 1 or None, got {s.eval_every}")
-    _check_model_dir(pathlib.Path(config.model_dir), config.initial_checkpoint_path)
+    _check_model_dir(pathlib.Path(config.model_dir), config.initial_checkpoint_path,
+                     config.task)
     if config.data_source not in DATA_SOURCES:
         raise TaskError(f"data_source must be 'local' or 'tfds', got {config.data_source!r}")
 
@@ -295,8 +306,35 @@ def finetune(config: FineTuneConfig) -> dict[str, Any]:
             "finetune", jax.process_index(), jax.process_count()))
     task = tasks.get(config.task)
     _check(config)
-    if not task.fine_tunes:
-        return _retrieve(task, config)
+    with _held(pathlib.Path(config.model_dir)):
+        if not task.fine_tunes:
+            return _retrieve(task, config)
+        return _finetune(task, config)
+
+
+@contextlib.contextmanager
+def _held(model_dir: pathlib.Path):
+    """MODEL_DIR locked for this evaluation (a second one there is refused, naming this).
+
+    A MODEL_DIR that the evaluation created and that holds nothing but the lock when it
+    ends (the run failed on its inputs) is removed again.
+    """
+    if not run_dir.RunLock.supported(os.fspath(model_dir)):
+        yield
+        return
+    created = not model_dir.exists()
+    lock = run_dir.RunLock(os.fspath(model_dir)).acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+        if created and [p.name for p in model_dir.iterdir()] == [run_dir.LOCK_NAME]:
+            (model_dir / run_dir.LOCK_NAME).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                model_dir.rmdir()
+
+
+def _finetune(task, config: FineTuneConfig) -> dict[str, Any]:
     s = config.settings
     langs = task.check_languages(config.languages)
     model_dir = pathlib.Path(config.model_dir)
