@@ -55,3 +55,12 @@ def test_demo_runs_both_phases_and_hands_off(tmp_path):
     assert "[phase1] already complete" in again.stdout
     assert "[phase2] already complete" in again.stdout
     assert "step 3/6" not in again.stdout
+
+
+def test_a_demo_whose_data_paths_are_all_overridden_builds_nothing(tmp_path):
+    from xlmeta_jax.data import demo_corpus
+
+    elsewhere = [os.fspath(tmp_path / "spm.model"), os.fspath(tmp_path / "xling"),
+                 [os.fspath(tmp_path / "en" / "*.txt")]]
+    assert demo_corpus.prepare_demo(os.fspath(tmp_path / "run"), paths=elsewhere) is None
+    assert not (tmp_path / "run").exists()

@@ -239,6 +239,14 @@ def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, ma
         trainer.train(**args)
 
 
+def test_a_run_that_fails_on_its_inputs_leaves_no_model_dir(tmp_path):
+    model_dir = tmp_path / "new_run"
+    with pytest.raises(errors.UserError, match="no vocabulary configured"):
+        trainer.train(model_dir=os.fspath(model_dir), model=_tiny(), mesh_shape=(8, 1, 1),
+                      phases=[trainer.Phase("p", "xlmeta_cc100", 2, 8, 32)])
+    assert not model_dir.exists()
+
+
 def test_unwritable_model_dir(tmp_path, monkeypatch):
     from xlmeta_jax.pretrain import step as step_lib
 

@@ -88,6 +88,19 @@ def _write_documents(path: str, paragraphs: Sequence[str], per_document: int = 8
             f.write("\n".join(paragraphs[i : i + per_document]) + "\n\n")
 
 
+def _flat_paths(paths) -> list[str]:
+    if paths is None:
+        return []
+    if isinstance(paths, str | os.PathLike):
+        return [os.fspath(paths)]
+    return [q for p in paths for q in _flat_paths(p)]
+
+
+def _inside(path: str, root: str) -> bool:
+    path, root = os.path.abspath(os.path.expanduser(path)), os.path.abspath(root)
+    return path == root or path.startswith(root + os.sep)
+
+
 def prepare_demo(
     model_dir: str,
     languages: Sequence[str] = DEMO_LANGUAGES,
@@ -95,7 +108,8 @@ def prepare_demo(
     alpha: float = 0.3,
     shared_data_dir: str | None = None,
     seed: int = 0,
-) -> str:
+    paths: Sequence | None = None,
+) -> str | None:
     """Writes the demo corpus and trains its vocabulary (once); returns the model path.
 
     Args:
@@ -105,8 +119,14 @@ def prepare_demo(
       alpha: language sampling exponent of the vocabulary's training sample.
       shared_data_dir: ``../shared/data`` for a larger demo (english_pd, Leipzig).
       seed: vocabulary sample and training seed.
+      paths: the data paths the run reads (VOCAB_PATH, CC100_DIR, ENGLISH_FILES; lists
+        nest); when none lies in ``MODEL_DIR/demo_data`` (every one overridden) nothing
+        is built and None is returned, so a bad override is reported in seconds.
     """
     root = demo_path(model_dir, "")
+    if paths is not None and not any(_inside(p, root) for p in _flat_paths(paths)):
+        log.info("the run reads none of the demo's data (%s): not preparing it", root)
+        return None
     model_path = os.path.join(root, VOCAB_PREFIX + ".model")
     if os.path.exists(model_path):
         if root not in _announced:

@@ -9,6 +9,7 @@ single-phase XLM-R baseline is one phase. Which phases run is gin config
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -436,6 +437,7 @@ def train(
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
     vocab_path = checkpoints.absolute(vocab_path) if vocab_path else None
+    created = not os.path.exists(model_dir)
     check_model_dir(model_dir)
     # One writer per run directory (on a pod: the primary host speaks for all).
     lock = run_dir.RunLock(model_dir).acquire() if (
@@ -459,6 +461,12 @@ def train(
     finally:
         if lock is not None:
             lock.release()
+            # A MODEL_DIR this run created and left with nothing but its lock (it failed on
+            # its inputs) is removed: a failed start leaves nothing behind.
+            if created and os.listdir(model_dir) == [run_dir.LOCK_NAME]:
+                os.remove(os.path.join(model_dir, run_dir.LOCK_NAME))
+                with contextlib.suppress(OSError):
+                    os.rmdir(model_dir)
     return summary
 
 
