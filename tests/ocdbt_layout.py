@@ -78,7 +78,10 @@ def nested(flat: dict) -> dict:
     out: dict = {}
     for name, x in flat.items():
         entry, _, rest = name.partition(".")
-        out.setdefault(entry, {})[rest] = x
+        if rest:
+            out.setdefault(entry, {})[rest] = x
+        else:  # a top-level array (the step) stays one: its name is the entry's
+            out[entry] = x
     return out
 
 
