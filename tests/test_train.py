@@ -293,10 +293,8 @@ def test_unknown_gin_file_is_named():
 MULTIHOST = textwrap.dedent("""
     import sys
     import jax
-    from xlmeta_jax.model import mlm, network
-    from xlmeta_jax import errors
-from xlmeta_jax.cli import train
-from xlmeta_jax.data.corpora import Corpora
+    from xlmeta_jax.model import network
+    from xlmeta_jax.cli import train
     from xlmeta_jax.pretrain import trainer
     train.setup_logging()
     rest = train.initialize_distributed(sys.argv[2:])
@@ -354,10 +352,8 @@ MULTIHOST_STOP = textwrap.dedent("""
     import sys
     import jax
     from xlmeta_jax import errors
-    from xlmeta_jax.model import mlm, network
-    from xlmeta_jax import errors
-from xlmeta_jax.cli import train
-from xlmeta_jax.data.corpora import Corpora
+    from xlmeta_jax.model import network
+    from xlmeta_jax.cli import train
     from xlmeta_jax.pretrain import trainer
     rest = train.initialize_distributed(sys.argv[2:])
     train.setup_logging()

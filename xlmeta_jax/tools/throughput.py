@@ -26,8 +26,8 @@ import jax
 
 from xlmeta_jax import errors, logs
 from xlmeta_jax.data import english_pd as english_pd_lib
+from xlmeta_jax.data import feeding, vocabulary
 from xlmeta_jax.data import task_names as names
-from xlmeta_jax.data import vocabulary
 from xlmeta_jax.model import partitioning
 from xlmeta_jax.tools import caching
 
@@ -74,10 +74,9 @@ def run(
     vocab_size: int,
 ) -> dict[str, dict]:
     """Runs both measurements; returns ``{"on the fly": ..., "seqio cache": ...}``."""
-    # seqio and TensorFlow only once the command runs (its --help stays quiet).
     import seqio  # noqa: PLC0415 - seqio (TensorFlow) only where data is read
 
-    from xlmeta_jax.data import feeding, tasks  # noqa: PLC0415
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow: its --help stays quiet
 
     files = english_pd_lib.english_text_files(os.path.join(work_dir, "text"), english_pd)
     if not vocab:
