@@ -178,6 +178,23 @@ def test_rerun_of_complete_run_changes_nothing(finished, run_gin, capsys):
     assert digest(finished) == before  # config.gin not rewritten either
 
 
+def test_paths_are_read_as_a_shell_would(finished, run_gin, capsys, monkeypatch, tmp_path):
+    # MODEL_DIR='~/...' is the run in the home folder, not a folder named '~' here.
+    monkeypatch.setenv("HOME", str(finished.parent))
+    monkeypatch.chdir(tmp_path)
+    before = digest(finished)
+    code, err = _train(train_argv(run_gin, f"~/{finished.name}"), capsys)
+    assert code == 0, err
+    assert digest(finished) == before and os.listdir(tmp_path) == []
+    # A variable the shell would expand but that is not set is named, with the setting.
+    monkeypatch.delenv("XLMETA_NO_SUCH", raising=False)
+    code, err = _train(train_argv(run_gin, "$XLMETA_NO_SUCH/run"), capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, "MODEL_DIR='$XLMETA_NO_SUCH/run': the environment variable XLMETA_NO_SUCH "
+              "is not set")
+    assert os.listdir(tmp_path) == []
+
+
 def test_debug_shows_the_traceback(finished, run_gin, capsys, monkeypatch):
     with pytest.raises(gin_cli.GinConfigError, match="BATCH_SIZ"):
         errors.run_command(train_cli.main, [*train_argv(run_gin, finished), "--gin.BATCH_SIZ=8",
@@ -584,6 +601,20 @@ def test_missing_cc100_dir_is_one_line_before_training(data_spm, tmp_path, capsy
     assert not (tmp_path / "run" / "xlmr").exists()
 
 
+def test_a_cc100_dir_under_home_is_named_expanded(data_spm, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("xlmeta_jax.train"), "handlers", [])
+    monkeypatch.setenv("HOME", str(tmp_path))
+    code, err = _train([
+        "--gin_file=native/xlmr.gin", "--gin_file=models/tiny.gin",
+        "--gin.MODEL_DIR='~/run'", f"--gin.VOCAB_PATH='{data_spm}'",
+        "--gin.CC100_DIR='~/no_cc100'", "--gin.CC100_LANGUAGES=['en', 'de']",
+        "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.META_STEPS=2",
+        "--gin.XLING_STEPS=2", "--gin.WARMUP_STEPS=1"], capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, f"the CC-100 folder {tmp_path / 'no_cc100'} (CC100_DIR) does not exist")
+    assert os.listdir(tmp_path) == []  # the MODEL_DIR it created is removed
+
+
 def test_utf16_cc100_file_is_one_line_before_training(data_spm, tmp_path, capsys, monkeypatch):
     # Progress lines go to the stdout of the first in-process run, which an earlier
     # test's capsys may have closed: this run sets up its own.
@@ -650,6 +681,20 @@ def test_hf_to_flax_of_a_missing_path_names_it(tmp_path, capsys):
     assert code == errors.EXIT_USER_ERROR, err
     assert len(err.splitlines()) == 1 and f"HF model path {missing} does not exist" in err, err
     assert "config.json" not in err and not (tmp_path / "out").exists()
+
+
+def test_hf_flags_read_paths_as_a_shell_would(tmp_path, capsys, monkeypatch):
+    from xlmeta_jax.cli import hf
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    code = errors.run_command(hf.main, ["to_flax", "--hf_path=~/missing", "--output=~/out"],
+                              prog="xlmeta_jax.hf")
+    err = capsys.readouterr().err.strip()
+    assert code == errors.EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and (
+        f"HF model path {tmp_path / 'missing'} does not exist" in err), err
+    assert os.listdir(tmp_path) == []
 
 
 def test_leftover_failed_checkpoint_reads_are_not_logged_as_errors(caplog, capsys):

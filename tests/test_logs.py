@@ -70,6 +70,40 @@ def test_an_installed_libtpu_without_tpu_chips_logs_nothing(tmp_path):
     assert "INVALID_ARGUMENT" not in out.stderr and "TPU" not in out.stderr, out.stderr
 
 
+def test_every_command_picks_the_cpu_where_libtpu_finds_no_tpu(tmp_path):
+    # hf, merge and the other tools never call quiet_start: the choice is made where
+    # every command starts (errors.run_command). A stand-in libtpu package is enough,
+    # since only its presence is looked at.
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or os.path.exists(
+            "/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
+        pytest.skip("this host has accelerators: JAX's own choice applies")
+    (tmp_path / "libtpu").mkdir()
+    (tmp_path / "libtpu" / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    code = ("import sys, jax; from xlmeta_jax import errors; "
+            "sys.exit(errors.run_command(lambda argv: print(jax.config.jax_platforms),"
+            " [], prog='x'))")
+    picked = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)
+    assert picked.returncode == 0, picked.stderr
+    assert picked.stdout.strip() == "cpu"
+    # The user's own JAX_PLATFORMS stays.
+    env["JAX_PLATFORMS"] = "cpu,tpu"
+    kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.strip() == "cpu,tpu"
+    # Without libtpu nothing is chosen for JAX.
+    (tmp_path / "libtpu" / "__init__.py").unlink()
+    (tmp_path / "libtpu").rmdir()
+    del env["JAX_PLATFORMS"]
+    untouched = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                               text=True, timeout=300, cwd=tmp_path)
+    assert untouched.returncode == 0, untouched.stderr
+    assert untouched.stdout.strip() in ("", "None")
+
+
 def test_progress_lines_go_to_the_current_stdout(monkeypatch):
     """The progress handler is installed once per process; a command run later under
     another stdout (a notebook's or test's capture, redirect_stdout) prints there, not

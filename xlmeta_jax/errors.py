@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from xlmeta_jax import platforms
+
 DEBUG_ENV = "XLMETA_DEBUG"
 DEBUG_FLAG = "--debug"
 
@@ -209,6 +211,7 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
     if not debug:
         sys.unraisablehook = _drop_closed_loop_callbacks
         _quiet_failed_checkpoint_reads()
+    platforms.prefer_cpu_without_tpu()
     try:
         result = main(argv)
     except KeyboardInterrupt as e:

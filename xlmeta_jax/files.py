@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+
+from xlmeta_jax import errors
 
 
 def write_atomic(path: str | os.PathLike, content: str | bytes | None = None, *,
@@ -90,3 +93,49 @@ def _parents(path: str) -> Iterator[str]:
     while os.path.dirname(path) != path:
         path = os.path.dirname(path)
         yield path
+
+
+# $NAME or ${NAME}, as a shell expands them (os.path.expandvars leaves unset ones as typed).
+_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def user_path(path, setting: str):
+    """A path a user typed, read as a shell would: ``~`` and ``$NAME`` expanded.
+
+    Every path setting of the commands (gin bindings and flags) goes through here once,
+    where the config is built, so ``~/runs/x`` is never a folder named ``~``. URLs
+    (``gs://...``) and None are returned as given.
+
+    Args:
+      path: the value as given (a str or os.PathLike; None).
+      setting: how errors name it (``MODEL_DIR``, ``--output``).
+
+    Raises:
+      errors.UserError: the path names an environment variable that is not set.
+    """
+    if path is None:
+        return None
+    path = os.fspath(path)
+    if "://" in path:
+        return path
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    unset = _VARIABLE.search(expanded)
+    if unset:
+        raise errors.UserError(
+            f"{setting}={path!r}: the environment variable {unset.group(1).strip('{}')} "
+            f"is not set"
+        )
+    return expanded
+
+
+def user_paths(paths, setting: str):
+    """:func:`user_path` of a path or of each in a (nested) list or tuple of them."""
+    if isinstance(paths, list | tuple):
+        return type(paths)(user_paths(p, setting) for p in paths)
+    return user_path(paths, setting)
+
+
+def path_flag(flag: str) -> Callable[[str], str]:
+    """An argparse ``type=`` reading a path flag with :func:`user_path` (``--output=~/x``:
+    the shell leaves that ``~`` as typed)."""
+    return lambda value: user_path(value, flag)

@@ -4,35 +4,18 @@ TensorFlow (the input pipeline's tf.data) logs at import, before its log level
 applies, and on hosts without NVIDIA GPUs an ERROR line about ``cuInit``: our
 TensorFlow never runs on an accelerator (JAX owns them), so both are noise.
 Setting ``TF_CPP_MIN_LOG_LEVEL=0`` yourself (more than JAX's default "1") keeps
-TensorFlow's own lines; "2" or "3" (fewer) get the quiet start too.
-
-An installed libtpu (the ``aot`` extra, the TPU compiler) on a host without TPU chips
-is tried first as JAX's backend, and logs a TPU VM's set-up errors (``E0000 …
-INVALID_ARGUMENT … TPU_WORKER_HOSTNAMES``) before JAX falls back to the CPU; there the
-commands pick the CPU directly. Setting ``JAX_PLATFORMS`` yourself keeps JAX's choice.
+TensorFlow's own lines; "2" or "3" (fewer) get the quiet start too. The backend
+choice on hosts with libtpu but no TPU is :mod:`xlmeta_jax.platforms`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
-import importlib.util
 import logging
 import os
 import sys
 
-import jax
-
-
-def _has_nvidia_device() -> bool:
-    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
-
-
-def _libtpu_without_tpu() -> bool:
-    """libtpu is installed, but the host has no TPU chip (TPU VMs: /dev/accel*, /dev/vfio)."""
-    if importlib.util.find_spec("libtpu") is None:
-        return False
-    return not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+from xlmeta_jax import platforms
 
 
 @contextlib.contextmanager
@@ -57,13 +40,11 @@ def quiet_start(*, import_tensorflow: bool = False) -> None:
       import_tensorflow: import TensorFlow now, with its import-time C++ lines
         dropped (for commands whose input pipeline needs it anyway).
     """
-    if ("JAX_PLATFORMS" not in os.environ and not _has_nvidia_device()
-            and _libtpu_without_tpu()):
-        jax.config.update("jax_platforms", "cpu")
+    platforms.prefer_cpu_without_tpu()
     # A user who asks for TensorFlow's info lines ("0") gets them; "2" and "3" ask for
     # fewer, and TensorFlow's import-time lines ignore the level, so they are dropped too.
     verbose = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "0"
-    if not verbose and not _has_nvidia_device():
+    if not verbose and not platforms.has_nvidia_device():
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if import_tensorflow and not verbose and "tensorflow" not in sys.modules:
         # Python exceptions raised by the import still surface (after fd 2 is back).

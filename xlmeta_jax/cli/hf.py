@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, files
 from xlmeta_jax.interop.hf.convert import to_flax, to_hf
 from xlmeta_jax.pretrain import loading
 
@@ -38,20 +38,21 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = to_flax_parser = sub.add_parser("to_flax",
                                         help="HF save_pretrained dir -> our checkpoint (Orbax)")
-    p.add_argument("--hf_path", required=True, help="save_pretrained dir or weights file")
-    p.add_argument("--output", required=True,
+    p.add_argument("--hf_path", required=True, type=files.path_flag("--hf_path"),
+                   help="save_pretrained dir or weights file")
+    p.add_argument("--output", required=True, type=files.path_flag("--output"),
                    help="new output dir: a phase directory with step 0, as the trainer writes")
     p.add_argument("--scan_layers", action="store_true",
                    help="write the scanned layout (one 'layers' subtree with a layer axis)")
     p.add_argument("--allow_pickle", action="store_true",
                    help="permit pytorch_model.bin (pickle) weights; only for trusted files")
     p = to_hf_parser = sub.add_parser("to_hf", help="our checkpoint -> HF save_pretrained dir")
-    p.add_argument("--checkpoint", required=True,
+    p.add_argument("--checkpoint", required=True, type=files.path_flag("--checkpoint"),
                    help="dir written by to_flax, or a pretraining MODEL_DIR / phase / step dir "
                    "(a MODEL_DIR: its last phase's final step; the step exported is printed)")
-    p.add_argument("--output", required=True,
+    p.add_argument("--output", required=True, type=files.path_flag("--output"),
                    help="new output dir (config.json, model.safetensors, tokenizer files)")
-    p.add_argument("--vocab_path", default=None,
+    p.add_argument("--vocab_path", default=None, type=files.path_flag("--vocab_path"),
                    help="the model's SentencePiece .model (default: the one the checkpoint "
                    "records)")
     for p in (to_flax_parser, to_hf_parser):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from absl import flags as absl_flags
 
-from xlmeta_jax import errors, logs
+from xlmeta_jax import errors, logs, platforms
 from xlmeta_jax.cli import flags as gin_flags
 
 T5X_MAIN = "t5x.train"
@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if wants_help:
         print(HELP_HEADER)
         sys.stdout.flush()
+    platforms.prefer_cpu_without_tpu()
     if not errors.debug_requested(()):
         logs.quiet_start(import_tensorflow=True)
     # absl parses sys.argv; runpy puts t5x's file in sys.argv[0].

@@ -25,6 +25,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
+from xlmeta_jax import files
 from xlmeta_jax.data import prepared, rates, text_files
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
 from xlmeta_jax.model import mlm
@@ -91,6 +92,12 @@ class Corpora:
     # from the multilingual mixture; None: no joint mixture (the experiment sets it).
     joint_english_share: float | None = None
 
+    def __post_init__(self):
+        # Paths as a shell user means them (~, $HOME), once, whichever command built us.
+        for field, setting in _PATH_SETTINGS.items():
+            value = getattr(self, field)
+            object.__setattr__(self, field, files.user_paths(value, setting))
+
     def cc100_languages(self) -> tuple[str, ...]:
         """The CC-100 mixture's languages (checked codes)."""
         return check_languages(
@@ -142,6 +149,17 @@ class Corpora:
         if share is not None and not 0.0 < share < 1.0:
             raise text_files.CorpusError(f"joint_english_share must be in (0, 1), got {share!r}")
 
+
+# The path settings, by the names errors give them (the gin macros where there is one).
+_PATH_SETTINGS = {
+    "vocab_path": "VOCAB_PATH",
+    "english_files": "ENGLISH_FILES",
+    "english_validation_files": "Corpora.english_validation_files",
+    "cc100_dir": "CC100_DIR",
+    "cc100_validation_dir": "Corpora.cc100_validation_dir",
+    "tfds_data_dir": "TFDS_DATA_DIR",
+    "stats_cache_dir": "Corpora.stats_cache_dir",
+}
 
 # How errors name Corpora.languages: by the macro the gin files bind it from.
 LANGUAGES_SETTING = "CC100_LANGUAGES (Corpora.languages)"

@@ -47,7 +47,7 @@ _announced: set[str] = set()
 
 def demo_path(model_dir: str, name: str) -> str:
     """``MODEL_DIR/demo_data/<name>`` (gin: corpus and vocabulary locations)."""
-    return os.path.join(model_dir, "demo_data", name)
+    return os.path.join(files.user_path(model_dir, "MODEL_DIR"), "demo_data", name)
 
 
 def udhr_paragraphs(lang: str) -> list[str]:
@@ -97,7 +97,7 @@ def _flat_paths(paths) -> list[str]:
 
 
 def _inside(path: str, root: str) -> bool:
-    path, root = os.path.abspath(os.path.expanduser(path)), os.path.abspath(root)
+    path, root = os.path.abspath(files.user_path(path, "the data path")), os.path.abspath(root)
     return path == root or path.startswith(root + os.sep)
 
 
@@ -133,6 +133,7 @@ def prepare_demo(
             _announced.add(root)
             log.info("demo corpus and vocabulary already prepared in %s", root)
         return model_path
+    shared_data_dir = files.user_path(shared_data_dir, "prepare_demo.shared_data_dir")
     if shared_data_dir and not os.path.isdir(shared_data_dir):
         raise FileNotFoundError(f"prepare_demo.shared_data_dir {shared_data_dir!r} does not exist")
 

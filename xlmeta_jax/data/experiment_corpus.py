@@ -42,7 +42,7 @@ _SPACE = re.compile(r"\s+")
 
 def corpus_path(model_dir: str, name: str) -> str:
     """``MODEL_DIR/corpus/<name>`` (gin: the corpus and vocabulary locations)."""
-    return os.path.join(model_dir, "corpus", name)
+    return os.path.join(files.user_path(model_dir, "MODEL_DIR"), "corpus", name)
 
 
 def leipzig_languages(shared_data_dir: str) -> list[str]:
@@ -116,6 +116,7 @@ def prepare_shared_corpus(
       seed: vocabulary sample and training seed.
     """
     root = corpus_path(model_dir, "")
+    shared_data_dir = files.user_path(shared_data_dir, "SHARED_DATA_DIR")
     if os.path.isfile(os.path.join(root, "manifest.json")):
         log.info("corpus and vocabulary prepared earlier in %s", root)
         return root

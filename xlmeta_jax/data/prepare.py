@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, files
 from xlmeta_jax.data import (
     beam_runs,
     line_sample,
@@ -413,9 +413,10 @@ def parser() -> argparse.ArgumentParser:
         "the vocabulary's line sample and seqio's token cache, on Apache Beam. Options this "
         "command does not know are Beam's (--runner, --direct_num_workers, --project, ...).",
     )
-    p.add_argument("--input", action="append", required=True,
+    p.add_argument("--input", action="append", required=True, type=files.path_flag("--input"),
                    help="glob of {lang}.txt.xz / .gz / plain files (repeatable; local or gs://)")
-    p.add_argument("--output", required=True, help="the prepared folder (CC100_DIR)")
+    p.add_argument("--output", required=True, type=files.path_flag("--output"),
+                   help="the prepared folder (CC100_DIR)")
     p.add_argument("--languages", help="comma-separated CC-100 codes (default: every input)")
     p.add_argument("--shard_bytes", type=int, default=DEFAULT_SHARD_BYTES,
                    help="text bytes per shard (shards end at a document's end)")
@@ -431,7 +432,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the sample's seed")
     p.add_argument("--tokenize", action="store_true",
                    help="write seqio's offline token cache of every language's task")
-    p.add_argument("--vocab", help="with --tokenize: the SentencePiece .model")
+    p.add_argument("--vocab", type=files.path_flag("--vocab"),
+                   help="with --tokenize: the SentencePiece .model")
     p.add_argument("--eos_after", choices=("line", "document"), default="line",
                    help="with --tokenize: Corpora.eos_after of the runs that read the cache")
     p.add_argument("--overwrite", action="store_true",

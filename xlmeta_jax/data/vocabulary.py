@@ -417,7 +417,7 @@ def _files_from_args(args) -> dict[str, list[str]] | None:
         lang, sep, pattern = spec.partition("=")
         if not sep or not lang or not pattern:
             raise errors.UserError(f"--files expects LANG=GLOB, got {spec!r}")
-        by_lang.setdefault(lang, []).append(pattern)
+        by_lang.setdefault(lang, []).append(files.user_path(pattern, f"--files {lang}"))
     if args.files:
         check_languages(sorted({spec.partition("=")[0] for spec in args.files}), what="--files")
     if not by_lang:
@@ -455,18 +455,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cc100_dir=/data/cc100 --languages=en,fr,sw --output_prefix=/data/vocab/xlmeta_8k "
         "--vocab_size=8000 --num_lines=200000",
     )
-    parser.add_argument("--cc100_dir", help="folder of CC-100 files {lang}.txt*")
+    parser.add_argument("--cc100_dir", type=files.path_flag("--cc100_dir"),
+                        help="folder of CC-100 files {lang}.txt*")
     parser.add_argument("--languages", help="comma-separated CC-100 codes (default: all found)")
     parser.add_argument(
         "--files", action="append",
         help="LANG=GLOB, repeatable (adds to --cc100_dir); LANG is a CC-100 code",
     )
-    parser.add_argument("--output_prefix", required=True,
+    parser.add_argument("--output_prefix", required=True, type=files.path_flag("--output_prefix"),
                         help="writes PREFIX.model, PREFIX.vocab and PREFIX.fertility.tsv")
     parser.add_argument("--vocab_size", type=int, default=250_000,
                         help="pieces, including the 5 special ones (XLM-R: 250000)")
     parser.add_argument(
-        "--prepared",
+        "--prepared", type=files.path_flag("--prepared"),
         help="a folder of python -m xlmeta_jax.data.prepare --vocab_sample_lines=N: train on "
         "the line sample it drew (its alpha, seed and size)")
     parser.add_argument("--alpha", type=float, default=None,

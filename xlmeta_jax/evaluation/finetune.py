@@ -92,6 +92,14 @@ class FineTuneConfig:
     # gin config); None writes no config.gin.
     config_text: str | None = None
 
+    def __post_init__(self):
+        # Paths as a shell user means them (~, $HOME), by their gin macros' names.
+        for field, setting in (("initial_checkpoint_path", "INITIAL_CHECKPOINT_PATH"),
+                               ("model_dir", "MODEL_DIR"), ("data_dir", "DATA_DIR"),
+                               ("vocab_path", "VOCAB_PATH"),
+                               ("tfds_data_dir", "finetune.tfds_data_dir")):
+            object.__setattr__(self, field, files.user_path(getattr(self, field), setting))
+
     @classmethod
     def from_kwargs(cls, **kwargs) -> FineTuneConfig:
         """A config from flat keyword arguments: FineTuneSettings fields go to ``settings``.

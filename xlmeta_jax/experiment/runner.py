@@ -196,6 +196,8 @@ def experiment(
     if unknown or len(set(tasks)) != len(tasks):
         raise ExperimentError(f"experiment.tasks={list(tasks)}: expected distinct tasks of "
                               f"{sorted(evaluation_tasks.names())}")
+    model_dir = files.user_path(model_dir, "MODEL_DIR")
+    data_dir = files.user_path(data_dir, "experiment.data_dir")
     exp = Experiment(
         name=name, model_dir=model_dir, arms=arms, seeds=seeds,
         budget=Budget(meta_steps, xling_steps, batch_size, sequence_length),

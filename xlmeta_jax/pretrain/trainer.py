@@ -430,6 +430,10 @@ def train(
     if new_process_count not in (None, *NEW_PROCESS_COUNT):
         raise ConfigError(f"gin binding train.new_process_count={new_process_count!r} is not "
                           f"None or one of {NEW_PROCESS_COUNT}")
+    model_dir = files.user_path(model_dir, "MODEL_DIR")
+    vocab_path = files.user_path(vocab_path, "VOCAB_PATH")
+    initial_checkpoint_path = files.user_path(initial_checkpoint_path,
+                                              "INITIAL_CHECKPOINT_PATH")
     corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
                           microbatches, describe=describe, masking=corpora.masking)

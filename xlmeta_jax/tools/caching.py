@@ -26,7 +26,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from xlmeta_jax import errors, logs
+from xlmeta_jax import errors, files, logs
 from xlmeta_jax.cli import configurables
 from xlmeta_jax.data import token_cache
 
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--gin_file, --gin.NAME=VALUE name the corpora; other options are Beam's)."
     )
     parser.add_argument("--task", required=True, action="append", help="task name (repeatable)")
-    parser.add_argument("--cache_dir", required=True)
+    parser.add_argument("--cache_dir", required=True, type=files.path_flag("--cache_dir"))
     parser.add_argument("--split", default="train")
     parser.add_argument("--num_shards", type=int, default=None,
                         help="cache files per task (default: one per source file)")

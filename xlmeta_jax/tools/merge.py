@@ -11,7 +11,7 @@ the trainer's INITIAL_CHECKPOINT_PATH read. The merge: :mod:`xlmeta_jax.pretrain
 
 from __future__ import annotations
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, files
 from xlmeta_jax.pretrain import merging
 
 
@@ -22,7 +22,8 @@ def _parser():
     p.add_argument("--checkpoints", required=True,
                    help="two or more checkpoints, separated by commas")
     p.add_argument("--method", default="linear", help=f"one of {merging.METHODS}")
-    p.add_argument("--base", default=None, help="ties: the checkpoint task vectors are "
+    p.add_argument("--base", default=None, type=files.path_flag("--base"),
+                   help="ties: the checkpoint task vectors are "
                    "taken against")
     p.add_argument("--density", type=float, default=0.2,
                    help="ties: share of each task vector's largest magnitudes kept")
@@ -30,7 +31,8 @@ def _parser():
                    help="ties: factor of the merged task vector (lambda)")
     p.add_argument("--weights", default=None,
                    help="linear: one weight per checkpoint, separated by commas")
-    p.add_argument("--output", required=True, help="a new folder for the merged checkpoint")
+    p.add_argument("--output", required=True, type=files.path_flag("--output"),
+                   help="a new folder for the merged checkpoint")
     errors.add_debug_flag(p)
     return p
 
@@ -38,7 +40,7 @@ def _parser():
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m xlmeta_jax.tools.merge``."""
     args = _parser().parse_args(argv)
-    paths = [p for p in args.checkpoints.split(",") if p]
+    paths = [files.user_path(p, "--checkpoints") for p in args.checkpoints.split(",") if p]
     weights = None
     if args.weights:
         try:
