@@ -494,7 +494,7 @@ def test_vocabulary_on_a_small_text_says_what_it_trains_on(tmp_path, capsys, cap
     from xlmeta_jax.data import vocabulary
 
     (tmp_path / "t.txt").write_text("Hello world, this is a test line.\nAnother line here.\n")
-    args = ["--files", f"en={tmp_path}/t.txt", f"--output_prefix={tmp_path}/v",
+    args = ["--files", f"en={tmp_path}/t.txt", f"--output_prefix={tmp_path}/out/v",
             "--num_lines=1000", "--num_threads=1"]
     caplog.set_level(logging.INFO)
     code = errors.run_command(vocabulary.main, [*args, "--vocab_size=1000"],
@@ -504,6 +504,9 @@ def test_vocabulary_on_a_small_text_says_what_it_trains_on(tmp_path, capsys, cap
     assert code == errors.EXIT_USER_ERROR
     assert err.splitlines() == [err] and "Vocabulary size too high (1000)" in err, err
     assert "--vocab_size=1000 is more than this text allows" in err, err
+    # Found on the 2 distinct lines before the run on all 1000, and no output folder left.
+    assert "found on the sample's 2 distinct lines, before training on all 1000" in err, err
+    assert not (tmp_path / "out").exists()
     assert errors.run_command(vocabulary.main, [*args, "--vocab_size=280"],
                               prog="xlmeta_jax.data.vocabulary") == 0
 

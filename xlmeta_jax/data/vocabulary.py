@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -214,6 +215,20 @@ except RuntimeError as e:
 """
 
 
+# A sample with at least this many lines per distinct line is first tried on its distinct
+# lines alone (a vocabulary too large for the text is then refused in a fraction of the time).
+TRIAL_SHARE = 4
+TRIAL_MARGIN = 1.1
+
+
+def _write_lines(path: str, lines: Iterable[str]) -> str:
+    """Writes one line per item (newlines inside an item become spaces); returns ``path``."""
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line.replace("\n", " ") + "\n")
+    return path
+
+
 def _settings_error(message: str, options: dict) -> VocabularyError:
     """SentencePiece's refusal of the settings, after its source location, as one line."""
     text = message.strip().rpartition("] ")[2]
@@ -316,33 +331,48 @@ def train_vocabulary(
     all_lines = [line for lang in sorted(lines_by_lang) for line in lines_by_lang[lang]]
     random.Random(seed).shuffle(all_lines)
     out_dir = os.path.dirname(os.path.abspath(output_prefix))
-    os.makedirs(out_dir, exist_ok=True)
+    created = not os.path.exists(out_dir)
+    # --num_lines is the sample's size, reached by repeating lines where a language has
+    # fewer than its share of the sample: say how much text that is.
+    distinct = sorted(set(all_lines))
+    logging.info("training the %d-piece SentencePiece model (%d threads) on %d sampled "
+                 "lines, %d of them distinct%s", int(vocab_size), int(num_threads),
+                 len(all_lines), len(distinct), "" if len(distinct) == len(all_lines) else
+                 ": a language with fewer lines than its share of the sample repeats them")
+    train = functools.partial(
+        train_sentencepiece, vocab_size=vocab_size, seed=seed,
+        character_coverage=character_coverage, num_threads=num_threads,
+        trainer_options={
+            "byte_fallback": bool(byte_fallback),
+            # The sample is already alpha-sampled and shuffled: use it in order.
+            "shuffle_input_sentence": False,
+            **(trainer_options or {}),
+        })
     with tempfile.TemporaryDirectory() as tmp:
-        sample_path = os.path.join(tmp, "sample.txt")
-        with open(sample_path, "w", encoding="utf-8") as f:
-            for line in all_lines:
-                f.write(line.replace("\n", " ") + "\n")
-        # --num_lines is the sample's size, reached by repeating lines where a language has
-        # fewer than its share: say how much text that is.
-        distinct = len(set(all_lines))
-        logging.info("training the %d-piece SentencePiece model (%d threads) on %d sampled "
-                     "lines, %d of them distinct%s", int(vocab_size), int(num_threads),
-                     len(all_lines), distinct, "" if distinct == len(all_lines) else
-                     ": a language with fewer lines than its share of the sample repeats them")
-        model_path = train_sentencepiece(
-            output_prefix,
-            vocab_size,
-            input_file=sample_path,
-            seed=seed,
-            character_coverage=character_coverage,
-            num_threads=num_threads,
-            trainer_options={
-                "byte_fallback": bool(byte_fallback),
-                # The sample is already alpha-sampled and shuffled: use it in order.
-                "shuffle_input_sentence": False,
-                **(trainer_options or {}),
-            },
-        )
+        if TRIAL_SHARE * len(distinct) <= len(all_lines):
+            # The pieces a text allows follow from its distinct lines, but SentencePiece
+            # says "too high" only after its whole run on the repeated sample: a run on
+            # the distinct lines (twice, so every substring is frequent) says it first.
+            trial = _write_lines(os.path.join(tmp, "distinct.txt"), distinct * 2)
+            try:
+                train(os.path.join(tmp, "trial"), input_file=trial)
+            except VocabularyError as e:
+                # Its limit can differ a little from the whole sample's: a size near it is
+                # left to the real run, which knows exactly.
+                limit = re.search(r"<= (\d+)", str(e))
+                if limit is None or int(vocab_size) > TRIAL_MARGIN * int(limit.group(1)):
+                    raise VocabularyError(f"{e}; found on the sample's {len(distinct)} "
+                                          f"distinct lines, before training on all "
+                                          f"{len(all_lines)}") from e
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            model_path = train(output_prefix, input_file=_write_lines(
+                os.path.join(tmp, "sample.txt"), all_lines))
+        except BaseException:
+            # A run that fails leaves no folder it created (nothing was written in it).
+            if created and os.path.isdir(out_dir) and not os.listdir(out_dir):
+                os.rmdir(out_dir)
+            raise
     _drop_temporary_paths(model_path, alpha=alpha, seed=seed)
     processor = spm.SentencePieceProcessor(model_file=model_path)
     check_sentencepiece_model(processor, model_path)
