@@ -104,6 +104,28 @@ def test_every_command_picks_the_cpu_where_libtpu_finds_no_tpu(tmp_path):
     assert untouched.stdout.strip() in ("", "None")
 
 
+def test_what_a_library_logs_while_ctrl_c_unwinds_is_dropped():
+    # seqio logs "Failed to load task ..." from its `except:` and re-raises: on a Ctrl-C
+    # while the pipelines are built that is no failure, and the command says "interrupted".
+    logs.quiet_save_waits()
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("absl").addHandler(handler)
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            absl_logging.error("Failed to load task 'a' as part of mixture 'b'")
+        try:
+            raise ValueError("bad file")
+        except ValueError:
+            absl_logging.error("Failed to load task 'c' as part of mixture 'b'")
+    finally:
+        logging.getLogger("absl").removeHandler(handler)
+    assert records == ["Failed to load task 'c' as part of mixture 'b'"]
+
+
 def test_progress_lines_go_to_the_current_stdout(monkeypatch):
     """The progress handler is installed once per process; a command run later under
     another stdout (a notebook's or test's capture, redirect_stdout) prints there, not

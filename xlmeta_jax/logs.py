@@ -83,9 +83,22 @@ _SAVE_WAIT_FILTER = _SaveWaitFilter()
 progress = logging.getLogger("xlmeta_jax.train")
 
 
+class _InterruptedFilter(logging.Filter):
+    """Drops records logged while a Ctrl-C unwinds (seqio's "Failed to load task ..."
+    from its ``except:`` block): the command's one "interrupted" line says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not isinstance(sys.exc_info()[1], KeyboardInterrupt)
+
+
+_INTERRUPTED_FILTER = _InterruptedFilter()
+
+
 def quiet_save_waits() -> None:
-    """Installs the "waiting for previous save" filter on absl's logger (idempotent)."""
+    """Installs the "waiting for previous save" filter on absl's logger (idempotent),
+    and the one that drops what libraries log while a Ctrl-C unwinds."""
     logging.getLogger("absl").addFilter(_SAVE_WAIT_FILTER)
+    logging.getLogger("absl").addFilter(_INTERRUPTED_FILTER)
 
 
 class _CurrentStdout(logging.StreamHandler):

@@ -318,28 +318,17 @@ def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
 
 def _stop_with_checkpoint(phase, ckpt, phase_step, state, iterator, meta, *, saved):
     """Writes (or finishes) the checkpoint of ``phase_step`` and stops the run."""
-    try:
-        if not saved:
-            ckpt.save(phase_step, state, iterator, meta, force=True)
-        ckpt.wait()
-    except KeyboardInterrupt:
-        checkpoints.discard_partial(ckpt.directory)
-        raise errors.Interrupted(
-            f"[{phase.name}] stopped at step {phase_step}/{phase.num_steps} without a "
-            f"checkpoint of it; rerunning the same command resumes from "
-            f"{_resume_point(ckpt)}"
-        ) from None
+    # A second signal meanwhile ends the process at once (signals.StopSignals): the
+    # write in flight never looks like a checkpoint, and the next run removes it.
+    if not saved:
+        ckpt.save(phase_step, state, iterator, meta, force=True)
+    ckpt.wait()
     latest = ckpt.latest_step()
     ckpt.close()
     raise errors.Interrupted(
         f"[{phase.name}] stopped at step {phase_step}/{phase.num_steps}; rerunning the "
         f"same command resumes from {ckpt.step_dir(latest)}"
     )
-
-
-def _resume_point(ckpt) -> str:
-    latest = ckpt.latest_step()
-    return os.fspath(ckpt.step_dir(latest)) if latest is not None else "the phase's start"
 
 
 def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
