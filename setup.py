@@ -54,7 +54,7 @@ _TEST = [
 
 # `python -m t5x.train` (gin/meta.gin, gin/xlmr.gin): t5x's dependencies that the package index
 # has. t5x, airio and jestimator themselves are not on the index: install them from their git
-# repositories or from built wheels with --no-deps (README, "The t5x entry point").
+# repositories or from built wheels with --no-deps (docs/t5x.md).
 _T5X = [
     "grain>=0.2",
     "fiddle>=0.3",

@@ -14,7 +14,7 @@ from data_toy import train_toy_vocabulary, write_cc100_dir
 LANGUAGES = ("en", "de", "sw")
 INSTALL_HINT = (
     "pip install --no-deps ../shared/wheels/*.whl (t5x, airio, jestimator) and "
-    "pip install -e '.[t5x]'; see README, 'The t5x entry point'"
+    "pip install -e '.[t5x]'; see docs/t5x.md"
 )
 
 

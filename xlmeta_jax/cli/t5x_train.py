@@ -24,10 +24,10 @@ from xlmeta_jax import errors, logs, platforms
 from xlmeta_jax.cli import flags as gin_flags
 
 T5X_MAIN = "t5x.train"
-# What a command that needs t5x says where it is not installed (README, The t5x entry point).
+# What a command that needs t5x says where it is not installed (docs/t5x.md).
 T5X_MISSING = ("t5x is not installed (it is not on the package index): pip install -c "
                "constraints.txt -e '.[t5x]', then t5x, airio and jestimator with --no-deps "
-               "from git, as README's 'The t5x entry point' shows")
+               "from git, as docs/t5x.md shows")
 
 HELP_FLAGS = ("--help", "-h", "--helpfull", "--helpshort")
 

@@ -105,8 +105,8 @@ def main(argv=None) -> dict:
     try:
         import t5x.trainer  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"t5x_step_time needs t5x ({e.name} is missing); see README, "
-                         "'The t5x entry point'") from None
+        raise SystemExit(f"t5x_step_time needs t5x ({e.name} is missing); "
+                         "see docs/t5x.md") from None
     report = measure(args.size, args.batch, args.length, args.steps, args.rounds, args.dtype)
     ms = report["ms_per_step"]
     print(f"{report['size']} model, batch {report['batch']} x {report['length']} tokens, "
