@@ -28,7 +28,7 @@ import numpy as np
 from absl import app
 from t5x import trainer as t5x_trainer
 
-from xlmeta_jax import errors, logs
+from xlmeta_jax import errors, files, logs
 from xlmeta_jax.model import mlm
 from xlmeta_jax.pretrain import checks as validation
 from xlmeta_jax.pretrain import run_dir
@@ -129,6 +129,7 @@ def checked_model(
             f"positions (max_position_embeddings={config.max_position_embeddings})")
     if not model_dir:
         raise validation.ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
+    model_dir = files.user_path(model_dir, "MODEL_DIR")
     validation.check_model_dir(model_dir)
 
     if jax.process_index() == 0 and run_dir.RunLock.supported(model_dir) and not _locks:

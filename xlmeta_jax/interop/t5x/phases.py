@@ -34,7 +34,7 @@ from absl import logging
 from t5x import gin_utils as t5x_gin_utils
 from t5x import utils as t5x_utils
 
-from xlmeta_jax import errors, logs
+from xlmeta_jax import errors, files, logs
 from xlmeta_jax.data import seeds, tasks
 from xlmeta_jax.model import network
 from xlmeta_jax.pretrain import checkpoints
@@ -230,5 +230,5 @@ def summarize_config(
 
 
 def _absolute(path: str) -> str:
-    path = os.fspath(path)
+    path = files.user_path(path, "MODEL_DIR")
     return path if "://" in path else os.path.abspath(path)

@@ -28,7 +28,7 @@ from absl import flags
 from absl import logging as absl_logging
 from t5x import trainer as t5x_trainer
 
-from xlmeta_jax import errors, logs
+from xlmeta_jax import errors, files, logs
 from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.pretrain import progress as fmt
 
@@ -55,7 +55,7 @@ class ProgressAction(t5x_trainer.BaseAction):
     """
 
     def __init__(self, model_dir: str, total_steps: int, name: str | None = None):
-        self.model_dir = os.path.abspath(os.fspath(model_dir))
+        self.model_dir = os.path.abspath(files.user_path(model_dir, "MODEL_DIR"))
         self.total_steps = int(total_steps)
         self.name = name or os.path.basename(self.model_dir.rstrip("/")) or "train"
         self.step = None
