@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import gin
 
-from xlmeta_jax import errors, files
+from xlmeta_jax import errors
 from xlmeta_jax.errors import UserError
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
@@ -570,11 +570,3 @@ def bound(name: str, default):
 def config_text() -> str:
     """The full parsed config, as ``MODEL_DIR/config.gin`` records it."""
     return gin.config_str()
-
-
-def write_config(model_dir: str, filename: str = "config.gin") -> str:
-    """Writes the full parsed config (before anything ran) to MODEL_DIR."""
-    os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, filename)
-    files.write_atomic(path, gin.config_str())
-    return path

@@ -16,10 +16,6 @@ class SettingsError(errors.UserError, ValueError):
     """A fine-tuning setting is out of range; names its gin binding (``finetune.<field>``)."""
 
 
-def _count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -27,9 +23,9 @@ def _number(x) -> bool:
 # (fields, the rule in words, the check) of FineTuneSettings; None passes where allowed.
 _RULES = (
     (("max_seq_length", "doc_stride", "max_query_length", "max_answer_length", "n_best",
-      "batch_size", "eval_batch_size", "log_every"), "an integer > 0", _count),
+      "batch_size", "eval_batch_size", "log_every"), "an integer > 0", errors.is_count),
     (("train_steps", "eval_every", "max_train_examples", "max_eval_examples"),
-     "None or an integer > 0", lambda x: x is None or _count(x)),
+     "None or an integer > 0", lambda x: x is None or errors.is_count(x)),
     (("warmup_steps",), "an integer >= 0",
      lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0),
     (("learning_rate", "num_epochs", "adam_eps"), "a finite number > 0",

@@ -180,7 +180,7 @@ def experiment(
                        ("batch_size", batch_size), ("sequence_length", sequence_length)):
         if not errors.is_count(value):
             raise ExperimentError(f"experiment.{key}={value!r}: expected a positive integer")
-    if not isinstance(finetune_seeds, int) or finetune_seeds < 1:
+    if not errors.is_count(finetune_seeds):
         raise ExperimentError(f"experiment.finetune_seeds={finetune_seeds!r}: expected an "
                               "integer >= 1")
     if not isinstance(model, network.EncoderConfig):

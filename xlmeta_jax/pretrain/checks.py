@@ -90,8 +90,6 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
         seen.add(p.name)
         if p.has_own_data():
             _check_own_data(p, describe)
-        if p.num_steps <= 0:
-            raise ConfigError(f"{where}: num_steps must be > 0, got {p.num_steps}")
         if p.batch_size % data_parallel or p.batch_size % jax.process_count():
             raise ConfigError(
                 f"{where}: batch_size={p.batch_size} is not divisible by the data-parallel "

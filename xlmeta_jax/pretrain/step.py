@@ -127,10 +127,9 @@ def make_step_functions(
         axes or a parameter cannot be split on it (every such parameter is named).
     """
     partitioning.check_mesh_axes(mesh)
-    microbatches = check_microbatches(microbatches)
-    if rng_impl not in RNG_IMPLS:
-        raise ValueError(f"make_step_functions: unknown rng_impl={rng_impl!r}; "
-                         f"expected one of {RNG_IMPLS}")
+    # rng_impl and microbatches are checked where a run's config is built
+    # (pretrain/checks.py, the trainer); here they are used as given.
+    microbatches = int(microbatches)
     model = XLMRForMaskedLM(model_cfg)
     tx = make_optimizer(opt_cfg)
     schedule = learning_rate_schedule(opt_cfg)
@@ -223,31 +222,20 @@ def make_step_functions(
         abstract_state=abstract,
         init=init,
         from_params=from_params,
-        train_step=lambda s, b: train_step(s, _select(b, mesh, features, microbatches)),
-        eval_step=lambda s, b: eval_step(s, _select(b, mesh, features)),
+        train_step=lambda s, b: train_step(s, _select(b, features)),
+        eval_step=lambda s, b: eval_step(s, _select(b, features)),
         batch_sharding=batch_sharding,
         train_step_jit=train_step,
     )
 
 
-def _select(batch, mesh: Mesh, features=mlm.STEP_FEATURES, microbatches: int = 1):
-    """The step's features of ``batch``, checked against the mesh before any tracing."""
+def _select(batch, features=mlm.STEP_FEATURES):
+    """The step's features of ``batch`` (the batch's shape is the run's, checked once
+    where its config is built: pretrain/checks.py)."""
     missing = [k for k in features if k not in batch]
     if missing:
         raise KeyError(f"MLM batch is missing features {missing}; has {sorted(batch)}")
-    selected = {k: batch[k] for k in features}
-    shards = partitioning.batch_shards(mesh)
-    for name, value in selected.items():
-        shape = tuple(value.shape)
-        if len(shape) != 2:
-            raise ValueError(f"MLM batch feature {name!r} must be 2-D [batch, ...], got {shape}")
-        if shape[0] % (shards * microbatches):
-            per = f"{microbatches} microbatches x " if microbatches > 1 else ""
-            raise partitioning.MeshShapeError(
-                f"MLM batch feature {name!r} has batch size {shape[0]}, which is not divisible "
-                f"by {per}data x fsdp = {shards} devices of mesh {dict(mesh.shape)}"
-            )
-    return selected
+    return {k: batch[k] for k in features}
 
 
 def check_microbatches(microbatches) -> int:
