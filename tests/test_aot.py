@@ -33,7 +33,7 @@ def test_slice_names_map_to_libtpu_topologies(name, topology, devices, config):
 
 
 def test_remat_order_covers_the_networks_policies():
-    assert set(aot_compile.REMAT_BY_COST) == {"none", *network._REMAT_POLICIES}
+    assert set(aot_compile.REMAT_BY_COST) == {"none", *network.REMAT_POLICIES}
     assert aot_compile.REMAT_BY_COST[0] == "none" and aot_compile.REMAT_BY_COST[-1] == "full"
 
 

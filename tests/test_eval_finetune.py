@@ -84,7 +84,7 @@ def test_bad_inputs_fail_before_training(shared_data, vocab, tmp_path):
         finetune(FineTuneConfig.from_kwargs(task="xnli", max_seq_length=256, **common))
     with pytest.raises(errors.UserError, match="unknown arguments"):
         finetune_cli.main(["--gin_file=finetune/xnli.gin", "--steps=3"])
-    with pytest.raises(errors.UserError, match="--seeds needs a positive integer"):
+    with pytest.raises(errors.UserError, match="argument --seeds: needs a positive integer"):
         finetune_cli.main(["--gin_file=finetune/xnli.gin", "--seeds=0"])
 
 

@@ -183,6 +183,19 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+def positive_int(value: str) -> int:
+    """argparse ``type=`` of a count flag (``--seeds=N``): an integer > 0."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"needs a positive integer, got {value!r}")
+    return int(value)
+
+
+def own_flags(parser: argparse.ArgumentParser, argv: Sequence[str]):
+    """A gin command's own flags, parsed by argparse like every tool's; the rest (gin's
+    flags, the multi-host ones) returned in order for the next parser."""
+    return parser.parse_known_args(list(argv))
+
+
 def add_debug_flag(parser) -> None:
     """Lists ``--debug`` in an argparse command's ``--help`` (run_command consumes it)."""
     parser.add_argument(DEBUG_FLAG, action="store_true",

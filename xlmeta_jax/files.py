@@ -1,7 +1,8 @@
 """Files and folders written whole: a reader (or a rerun after a crash) sees the old
 content or the new, never a half-written one. Results, reports, configs and the "done"
 markers of runs and experiments are written this way (:func:`write_atomic`), and so are
-the folders prepared once for a run, such as the demo's corpus (:func:`built_whole`)."""
+the folders prepared once for a run, such as the demo's corpus (:func:`built_whole`).
+The paths a user types are read here too, as a shell reads them (:func:`user_path`)."""
 
 from __future__ import annotations
 

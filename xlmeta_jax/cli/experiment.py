@@ -51,8 +51,12 @@ def main(argv: Sequence[str]) -> dict | None:
         flags = gin_cli.parse_gin_flags(argv)
     except ValueError as e:
         raise runner.ExperimentError(str(e)) from None
-    dry_run = "--dry_run" in flags.remaining
-    rest = train_cli.initialize_distributed([a for a in flags.remaining if a != "--dry_run"])
+    own = errors.ArgumentParser(prog="python -m xlmeta_jax.experiment", add_help=False,
+                                allow_abbrev=False)
+    own.add_argument("--dry_run", action="store_true")
+    own, rest = errors.own_flags(own, flags.remaining)
+    dry_run = own.dry_run
+    rest = train_cli.initialize_distributed(rest)
     if rest:
         raise runner.ExperimentError(f"unknown arguments {rest} (see --help)")
     if not flags.gin_files:

@@ -60,25 +60,18 @@ def help_text() -> str:
     )
 
 
-def _pop_seeds(argv: list[str]) -> tuple[list[str], int | None]:
-    """``--seeds=N`` / ``--seeds N`` taken out of argv (None when absent)."""
-    rest, seeds, it = [], None, iter(argv)
-    for arg in it:
-        name, eq, value = arg.partition("=")
-        if name != "--seeds":
-            rest.append(arg)
-            continue
-        value = value if eq else next(it, "")
-        if not value.isdigit() or int(value) < 1:
-            raise errors.UserError(f"--seeds needs a positive integer, got {value!r}")
-        seeds = int(value)
-    return rest, seeds
+def _own_flags() -> errors.ArgumentParser:
+    parser = errors.ArgumentParser(prog="python -m xlmeta_jax.finetune", add_help=False,
+                                   allow_abbrev=False)
+    parser.add_argument("--seeds", type=errors.positive_int, default=None)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Parses gin flags and ``--seeds``, runs the configured ``finetune``, prints its table."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    argv, seeds = _pop_seeds(argv)
+    own, argv = errors.own_flags(_own_flags(), argv)
+    seeds = own.seeds
     if not gin_cli.wants_help(argv):
         # Every host of a pod would fine-tune alone and write the same MODEL_DIR: refuse
         # before any checkpoint or data is read and before MODEL_DIR exists.

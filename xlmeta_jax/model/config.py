@@ -17,7 +17,7 @@ from xlmeta_jax import errors
 
 DType = Any
 
-_REMAT_POLICIES = {
+REMAT_POLICIES = {
     # Recompute everything in the backward pass (least memory).
     "full": None,
     # Keep matmul outputs without batch dims (weights-stationary); recompute the rest.
@@ -95,10 +95,10 @@ class EncoderConfig:
                 f"EncoderConfig: hidden_size={self.hidden_size} is not divisible by "
                 f"num_heads={self.num_heads}"
             )
-        if self.remat_policy not in ("none", *_REMAT_POLICIES):
+        if self.remat_policy not in ("none", *REMAT_POLICIES):
             raise ModelConfigError(
                 f"EncoderConfig: unknown remat_policy={self.remat_policy!r}; expected one "
-                f"of {['none', *_REMAT_POLICIES]}"
+                f"of {['none', *REMAT_POLICIES]}"
             )
         if self.dropout_mask_bits not in DROPOUT_MASK_BITS:
             raise ModelConfigError(

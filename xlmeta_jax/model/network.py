@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from xlmeta_jax.model.config import (  # noqa: F401 - the encoder's config, named here too
-    _REMAT_POLICIES,
     DROPOUT_MASK_BITS,
+    REMAT_POLICIES,
     SIZES,
     EncoderConfig,
     ModelConfigError,
@@ -305,7 +305,7 @@ class Encoder(nn.Module):
         if cfg.remat_policy != "none":
             layer_cls = nn.remat(
                 EncoderLayer,
-                policy=_REMAT_POLICIES[cfg.remat_policy],
+                policy=REMAT_POLICIES[cfg.remat_policy],
                 prevent_cse=not cfg.scan_layers,
                 static_argnums=(3,),
             )

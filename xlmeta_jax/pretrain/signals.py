@@ -74,20 +74,22 @@ class StopSignals:
     def _watch(self, read_fd: int) -> None:
         """Counts signals as they arrive; ends the process on a second one the main
         thread's handler has not taken within the grace period."""
-        while not self._done.is_set():
-            try:
-                data = os.read(read_fd, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum not in SIGNALS:
-                    continue
-                self._arrived += 1
-                if self._arrived >= 2 and not self._at_once and not self._done.wait(
-                        STOP_NOW_GRACE_SECONDS) and self._received < self._arrived:
-                    _stop_now(signum)
+        try:
+            while not self._done.is_set():
+                data = os.read(read_fd, 64)  # b"" once __exit__ closes the write end
+                if not data:
+                    return
+                for signum in data:
+                    if signum not in SIGNALS:
+                        continue
+                    self._arrived += 1
+                    if self._arrived >= 2 and not self._at_once and not self._done.wait(
+                            STOP_NOW_GRACE_SECONDS) and self._received < self._arrived:
+                        _stop_now(signum)
+        except OSError:
+            return
+        finally:
+            os.close(read_fd)  # the watcher's own: never closed under a read in flight
 
     def _restore(self):
         for sig, handler in self._previous.items():
@@ -121,11 +123,10 @@ class StopSignals:
         self._restore()
         self._done.set()
         if self._wakeup is not None:
-            read_fd, write_fd, previous = self._wakeup
+            _, write_fd, previous = self._wakeup
             self._wakeup = None
             signal.set_wakeup_fd(previous)
             os.close(write_fd)  # the watcher's read returns b"" and it ends
-            os.close(read_fd)
 
     def requested(self, *, sync_point: bool) -> bool:
         """Whether to stop now.

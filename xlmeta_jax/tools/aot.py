@@ -374,14 +374,15 @@ def parse_args(argv: Sequence[str]):
         flags = gin_cli.parse_gin_flags(argv)
     except ValueError as e:
         raise AotError(str(e)) from None
-    names, search, rest = [], True, []
-    for arg in flags.remaining:
-        if arg.startswith("--topology="):
-            names += [s for s in arg.split("=", 1)[1].split(",") if s]
-        elif arg == "--no_search":
-            search = False
-        else:
-            rest.append(arg)
+    own = errors.ArgumentParser(prog=f"python -m {PROG}", add_help=False, allow_abbrev=False)
+    own.add_argument("--topology", action="append", default=[])
+    own.add_argument("--no_search", action="store_true")
+    try:
+        own, rest = errors.own_flags(own, flags.remaining)
+    except errors.UsageError as e:
+        raise AotError(str(e)) from None
+    names = [s for arg in own.topology for s in arg.split(",") if s]
+    search = not own.no_search
     if rest:
         raise AotError(f"unknown arguments {rest} (see --help)")
     if not names:
