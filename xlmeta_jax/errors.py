@@ -190,10 +190,10 @@ def positive_int(value: str) -> int:
     return int(value)
 
 
-def own_flags(parser: argparse.ArgumentParser, argv: Sequence[str]):
-    """A gin command's own flags, parsed by argparse like every tool's; the rest (gin's
-    flags, the multi-host ones) returned in order for the next parser."""
-    return parser.parse_known_args(list(argv))
+def own_flags_parser(prog: str) -> ArgumentParser:
+    """The parser of a gin command's own flags (argparse, like every tool's): its
+    ``parse_known_args`` returns the rest (gin's flags, the multi-host ones) in order."""
+    return ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
 
 
 def add_debug_flag(parser) -> None:

@@ -51,10 +51,9 @@ def main(argv: Sequence[str]) -> dict | None:
         flags = gin_cli.parse_gin_flags(argv)
     except ValueError as e:
         raise runner.ExperimentError(str(e)) from None
-    own = errors.ArgumentParser(prog="python -m xlmeta_jax.experiment", add_help=False,
-                                allow_abbrev=False)
+    own = errors.own_flags_parser("python -m xlmeta_jax.experiment")
     own.add_argument("--dry_run", action="store_true")
-    own, rest = errors.own_flags(own, flags.remaining)
+    own, rest = own.parse_known_args(flags.remaining)
     dry_run = own.dry_run
     rest = train_cli.initialize_distributed(rest)
     if rest:

@@ -61,8 +61,7 @@ def help_text() -> str:
 
 
 def _own_flags() -> errors.ArgumentParser:
-    parser = errors.ArgumentParser(prog="python -m xlmeta_jax.finetune", add_help=False,
-                                   allow_abbrev=False)
+    parser = errors.own_flags_parser("python -m xlmeta_jax.finetune")
     parser.add_argument("--seeds", type=errors.positive_int, default=None)
     return parser
 
@@ -70,7 +69,7 @@ def _own_flags() -> errors.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     """Parses gin flags and ``--seeds``, runs the configured ``finetune``, prints its table."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    own, argv = errors.own_flags(_own_flags(), argv)
+    own, argv = _own_flags().parse_known_args(argv)
     seeds = own.seeds
     if not gin_cli.wants_help(argv):
         # Every host of a pod would fine-tune alone and write the same MODEL_DIR: refuse

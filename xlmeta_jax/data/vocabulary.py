@@ -334,7 +334,7 @@ def train_vocabulary(
     created = not os.path.exists(out_dir)
     # --num_lines is the sample's size, reached by repeating lines where a language has
     # fewer than its share of the sample: say how much text that is.
-    distinct = sorted(set(all_lines))
+    distinct = set(all_lines)
     logging.info("training the %d-piece SentencePiece model (%d threads) on %d sampled "
                  "lines, %d of them distinct%s", int(vocab_size), int(num_threads),
                  len(all_lines), len(distinct), "" if len(distinct) == len(all_lines) else
@@ -353,7 +353,7 @@ def train_vocabulary(
             # The pieces a text allows follow from its distinct lines, but SentencePiece
             # says "too high" only after its whole run on the repeated sample: a run on
             # the distinct lines (twice, so every substring is frequent) says it first.
-            trial = _write_lines(os.path.join(tmp, "distinct.txt"), distinct * 2)
+            trial = _write_lines(os.path.join(tmp, "distinct.txt"), sorted(distinct) * 2)
             try:
                 train(os.path.join(tmp, "trial"), input_file=trial)
             except VocabularyError as e:

@@ -374,11 +374,11 @@ def parse_args(argv: Sequence[str]):
         flags = gin_cli.parse_gin_flags(argv)
     except ValueError as e:
         raise AotError(str(e)) from None
-    own = errors.ArgumentParser(prog=f"python -m {PROG}", add_help=False, allow_abbrev=False)
+    own = errors.own_flags_parser(f"python -m {PROG}")
     own.add_argument("--topology", action="append", default=[])
     own.add_argument("--no_search", action="store_true")
     try:
-        own, rest = errors.own_flags(own, flags.remaining)
+        own, rest = own.parse_known_args(flags.remaining)
     except errors.UsageError as e:
         raise AotError(str(e)) from None
     names = [s for arg in own.topology for s in arg.split(",") if s]
