@@ -197,9 +197,9 @@ def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):
     }  # fmt: skip
     stats = text_files.corpus_stats(files)
     assert sum(s.documents for s in stats) > 300
-    tasks.register(vocab_path=toy["vocab"])
-    with pytest.raises(text_files.CorpusError, match="english_files"):
-        _iterator(mesh, names.ENGLISH_TEXT_TASK)
+    registered = tasks.register(vocab_path=toy["vocab"])
+    with pytest.raises(text_files.CorpusError, match="no corpus configured: set ENGLISH_FILES"):
+        tasks.check_registered(names.ENGLISH_TEXT_TASK, registered)
     tasks.register(vocab_path=toy["vocab"], english_files=[str(tmp_path / "en" / "*.txt")])
     it = _iterator(mesh, names.ENGLISH_TEXT_TASK, sequence_length=128)
     batch = _host(next(it))

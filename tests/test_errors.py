@@ -98,7 +98,7 @@ BAD_BINDINGS = [
     (["--gin_file"], ["flag --gin_file needs a value"]),
     (["--gin.xlmeta_jax.pretrain.trainer.train.mesh_shape=(3, 1, 1)"], ["mesh_shape", "(3, 1, 1)"]),
     (["--gin.BATCH_SIZE=12"], ["batch_size=12 is not divisible"]),
-    (["--gin.SEQUENCE_LENGTH=4096"], ["sequence_length=4096 exceeds"]),
+    (["--gin.SEQUENCE_LENGTH=4096"], ["sequence_length (SEQUENCE_LENGTH) = 4096 exceeds"]),
     (["--gin.xlmeta_jax.pretrain.trainer.train.rng_impl='philox'"], ["rng_impl='philox'"]),
     # A run whose stored config differs: named field, not Orbax's "strict=False" dump.
     (["--gin.xlmeta_jax.model.network.get_config.hidden_size=32"],
@@ -109,8 +109,8 @@ BAD_BINDINGS = [
       "--gin.phase1/xlmeta_jax.model.optimizer.OptimizerConfig.total_steps=8"],
      ["EncoderConfig.num_layers=2", "asks for 3"]),
     (["--gin.SEQUENCE_LENGTH=16"], ["sequence_length=32", "asks for 16"]),
-    (["--gin.SEQUENCE_LENGTH=2"], ["sequence_length (SEQUENCE_LENGTH) = 2 is below",
-                                   "8 tokens"]),
+    (["--gin.SEQUENCE_LENGTH=2"],
+     ["sequence_length (SEQUENCE_LENGTH) = 2 must be an integer of at least", "8 tokens"]),
     (["--gin.META_STEPS=2"], ["phase1/4 is at step 4", "num_steps=2"]),
     # In range, but at L=32 it predicts nothing in almost every block: refused, not trained.
     (["--gin.MASK_RATE=0.001"], ["masking rate 0.001 (MASK_RATE) selects 0.03 of a block's 30",
@@ -578,8 +578,11 @@ def data_spm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data_spm")
     text = folder / "en.txt"
     _write_toy_text(text)
+    # A sample of the text's own size (the default, 2M lines, repeats its 300 lines for
+    # minutes of training on repeats).
     return vocabulary.train_vocabulary({"en": [os.fspath(text)]}, os.fspath(folder / "v"), 400,
-                                       alpha=0.3, seed=0, num_threads=1, print_report=False)
+                                       alpha=0.3, seed=0, num_lines=600, num_threads=1,
+                                       print_report=False)
 
 
 @pytest.mark.parametrize("kind, why", [("missing", "does not exist"),

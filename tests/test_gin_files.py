@@ -64,7 +64,7 @@ def _evaluated_train_args(monkeypatch, gin_file, bindings=()):
     class Stop(Exception):
         pass
 
-    def fake_iterator(run, phase, seed):
+    def fake_iterator(run, phase, seed, mesh):
         seen.setdefault("phases", []).append(phase)
         seen["model"] = run.model
         return None

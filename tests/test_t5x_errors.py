@@ -64,7 +64,8 @@ def _assert_refused(out, *parts):
      ["CC-100 language 'af': no file matches"]),
     (["--gin.PHASE=2"], ["phase 2 starts from phase 1's final checkpoint", "--gin.PHASE=1"]),
     (["--gin.MASK_RATE=1.5"], ["MASK_RATE: masking rate must be a number in (0, 1), got 1.5"]),
-    (["--gin.SEQUENCE_LENGTH=2"], ["SEQUENCE_LENGTH = 2: must be an integer of at least 8"]),
+    (["--gin.SEQUENCE_LENGTH=2"],
+     ["sequence length (SEQUENCE_LENGTH) = 2 must be an integer of at least 8"]),
     # gin takes any NAME = VALUE as a macro: a misspelt one would train on BATCH_SIZE's default.
     (["--gin.BATCH_SIZ=4"], ["unknown gin macro 'BATCH_SIZ'", "did you mean BATCH_SIZE?"]),
     (["--gin_bindings=NOT_A_MACRO = 1"], ["unknown gin macro 'NOT_A_MACRO'"]),

@@ -101,19 +101,10 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"microbatches (MICROBATCHES) of a multiple of the data-parallel mesh size "
                 f"{data_parallel} (mesh {shape})"
             )
-        if p.sequence_length < mlm.MIN_SEQUENCE_LENGTH:
-            source = describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.sequence_length")
-            raise ConfigError(
-                f"{where}: sequence_length ({source}) = {p.sequence_length} is below the "
-                f"shortest block the MLM tasks pack, {mlm.MIN_SEQUENCE_LENGTH} tokens"
-            )
+        check_sequence_length(
+            p.sequence_length, model, where=f"{where}: sequence_length",
+            source=describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.sequence_length"))
         _check_predictions(p, masking, describe)
-        if p.sequence_length > model.max_length:
-            raise ConfigError(
-                f"{where}: sequence_length={p.sequence_length} exceeds the model's "
-                f"{model.max_length} positions (max_position_embeddings="
-                f"{model.max_position_embeddings}, pad_token_id={model.pad_token_id})"
-            )
         # With reset_schedule=False a phase continues its init_from phase's step count,
         # so its schedule must reach that offset plus its own steps.
         offset = 0
@@ -131,6 +122,29 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"{offset + p.num_steps - total} steps would train at its end learning rate"
             )
     return shape
+
+
+def check_sequence_length(length, model: network.EncoderConfig | None, *, where: str,
+                          source: str) -> None:
+    """Raises ConfigError unless ``length`` fits the MLM tasks' blocks and the model.
+
+    Both trainers check their block length here (ours per phase, t5x's SEQUENCE_LENGTH).
+
+    Args:
+      length: the block length (tokens per example).
+      model: the encoder (None: its positions are not checked).
+      where: what is checked, as the message starts (``phase 'phase1': sequence_length``).
+      source: where the value was set (its gin macro or binding).
+    """
+    if not errors.is_count(length) or length < mlm.MIN_SEQUENCE_LENGTH:
+        raise ConfigError(
+            f"{where} ({source}) = {length!r} must be an integer of at least "
+            f"{mlm.MIN_SEQUENCE_LENGTH} tokens (the shortest block the MLM tasks pack)")
+    if model is not None and length > model.max_length:
+        raise ConfigError(
+            f"{where} ({source}) = {length} exceeds the model's {model.max_length} positions "
+            f"(max_position_embeddings={model.max_position_embeddings}, "
+            f"pad_token_id={model.pad_token_id})")
 
 
 def _check_predictions(p: Phase, masking: mlm.Masking, describe: Callable[[str], str]) -> None:

@@ -1,6 +1,6 @@
 """A phase's starting state: from an earlier phase's checkpoint, or initial parameters.
 
-The trainer's init/resume precedence (its comment in :func:`trainer._train_phase`) picks
+The trainer's init/resume precedence (its comment in :func:`trainer._initial_state`) picks
 one of these when a phase has no checkpoint of its own yet.
 """
 

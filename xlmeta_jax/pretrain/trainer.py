@@ -5,6 +5,11 @@ the 100-language mixture starting from phase 1's final parameters — and the
 single-phase XLM-R baseline is one phase. Which phases run is gin config
 (gin/native/meta.gin, gin/native/xlmr.gin, gin/demo.gin); the command line is
 :mod:`xlmeta_jax.train`. A run resumes where it stopped.
+
+Read top to bottom: :func:`train` checks the settings and fixes them in a frozen
+:class:`_RunConfig`; :func:`_train_all` builds every phase's input pipeline and runs the
+phases in order; :func:`_train_phase` is one phase: its initial state
+(:func:`_initial_state`, the init/resume precedence), the step loop, the phase's end.
 """
 
 from __future__ import annotations
@@ -51,41 +56,16 @@ __all__ = ["SYNTHETIC", "Phase", "train"]
 
 log = logging.getLogger("xlmeta_jax.train")
 
-def _make_iterator(run: _Run, phase: Phase, seed: int):
-    if phase.task == SYNTHETIC:
-        return SyntheticMLMIterator(
-            sequence_length=phase.sequence_length,
-            global_batch_size=phase.batch_size,
-            mesh=run.mesh,
-            seed=seed,
-            vocab_size=run.model.vocab_size,
-            # The masking setting (gin: MASK_RATE, or the phase's) shapes synthetic batches too.
-            masking=phase.corpora(run.corpora).masking,
-        )
-    # Registers the corpora's seqio tasks, and each phase with data of its own once more
-    # under its own names, then reads the phase's task or mixture.
-    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
 
-    views = {p.view_suffix(): tasks.reading(p.task, p.corpora(run.corpora))
-             for p in run.phases if p.source() != p.task}
-    registered = tasks.register(run.corpora, views=views)
-    tasks.check_registered(phase.source(), registered)
-    return run.feeder(phase.source(), sequence_length=phase.sequence_length,
-                      global_batch_size=phase.batch_size, mesh=run.mesh, seed=seed)
+@dataclasses.dataclass(frozen=True)
+class _RunConfig:
+    """One run's settings, as :func:`train` checked them; the same for every phase."""
 
-
-# ============================================================================
-# One phase.
-# ============================================================================
-
-
-@dataclasses.dataclass
-class _Run:
-    """Settings shared by every phase of one run."""
-
-    model_dir: str
+    model_dir: str  # absolute
     model: network.EncoderConfig
-    phases: list
+    phases: tuple[Phase, ...]
+    # Each phase's data and dropout seed (seeds.phase_seed: run seed, task, occurrence).
+    phase_seeds: tuple[int, ...]
     seed: int
     checkpoint_every: int
     keep_checkpoints: int | None
@@ -95,255 +75,10 @@ class _Run:
     vocab_path: str | None
     peak_flops: float | None
     rng_impl: str
-    microbatches: int = 1
-    # Where the phases' batches come from (see train()).
-    corpora: Corpora = dataclasses.field(default_factory=Corpora)
-    feeder: Any = feeding.make_mlm_iterator
-    # MODEL_DIR/config.gin's text (None: not written).
-    config_text: str | None = None
-    # Ctrl-C / SIGTERM handling while training (None: default signal behaviour).
-    stop: Any = None
-    mesh: Any = None
-    # Each phase's data and dropout seed (seeds.phase_seed: run seed, task, occurrence).
-    phase_seeds: list = dataclasses.field(default_factory=list)
-    # Each phase's input-stream seed: its phase seed, or seeds.reseeded once it resumed on
-    # another process count (recorded in its checkpoints as stream_seed).
-    stream_seeds: list = dataclasses.field(default_factory=list)
-    # Phases resuming on another process count: their iterators start anew (not restored).
-    reseeded: set = dataclasses.field(default_factory=set)
-    # config.gin still to be (re)written: at this run's first checkpoint, so that a rerun
-    # failing before it (a NaN, a bad binding found late) leaves the stored config alone.
-    config_pending: bool = False
-    complete: set = dataclasses.field(default_factory=set)  # phases done (check_stored_run)
-
-
-def _train_phase(run: _Run, index: int, phase: Phase, iterator) -> dict:
-    """Initialises or resumes one phase, trains it to the end, returns its summary."""
-    model, phases = run.model, run.phases
-    phase_dir = os.path.join(run.model_dir, phase.name)
-    phase_seed = run.phase_seeds[index]
-    fns = step.make_step_functions(
-        model, phase.optimizer_config(), run.mesh, seed=phase_seed,
-        rng_impl=run.rng_impl, microbatches=run.microbatches,
-    )
-    ckpt = checkpoints.PhaseCheckpoints(
-        phase_dir,
-        save_interval_steps=run.checkpoint_every,
-        max_to_keep=run.keep_checkpoints,
-        async_save=run.async_checkpointing,
-    )
-    steps_after = sum(p.num_steps for p in phases[index + 1 :])
-
-    # ------------------------------------------------------ init / resume
-    # Precedence: (1) this phase's own latest checkpoint (state + data
-    # iterator: a resume; a phase 2 with checkpoints is never re-initialised);
-    # (2) init_from: params of that earlier phase's *final* checkpoint, with
-    # fresh or carried-over optimizer moments / schedule per the flags;
-    # (3) INITIAL_CHECKPOINT_PATH params for a phase without init_from;
-    # (4) random init from the seed.
-    # (The stored config matches the requested one: checked by checks.check_stored_run.)
-    latest = ckpt.latest_step()
-    provenance = None
-    step_offset = 0
-    if latest == phase.num_steps:
-        # Complete (and verified readable by _train_all): nothing to restore.
-        meta = ckpt.read_meta(latest)
-        ckpt.close()
-        log.info("[%s] already complete at %s", phase.name, ckpt.step_dir(latest))
-        return _phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
-                              meta.get("initialized_from"), steps_run=0, wall=0.0)
-    if latest is not None:
-        # (Its data seed equals this run's: checked by checks.check_stored_run.) On another
-        # process count the streams restart (run.reseeded): the iterator is not restored.
-        state, meta = ckpt.restore(latest, fns.abstract_state,
-                                   None if phase.name in run.reseeded else iterator)
-        phase_step = int(meta["phase_step"])
-        step_offset = int(meta["step_offset"])
-        provenance = meta.get("initialized_from")
-        log.info("[%s] resuming from %s (step %d/%d)", phase.name, ckpt.step_dir(latest),
-                 phase_step, phase.num_steps)
-    else:
-        phase_step = 0
-        if phase.init_from is not None:
-            prev = checkpoints.PhaseCheckpoints(
-                os.path.join(run.model_dir, phase.init_from), save_interval_steps=1,
-                max_to_keep=None, read_only=True,
-            )
-            prev_step = prev.latest_step()
-            prev.close()
-            prev_phase = next(p for p in phases if p.name == phase.init_from)
-            if prev_step is None or prev_step != prev_phase.num_steps:
-                raise checkpoints.CheckpointError(
-                    f"[{phase.name}] init_from={phase.init_from!r}: no final checkpoint "
-                    f"(step {prev_phase.num_steps}) in {prev.directory}; latest is {prev_step}"
-                )
-            run_dir.check_stored_config(os.fspath(prev.step_dir(prev_step)),
-                                        prev.read_meta(prev_step), model, prev_phase)
-            provenance = os.fspath(prev.step_dir(prev_step))
-            state = handoff.handoff_state(fns, provenance,
-                                          reset_optimizer=phase.reset_optimizer,
-                                          reset_schedule=phase.reset_schedule)
-            step_offset = int(state.step)
-            log.info("[%s] initialised from %s (reset_optimizer=%s, reset_schedule=%s)",
-                     phase.name, provenance, phase.reset_optimizer, phase.reset_schedule)
-        elif index == 0 and run.initial_checkpoint_path:
-            params = handoff.initial_params(run.initial_checkpoint_path, model)
-            state = fns.from_params(jax.device_put(params, fns.state_sharding.params))
-            provenance = run.initial_checkpoint_path
-            log.info("[%s] parameters from %s", phase.name, provenance)
-        else:
-            state = fns.init(jax.random.key(run.seed))
-
-    def meta_for(pstep, metrics):
-        return {
-            "phase": phase.name,
-            "phase_step": pstep,
-            "num_steps": phase.num_steps,
-            "step_offset": step_offset,
-            "task": phase.task,
-            # The phase's own data settings (None: the run's; see Phase).
-            "languages": phase.languages and list(phase.languages),
-            "alpha": phase.alpha,
-            "mask_rate": phase.mask_rate,
-            "data_seed": phase_seed,
-            "stream_seed": run.stream_seeds[index],
-            "process_count": jax.process_count(),
-            "batch_size": phase.batch_size,
-            "sequence_length": phase.sequence_length,
-            "model_config": dataclasses.asdict(model),
-            "vocab_path": run.vocab_path,
-            "initialized_from": provenance,
-            "metrics": metrics,
-            # The run's phases in order: MODEL_DIR resolves to the last one (loading.py).
-            "run_phases": [p.name for p in run.phases],
-        }
-
-    # ---------------------------------------------------------- train loop
-    writer = progress.Writer(os.path.join(phase_dir, "train"))
-    # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.model.mlm).
-    slots = iterator.element_spec["mlm_positions"].shape[-1]
-    flops_per_token = flops.mlm_flops_per_token(model, phase.sequence_length, slots)
-    tokens_per_step = phase.batch_size * phase.sequence_length
-    last_metrics = dict(meta["metrics"]) if latest is not None and meta.get("metrics") else {}
-    t_phase = time.time()
-    t_log, steps_since_log = time.time(), 0
-    first_step = phase_step
-    pending = None  # (phase_step, device metrics) checked one step late
-
-    # Tokens predicted since the last progress line, and that window's first step.
-    predictions, window_first = 0.0, phase_step + 1
-
-    def check(pstep, metrics):
-        nonlocal predictions
-        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        predictions += host["num_predictions"]
-        if not math.isfinite(host["loss"]):
-            # The save in flight holds an earlier, finite state: finished, it leaves no
-            # temporary folder, and config.gin (written with it) names a real checkpoint.
-            ckpt.wait()
-            last = ckpt.latest_step()
-            last = "no checkpoint yet" if last is None else f"last checkpoint: {last}"
-            raise errors.NonFiniteError(
-                f"[{phase.name}] non-finite loss {host['loss']} at step {pstep} (global step "
-                f"{pstep + step_offset}); {last}. Lower the learning rate or check the data."
-            )
-        return host
-
-    if first_step == 0:
-        log.info("[%s] compiling the train step and reading the first batch", phase.name)
-    while phase_step < phase.num_steps:
-        batch = next(iterator)
-        state, metrics = fns.train_step(state, batch)
-        phase_step += 1
-        steps_since_log += 1
-        if phase_step == first_step + 1 and phase_step % run.log_every:
-            # This process's first step compiled the step: its time is no step's time (the
-            # first rate and ETA after a start or a resume would include the compile).
-            t_log, steps_since_log = time.time(), 0
-        if pending is not None:
-            last_metrics = check(*pending)
-        pending = (phase_step, metrics)
-        done = phase_step == phase.num_steps
-        save_now = done or ckpt.manager.should_save(phase_step)
-        if phase_step % run.log_every == 0 or save_now:
-            last_metrics = check(*pending)
-            pending = None
-        if phase_step % run.log_every == 0 or done:
-            if predictions == 0:
-                ckpt.wait()  # as for a non-finite loss: no save left half-written
-                raise errors.NothingTrainedError(
-                    f"[{phase.name}] steps {window_first} to {phase_step} predicted no token "
-                    "(no position was masked): nothing trains; check the masking rate "
-                    "(MASK_RATE) and the data")
-            predictions, window_first = 0.0, phase_step + 1
-            elapsed = time.time() - t_log
-            tok_s = tokens_per_step * steps_since_log / max(elapsed, 1e-9)
-            step_s = elapsed / steps_since_log
-            remaining = (phase.num_steps - phase_step) + steps_after
-            peak = run.peak_flops
-            mfu = flops_per_token * tok_s / (peak * jax.device_count()) if peak else None
-            scalars = dict(last_metrics, tokens_per_second=tok_s, step_time=step_s)
-            if mfu is not None:
-                scalars["mfu"] = mfu
-            writer.scalars(phase_step, scalars)
-            log.info(
-                "[%s] step %d/%d | loss %.4f | acc %.4f | lr %.3g | gnorm %.3g | "
-                "%s tok/s | MFU %s | ETA %s",
-                phase.name, phase_step, phase.num_steps, last_metrics["loss"],
-                last_metrics["accuracy"], last_metrics["learning_rate"],
-                last_metrics["grad_norm"], progress.fmt_rate(tok_s),
-                f"{100 * mfu:.1f}%" if mfu is not None else "n/a",
-                progress.fmt_duration(remaining * step_s),
-            )
-            t_log, steps_since_log = time.time(), 0
-        if save_now and ckpt.save(phase_step, state, iterator, meta_for(phase_step, last_metrics),
-                                  force=done) and run.config_pending:
-            _write_config(run)
-            run.config_pending = False
-        sync_point = save_now or phase_step % run.log_every == 0
-        if not done and run.stop is not None and run.stop.requested(sync_point=sync_point):
-            if pending is not None:
-                last_metrics, pending = check(*pending), None
-            _stop_with_checkpoint(phase, ckpt, phase_step, state, iterator,
-                                  meta_for(phase_step, last_metrics), saved=save_now)
-
-    # --------------------------------------------------------- phase end
-    ckpt.wait()
-    final_step = ckpt.latest_step()
-    ckpt.close()
-    writer.close()
-    return _phase_summary(phase, last_metrics, ckpt.step_dir(final_step), provenance,
-                          steps_run=phase.num_steps - first_step, wall=time.time() - t_phase)
-
-
-def _stop_with_checkpoint(phase, ckpt, phase_step, state, iterator, meta, *, saved):
-    """Writes (or finishes) the checkpoint of ``phase_step`` and stops the run."""
-    # A second signal meanwhile ends the process at once (signals.StopSignals): the
-    # write in flight never looks like a checkpoint, and the next run removes it.
-    if not saved:
-        ckpt.save(phase_step, state, iterator, meta, force=True)
-    ckpt.wait()
-    latest = ckpt.latest_step()
-    ckpt.close()
-    raise errors.Interrupted(
-        f"[{phase.name}] stopped at step {phase_step}/{phase.num_steps}; rerunning the "
-        f"same command resumes from {ckpt.step_dir(latest)}"
-    )
-
-
-def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
-    return {
-        "phase": phase.name,
-        "task": phase.source(),
-        "steps": phase.num_steps,
-        "steps_run_now": steps_run,
-        "final_loss": metrics.get("loss"),
-        "final_accuracy": metrics.get("accuracy"),
-        "tokens": phase.num_steps * phase.batch_size * phase.sequence_length,
-        "wall_seconds_now": wall,
-        "checkpoint": os.fspath(step_dir),
-        "initialized_from": provenance,
-    }
+    microbatches: int
+    corpora: Corpora
+    feeder: Callable[..., Any]
+    config_text: str | None  # MODEL_DIR/config.gin's text (None: not written)
 
 
 # ============================================================================
@@ -429,28 +164,32 @@ def train(
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
-    vocab_path = checkpoints.absolute(vocab_path) if vocab_path else None
+    cfg = _RunConfig(
+        model_dir=model_dir, model=model, phases=tuple(phases),
+        phase_seeds=tuple(seeds.phase_seeds([p.source() for p in phases], seed)), seed=seed,
+        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+        async_checkpointing=async_checkpointing, log_every=log_every,
+        initial_checkpoint_path=initial_checkpoint_path,
+        vocab_path=checkpoints.absolute(vocab_path) if vocab_path else None,
+        peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
+        microbatches=microbatches, corpora=corpora, feeder=feeder, config_text=config_text)
     created = not os.path.exists(model_dir)
     check_model_dir(model_dir)
     # One writer per run directory (on a pod: the primary host speaks for all).
     lock = run_dir.RunLock(model_dir).acquire() if (
         jax.process_index() == 0 and run_dir.RunLock.supported(model_dir)) else None
-    phase_seeds = seeds.phase_seeds([p.source() for p in phases], seed)
-    run = _Run(model_dir=model_dir, model=model, phases=list(phases), seed=seed,
-               checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-               async_checkpointing=async_checkpointing, log_every=log_every,
-               initial_checkpoint_path=initial_checkpoint_path, vocab_path=vocab_path,
-               peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
-               microbatches=microbatches, corpora=corpora, feeder=feeder,
-               config_text=config_text, phase_seeds=phase_seeds)
     try:
-        run.complete = check_stored_run(model_dir, phases, model, phase_seeds,
-                                        new_process_count)
+        complete = check_stored_run(model_dir, phases, model, cfg.phase_seeds,
+                                    new_process_count)
         if prepare is not None:
             prepare()
-        check_vocabulary(vocab_path, model)
-        with signals.StopSignals() as run.stop:
-            summary = _train_all(run, mesh_shape)
+        check_vocabulary(cfg.vocab_path, model)
+        mesh = partitioning.create_mesh(*mesh_shape)
+        log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s",
+                 hardware.device_description(), mesh_shape,
+                 f"; {microbatches} microbatches per step" if microbatches > 1 else "")
+        with signals.StopSignals() as stop:
+            summary = _train_all(cfg, mesh, stop, complete)
     finally:
         if lock is not None:
             lock.release()
@@ -463,74 +202,345 @@ def train(
     return summary
 
 
-def _train_all(run: _Run, mesh_shape) -> dict:
-    model_dir, phases, stop = run.model_dir, run.phases, run.stop
-    run.mesh = partitioning.create_mesh(*mesh_shape)
-    log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s", hardware.device_description(),
-             mesh_shape,
-             f"; {run.microbatches} microbatches per step" if run.microbatches > 1 else "")
-    # All iterators are built now so a missing file or unknown task fails early
-    # (except for phases that are already complete).
-    iterators = {}
-    run.stream_seeds = [_stream_seed(run, i, p) for i, p in enumerate(phases)]
-    for i, p in enumerate(phases):
-        if p.name in run.complete:  # its final checkpoint was read back by train()
-            iterators[p.name] = None
+def _train_all(cfg: _RunConfig, mesh, stop: signals.StopSignals, complete: set[str]) -> dict:
+    """Builds every unfinished phase's input pipeline, then runs the phases in order."""
+    # All pipelines are built now so a missing file or unknown task fails early
+    # (a complete phase reads none: its final checkpoint was read back by train()).
+    streams, iterators = {}, {}
+    for index, phase in enumerate(cfg.phases):
+        if phase.name in complete:
             continue
-        log.info("[%s] building the input pipeline of %s", p.name, p.describe_data(run.corpora))
-        iterators[p.name] = _make_iterator(run, p, seed=run.stream_seeds[i])
-    # A run that trains records its config: a new run now, a rerun with its first
-    # checkpoint (run.config_pending); a rerun of a complete run leaves it alone.
-    if jax.process_index() == 0 and any(it is not None for it in iterators.values()):
-        run.config_pending = os.path.exists(os.path.join(model_dir, "config.gin"))
-        if not run.config_pending:
-            _write_config(run)
+        streams[phase.name] = _stream_seed(cfg, index, phase)
+        log.info("[%s] building the input pipeline of %s", phase.name,
+                 phase.describe_data(cfg.corpora))
+        iterators[phase.name] = _make_iterator(cfg, phase, streams[phase.name][0], mesh)
+    # A run that trains records its config: a new run now, a rerun with each checkpoint it
+    # writes (so a rerun failing before its first one, on a NaN or a bad binding found
+    # late, leaves the stored config alone); a rerun of a complete run leaves it alone.
+    if iterators and not os.path.exists(os.path.join(cfg.model_dir, "config.gin")):
+        _write_config(cfg)
 
     stop.defer()  # the pipelines are built: from here a signal stops with a checkpoint
-    summary = {"model_dir": model_dir, "phases": []}
-    for index, phase in enumerate(phases):
+    summary = {"model_dir": cfg.model_dir, "phases": []}
+    for index, phase in enumerate(cfg.phases):
         if index and stop.requested(sync_point=True):
             raise errors.Interrupted(
-                f"stopped after phase {phases[index - 1].name!r}; rerunning the same command "
-                f"starts phase {phase.name!r}"
+                f"stopped after phase {cfg.phases[index - 1].name!r}; rerunning the same "
+                f"command starts phase {phase.name!r}"
             )
-        summary["phases"].append(_train_phase(run, index, phase, iterators[phase.name]))
+        if phase.name in complete:
+            summary["phases"].append(_complete_summary(cfg, phase))
+            continue
+        stream_seed, reseeded = streams[phase.name]
+        summary["phases"].append(_train_phase(cfg, mesh, stop, index, phase,
+                                              iterators[phase.name], stream_seed=stream_seed,
+                                              reseeded=reseeded))
 
     # ------------------------------------------------------------- final summary
     # Like config.gin, written by a run that trained (a rerun of a complete run reads only).
     if jax.process_index() == 0 and any(p["steps_run_now"] for p in summary["phases"]):
         # The record that the run finished: written whole.
-        files.write_atomic(os.path.join(model_dir, "summary.json"), json.dumps(summary, indent=2))
+        files.write_atomic(os.path.join(cfg.model_dir, "summary.json"),
+                           json.dumps(summary, indent=2))
     progress.log_summary(summary)
     return summary
 
 
-def _stream_seed(run: _Run, index: int, phase: Phase) -> int:
-    """The seed a phase's input stream is built with (its checkpoint's, when resuming)."""
-    phase_seed = run.phase_seeds[index]
-    if phase.name in run.complete:
-        return phase_seed
-    ckpt = checkpoints.PhaseCheckpoints(os.path.join(run.model_dir, phase.name),
+def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
+    """A phase's iterator of global batches, from its seqio task (or synthetic data)."""
+    if phase.task == SYNTHETIC:
+        return SyntheticMLMIterator(
+            sequence_length=phase.sequence_length,
+            global_batch_size=phase.batch_size,
+            mesh=mesh,
+            seed=seed,
+            vocab_size=cfg.model.vocab_size,
+            # The masking setting (gin: MASK_RATE, or the phase's) shapes synthetic batches too.
+            masking=phase.corpora(cfg.corpora).masking,
+        )
+    # Registers the corpora's seqio tasks, and each phase with data of its own once more
+    # under its own names, then reads the phase's task or mixture.
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
+
+    views = {p.view_suffix(): tasks.reading(p.task, p.corpora(cfg.corpora))
+             for p in cfg.phases if p.source() != p.task}
+    registered = tasks.register(cfg.corpora, views=views)
+    tasks.check_registered(phase.source(), registered)
+    return cfg.feeder(phase.source(), sequence_length=phase.sequence_length,
+                      global_batch_size=phase.batch_size, mesh=mesh, seed=seed)
+
+
+def _stream_seed(cfg: _RunConfig, index: int, phase: Phase) -> tuple[int, bool]:
+    """(seed of the phase's input stream, whether it restarts on another process count).
+
+    The seed is the phase's own, or its checkpoint's when it resumes: after a resume on
+    another process count that is ``seeds.reseeded`` (recorded as ``stream_seed``).
+    """
+    phase_seed = cfg.phase_seeds[index]
+    ckpt = checkpoints.PhaseCheckpoints(os.path.join(cfg.model_dir, phase.name),
                                         save_interval_steps=1, max_to_keep=None, read_only=True)
     latest = ckpt.latest_step()
     ckpt.close()
     if latest is None:
-        return phase_seed
+        return phase_seed, False
     step_dir = ckpt.step_dir(latest)
     meta = checkpoints.read_meta(step_dir)
     stored = iterator_item.stored_process_count(step_dir)
     if stored in (None, jax.process_count()):
-        return int(meta.get("stream_seed", phase_seed))
+        return int(meta.get("stream_seed", phase_seed)), False
     # (Allowed by train.new_process_count='reseed': checked by checks.check_stored_run.)
-    run.reseeded.add(phase.name)
     new = seeds.reseeded(phase_seed, int(meta["phase_step"]), jax.process_count())
     log.info("[%s] %s was written by %d process%s, this run has %d: parameters and "
              "optimizer state are restored onto this mesh, every host's input stream restarts "
              "from seed %d (train.new_process_count='reseed')", phase.name, step_dir, stored,
              "es" if stored > 1 else "", jax.process_count(), new)
-    return new
+    return new, True
 
 
-def _write_config(run: _Run) -> None:
-    if run.config_text is not None:
-        files.write_atomic(os.path.join(run.model_dir, "config.gin"), run.config_text)
+def _write_config(cfg: _RunConfig) -> None:
+    if cfg.config_text is not None and jax.process_index() == 0:
+        files.write_atomic(os.path.join(cfg.model_dir, "config.gin"), cfg.config_text)
+
+
+# ============================================================================
+# One phase.
+# ============================================================================
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """Where a phase starts training."""
+
+    state: step.TrainState
+    phase_step: int  # steps of this phase already trained (a resume's)
+    step_offset: int  # global steps before the phase (a schedule carried over from init_from)
+    provenance: str | None  # where the state came from (recorded as initialized_from)
+    metrics: dict  # the last metrics logged (a resume's)
+
+
+def _initial_state(cfg: _RunConfig, index: int, phase: Phase, fns: step.StepFunctions,
+                   ckpt: checkpoints.PhaseCheckpoints, iterator, *, reseeded: bool) -> _Start:
+    """The phase's initial state, by the init/resume precedence below."""
+    # Precedence: (1) this phase's own latest checkpoint (state + data iterator: a resume;
+    # a phase 2 with checkpoints is never re-initialised; on another process count the
+    # iterator starts anew, not restored); (2) init_from: params of that earlier phase's
+    # *final* checkpoint, with fresh or carried-over optimizer moments / schedule per the
+    # flags; (3) INITIAL_CHECKPOINT_PATH params for the first phase without init_from;
+    # (4) random init from the run seed.
+    # (The stored config matches the requested one: checked by checks.check_stored_run.)
+    latest = ckpt.latest_step()
+    if latest is not None:
+        state, meta = ckpt.restore(latest, fns.abstract_state, None if reseeded else iterator)
+        log.info("[%s] resuming from %s (step %d/%d)", phase.name, ckpt.step_dir(latest),
+                 int(meta["phase_step"]), phase.num_steps)
+        return _Start(state, int(meta["phase_step"]), int(meta["step_offset"]),
+                      meta.get("initialized_from"), dict(meta.get("metrics") or {}))
+    if phase.init_from is not None:
+        provenance = _final_checkpoint(cfg, phase)
+        state = handoff.handoff_state(fns, provenance, reset_optimizer=phase.reset_optimizer,
+                                      reset_schedule=phase.reset_schedule)
+        log.info("[%s] initialised from %s (reset_optimizer=%s, reset_schedule=%s)",
+                 phase.name, provenance, phase.reset_optimizer, phase.reset_schedule)
+        return _Start(state, 0, int(state.step), provenance, {})
+    if index == 0 and cfg.initial_checkpoint_path:
+        params = handoff.initial_params(cfg.initial_checkpoint_path, cfg.model)
+        state = fns.from_params(jax.device_put(params, fns.state_sharding.params))
+        log.info("[%s] parameters from %s", phase.name, cfg.initial_checkpoint_path)
+        return _Start(state, 0, 0, cfg.initial_checkpoint_path, {})
+    return _Start(fns.init(jax.random.key(cfg.seed)), 0, 0, None, {})
+
+
+def _final_checkpoint(cfg: _RunConfig, phase: Phase) -> str:
+    """The final checkpoint of the phase ``phase`` starts from (its ``init_from``)."""
+    prev = checkpoints.PhaseCheckpoints(os.path.join(cfg.model_dir, phase.init_from),
+                                        save_interval_steps=1, max_to_keep=None, read_only=True)
+    prev_step = prev.latest_step()
+    prev.close()
+    prev_phase = next(p for p in cfg.phases if p.name == phase.init_from)
+    if prev_step is None or prev_step != prev_phase.num_steps:
+        raise checkpoints.CheckpointError(
+            f"[{phase.name}] init_from={phase.init_from!r}: no final checkpoint "
+            f"(step {prev_phase.num_steps}) in {prev.directory}; latest is {prev_step}"
+        )
+    step_dir = os.fspath(prev.step_dir(prev_step))
+    run_dir.check_stored_config(step_dir, prev.read_meta(prev_step), cfg.model, prev_phase)
+    return step_dir
+
+
+def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, phase: Phase,
+                 iterator, *, stream_seed: int, reseeded: bool) -> dict:
+    """Initialises or resumes one phase, trains it to the end, returns its summary."""
+    fns = step.make_step_functions(
+        cfg.model, phase.optimizer_config(), mesh, seed=cfg.phase_seeds[index],
+        rng_impl=cfg.rng_impl, microbatches=cfg.microbatches,
+    )
+    ckpt = checkpoints.PhaseCheckpoints(
+        os.path.join(cfg.model_dir, phase.name),
+        save_interval_steps=cfg.checkpoint_every,
+        max_to_keep=cfg.keep_checkpoints,
+        async_save=cfg.async_checkpointing,
+    )
+    start = _initial_state(cfg, index, phase, fns, ckpt, iterator, reseeded=reseeded)
+    state, phase_step, last_metrics = start.state, start.phase_step, start.metrics
+
+    # ---------------------------------------------------------- train loop
+    writer = progress.Writer(os.path.join(cfg.model_dir, phase.name, "train"))
+    # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.model.mlm).
+    slots = iterator.element_spec["mlm_positions"].shape[-1]
+    flops_per_token = flops.mlm_flops_per_token(cfg.model, phase.sequence_length, slots)
+    tokens_per_step = phase.batch_size * phase.sequence_length
+    steps_after = sum(p.num_steps for p in cfg.phases[index + 1:])
+    t_phase = t_log = time.time()
+    steps_since_log = 0
+    # A step's metrics are read on the host one step late (the host runs ahead of the
+    # devices), or at once where a log line, a checkpoint or a stop needs them.
+    pending = None  # (phase_step, device metrics) not yet read
+    # Tokens predicted since the last progress line, and that window's first step.
+    predictions, window_first = 0.0, phase_step + 1
+
+    if start.phase_step == 0:
+        log.info("[%s] compiling the train step and reading the first batch", phase.name)
+    while phase_step < phase.num_steps:
+        batch = next(iterator)
+        state, metrics = fns.train_step(state, batch)
+        phase_step += 1
+        steps_since_log += 1
+        if phase_step == start.phase_step + 1 and phase_step % cfg.log_every:
+            # This process's first step compiled the step: its time is no step's time (the
+            # first rate and ETA after a start or a resume would include the compile).
+            t_log, steps_since_log = time.time(), 0
+        done = phase_step == phase.num_steps
+        save_now = done or ckpt.manager.should_save(phase_step)
+        log_now = phase_step % cfg.log_every == 0 or done
+        # Every process asks at the same steps (a collective at a sync point).
+        stopping = not done and stop.requested(sync_point=save_now or log_now)
+        to_read = [pending] if pending else []
+        pending = (phase_step, metrics)
+        if save_now or log_now or stopping:
+            to_read, pending = [*to_read, pending], None
+        for pstep, device_metrics in to_read:
+            last_metrics = _host_metrics(phase, pstep, device_metrics, start.step_offset, ckpt)
+            predictions += last_metrics["num_predictions"]
+        if log_now:
+            if predictions == 0:
+                ckpt.wait()  # as for a non-finite loss: no save left half-written
+                raise errors.NothingTrainedError(
+                    f"[{phase.name}] steps {window_first} to {phase_step} predicted no token "
+                    "(no position was masked): nothing trains; check the masking rate "
+                    "(MASK_RATE) and the data")
+            predictions, window_first = 0.0, phase_step + 1
+            elapsed = time.time() - t_log
+            tok_s = tokens_per_step * steps_since_log / max(elapsed, 1e-9)
+            step_s = elapsed / steps_since_log
+            remaining = (phase.num_steps - phase_step) + steps_after
+            mfu = (flops_per_token * tok_s / (cfg.peak_flops * jax.device_count())
+                   if cfg.peak_flops else None)
+            scalars = dict(last_metrics, tokens_per_second=tok_s, step_time=step_s)
+            if mfu is not None:
+                scalars["mfu"] = mfu
+            writer.scalars(phase_step, scalars)
+            log.info(
+                "[%s] step %d/%d | loss %.4f | acc %.4f | lr %.3g | gnorm %.3g | "
+                "%s tok/s | MFU %s | ETA %s",
+                phase.name, phase_step, phase.num_steps, last_metrics["loss"],
+                last_metrics["accuracy"], last_metrics["learning_rate"],
+                last_metrics["grad_norm"], progress.fmt_rate(tok_s),
+                f"{100 * mfu:.1f}%" if mfu is not None else "n/a",
+                progress.fmt_duration(remaining * step_s),
+            )
+            t_log, steps_since_log = time.time(), 0
+        if (save_now or stopping) and ckpt.save(
+                phase_step, state, iterator,
+                _meta(cfg, index, phase, start, phase_step, last_metrics, stream_seed),
+                force=done or stopping):
+            _write_config(cfg)
+        if stopping:
+            # A second signal meanwhile ends the process at once (signals.StopSignals): the
+            # write in flight never looks like a checkpoint, and the next run removes it.
+            ckpt.wait()
+            latest = ckpt.latest_step()
+            ckpt.close()
+            raise errors.Interrupted(
+                f"[{phase.name}] stopped at step {phase_step}/{phase.num_steps}; rerunning "
+                f"the same command resumes from {ckpt.step_dir(latest)}"
+            )
+
+    # --------------------------------------------------------- phase end
+    ckpt.wait()
+    final_step = ckpt.latest_step()
+    ckpt.close()
+    writer.close()
+    return _phase_summary(phase, last_metrics, ckpt.step_dir(final_step), start.provenance,
+                          steps_run=phase.num_steps - start.phase_step,
+                          wall=time.time() - t_phase)
+
+
+def _host_metrics(phase: Phase, phase_step: int, metrics, step_offset: int,
+                  ckpt: checkpoints.PhaseCheckpoints) -> dict:
+    """A step's metrics on the host; a non-finite loss stops the run."""
+    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not math.isfinite(host["loss"]):
+        # The save in flight holds an earlier, finite state: finished, it leaves no
+        # temporary folder, and config.gin (written with it) names a real checkpoint.
+        ckpt.wait()
+        last = ckpt.latest_step()
+        last = "no checkpoint yet" if last is None else f"last checkpoint: {last}"
+        raise errors.NonFiniteError(
+            f"[{phase.name}] non-finite loss {host['loss']} at step {phase_step} (global step "
+            f"{phase_step + step_offset}); {last}. Lower the learning rate or check the data."
+        )
+    return host
+
+
+def _meta(cfg: _RunConfig, index: int, phase: Phase, start: _Start, phase_step: int,
+          metrics: dict, stream_seed: int) -> dict:
+    """What a checkpoint records beside the state (checks.check_stored_run reads it)."""
+    return {
+        "phase": phase.name,
+        "phase_step": phase_step,
+        "num_steps": phase.num_steps,
+        "step_offset": start.step_offset,
+        "task": phase.task,
+        # The phase's own data settings (None: the run's; see Phase).
+        "languages": phase.languages and list(phase.languages),
+        "alpha": phase.alpha,
+        "mask_rate": phase.mask_rate,
+        "data_seed": cfg.phase_seeds[index],
+        "stream_seed": stream_seed,
+        "process_count": jax.process_count(),
+        "batch_size": phase.batch_size,
+        "sequence_length": phase.sequence_length,
+        "model_config": dataclasses.asdict(cfg.model),
+        "vocab_path": cfg.vocab_path,
+        "initialized_from": start.provenance,
+        "metrics": metrics,
+        # The run's phases in order: MODEL_DIR resolves to the last one (loading.py).
+        "run_phases": [p.name for p in cfg.phases],
+    }
+
+
+def _complete_summary(cfg: _RunConfig, phase: Phase) -> dict:
+    """The summary of a phase a rerun finds complete (nothing is restored)."""
+    ckpt = checkpoints.PhaseCheckpoints(os.path.join(cfg.model_dir, phase.name),
+                                        save_interval_steps=1, max_to_keep=None, read_only=True)
+    latest = ckpt.latest_step()
+    meta = ckpt.read_meta(latest)
+    ckpt.close()
+    log.info("[%s] already complete at %s", phase.name, ckpt.step_dir(latest))
+    return _phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
+                          meta.get("initialized_from"), steps_run=0, wall=0.0)
+
+
+def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
+    return {
+        "phase": phase.name,
+        "task": phase.source(),
+        "steps": phase.num_steps,
+        "steps_run_now": steps_run,
+        "final_loss": metrics.get("loss"),
+        "final_accuracy": metrics.get("accuracy"),
+        "tokens": phase.num_steps * phase.batch_size * phase.sequence_length,
+        "wall_seconds_now": wall,
+        "checkpoint": os.fspath(step_dir),
+        "initialized_from": provenance,
+    }

@@ -29,7 +29,6 @@ from absl import app
 from t5x import trainer as t5x_trainer
 
 from xlmeta_jax import errors, files, logs
-from xlmeta_jax.model import mlm
 from xlmeta_jax.pretrain import checks as validation
 from xlmeta_jax.pretrain import run_dir
 
@@ -117,16 +116,9 @@ def checked_model(
     config = getattr(model, "config", None)
     if config is not None:
         validation.check_vocabulary(vocab_path, config)
-    if sequence_length is not None and not (
-            isinstance(sequence_length, int) and sequence_length >= mlm.MIN_SEQUENCE_LENGTH):
-        raise validation.ConfigError(
-            f"SEQUENCE_LENGTH = {sequence_length!r}: must be an integer of at least "
-            f"{mlm.MIN_SEQUENCE_LENGTH} tokens (the shortest block the MLM tasks pack)")
-    if config is not None and sequence_length is not None and (
-            sequence_length > config.max_length):
-        raise validation.ConfigError(
-            f"SEQUENCE_LENGTH = {sequence_length} exceeds the model's {config.max_length} "
-            f"positions (max_position_embeddings={config.max_position_embeddings})")
+    if sequence_length is not None:
+        validation.check_sequence_length(sequence_length, config, where="sequence length",
+                                         source="SEQUENCE_LENGTH")
     if not model_dir:
         raise validation.ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
     model_dir = files.user_path(model_dir, "MODEL_DIR")
