@@ -81,7 +81,7 @@ def test_every_t5x_gin_file_has_a_header_naming_its_command():
         assert header.startswith("#") and "t5x.train" in header, name
 
 
-@pytest.mark.parametrize("name", ["gin/meta.gin", "gin/xlmr.gin"])
+@pytest.mark.parametrize("name", ["gin/meta.gin", "gin/xlmr.gin", "gin/annealed.gin"])
 def test_run_files_parse_with_the_mesh_file(name, tmp_path):
     args = _train_args([name, "gin/t5x/mesh.gin"], f"MODEL_DIR = '{tmp_path}'",
                        "MESH_SHAPE = (4, 2)")
@@ -168,3 +168,22 @@ def test_xlmr_gin_is_the_equal_compute_baseline(tmp_path):
     assert _model().config.hidden_size == 768
     opt = _evaluate(gin.query_parameter("t5x_model.adamw.config"))
     assert opt.total_steps == 500000
+
+
+def test_annealed_gin_stage_2_continues_stage_1(tmp_path):
+    """Stage 2 of gin/annealed.gin: its own directory, data and seed; stage 1's whole final
+    state (checkpoint_350000) as its start; one WSD schedule over the three stages."""
+    args = _train_args(["gin/annealed.gin"], f"MODEL_DIR = '{tmp_path}'", "PHASE = 2")
+    assert _evaluate(args["model_dir"]) == str(tmp_path / "stage2")
+    assert _evaluate(args["total_steps"]) == 350000 + 100000
+    # The stage's own registration (xlmeta_cc100.stage2), whose name seeds its data and dropout.
+    assert _evaluate(gin.query_parameter("xlmeta_jax.cli.configurables.registered.view")) == (
+        ".stage2")
+    assert _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.keep_optimizer"))
+    with pytest.raises(t5x_phases.PhaseError, match="stage1/checkpoint_350000"):
+        _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.init_params_from"))
+    opt = _evaluate(gin.query_parameter("t5x_model.adamw.config"))
+    assert (opt.total_steps, opt.schedule, opt.decay_steps, opt.decay_shape) == (
+        500000, "wsd", 50000, "1-sqrt")
+    model = _model()
+    assert model.masking.rate == 0.15

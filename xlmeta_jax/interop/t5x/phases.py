@@ -1,13 +1,19 @@
-r"""The two phases of meta-pretraining as two runs of ``python -m t5x.train``.
+r"""The phases of a staged run as one ``python -m t5x.train`` command each.
 
-t5x's ``train`` runs one dataset, one optimizer and one schedule, so gin/meta.gin is
-run twice with the same flags, the second time with ``--gin.PHASE=2``:
+t5x's ``train`` runs one dataset, one optimizer and one schedule, so a run of several
+phases runs its gin file once per phase with the same flags and ``--gin.PHASE=n``.
+Meta-pretraining (gin/meta.gin) has two:
 
 * phase 1 trains on English into ``MODEL_DIR/phase1/``;
 * phase 2 trains on the alpha-sampled mixture into ``MODEL_DIR/phase2/``, starting
   from the parameters of phase 1's final checkpoint (``checkpoint_<META_STEPS>``):
   only the parameters are read (:class:`PhaseInitializer`), while the optimizer
   state and the step (hence the learning-rate schedule) start fresh.
+
+The annealed-language curriculum (gin/annealed.gin) has three, ``stage1`` to
+``stage3`` (``names``): each stage reads its own languages, alpha and masking rate and
+continues the previous stage's whole state, optimizer moments and step included, so that
+one schedule spans the stages (``PhaseInitializer(keep_optimizer=True)``, ``end_step``).
 
 Each phase directory holds t5x's own layout (``checkpoint_<step>/``, ``config.gin``,
 ``train/`` summaries) plus ``xlmeta_model.json`` (the encoder configuration and
@@ -47,36 +53,60 @@ PHASES = ("phase1", "phase2")
 
 
 class PhaseError(errors.UserError, ValueError):
-    """A phase cannot start (bad PHASE, or phase 1 has not finished)."""
+    """A phase cannot start (bad PHASE, or the phase before has not finished)."""
 
 
-def _check_phase(phase: int, num_phases: int = len(PHASES)) -> int:
-    if isinstance(phase, bool) or phase not in range(1, num_phases + 1):
+def _check_phase(phase: int, names: Sequence[str] = PHASES) -> int:
+    if isinstance(phase, bool) or phase not in range(1, len(names) + 1):
         raise PhaseError(
-            f"gin macro PHASE={phase!r}: meta-pretraining has phases 1 to {num_phases} "
-            "(--gin.PHASE=2 for the second)"
+            f"gin macro PHASE={phase!r}: this run has phases 1 to {len(names)} "
+            f"({', '.join(names)}; --gin.PHASE=2 for the second)"
         )
     return int(phase)
 
 
 def select(phase: int, choices: Sequence[Any]) -> Any:
     """``choices[phase - 1]``: the phase's task, step count, ... (gin)."""
-    return choices[_check_phase(phase, len(choices)) - 1]
+    return choices[_check_phase(phase, _numbered(len(choices))) - 1]
 
 
-def phase_dir(model_dir: str, phase: int | None = None) -> str:
-    """``MODEL_DIR/phase<N>``, the directory t5x writes phase N to (``MODEL_DIR`` for None)."""
+def phase_dir(model_dir: str, phase: int | None = None, names: Sequence[str] = PHASES) -> str:
+    """``MODEL_DIR/<name>``, the directory t5x writes phase N to (``MODEL_DIR`` for None).
+
+    Args:
+      model_dir: the run's directory (MODEL_DIR).
+      phase: 1-based phase number (PHASE), or None.
+      names: the run's phase directories in order (gin/annealed.gin: its stages).
+    """
     if not model_dir:
         raise PhaseError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
     model_dir = _absolute(model_dir)
     if phase is None:
         return model_dir
-    return os.path.join(model_dir, PHASES[_check_phase(phase) - 1])
+    return os.path.join(model_dir, names[_check_phase(phase, names) - 1])
 
 
 def total_steps(steps: Sequence[int]) -> int:
     """Sum of step counts (the baseline's budget: META_STEPS + XLING_STEPS)."""
     return int(sum(steps))
+
+
+def end_step(steps: Sequence[int], phase: int) -> int:
+    """The global step phase ``phase`` ends at when each phase continues the step before.
+
+    t5x's ``TRAIN_STEPS`` is the state's step to stop at; a phase that keeps the previous
+    phase's step (gin/annealed.gin) ends at the sum of its own and the earlier step counts.
+    """
+    return int(sum(steps[:_check_phase(phase, _numbered(len(steps)))]))
+
+
+def start_step(steps: Sequence[int], phase: int) -> int:
+    """The global step phase ``phase`` starts from: the end of the phase before (0 for 1)."""
+    return int(sum(steps[:_check_phase(phase, _numbered(len(steps))) - 1]))
+
+
+def _numbered(count: int) -> list[str]:
+    return [f"phase{i + 1}" for i in range(count)]
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -90,23 +120,24 @@ def checkpoint_steps(directory: str) -> list[int]:
     )
 
 
-def init_params_from(model_dir: str, phase: int, init_steps: int | None = None) -> str | None:
-    """The checkpoint whose parameters a phase starts from: None for phase 1.
+def init_params_from(model_dir: str, phase: int, init_steps: int | None = None,
+                     names: Sequence[str] = PHASES) -> str | None:
+    """The checkpoint a phase starts from: None for phase 1.
 
-    Phase 2 starts from phase 1's final checkpoint, ``checkpoint_<init_steps>``
-    (META_STEPS). Only consulted while the phase has no checkpoint of its own (t5x
-    resumes a phase from its own latest checkpoint first).
+    Phase N starts from phase N-1's final checkpoint, ``checkpoint_<init_steps>``
+    (META_STEPS; a run whose phases continue the step: ``end_step`` of phase N-1). Only
+    consulted while the phase has no checkpoint of its own (t5x resumes a phase from its
+    own latest checkpoint first).
 
     Raises:
-      PhaseError: for phase 2 when that checkpoint does not exist and phase 2 has
-        not saved yet.
+      PhaseError: when that checkpoint does not exist and phase N has not saved yet.
     """
-    phase = _check_phase(phase)
+    phase = _check_phase(phase, names)
     if phase == 1:
         return None
-    source_dir = phase_dir(model_dir, phase - 1)
+    source_dir = phase_dir(model_dir, phase - 1, names)
     source = os.path.join(source_dir, f"checkpoint_{init_steps}")
-    if not checkpoint_steps(phase_dir(model_dir, phase)):
+    if not checkpoint_steps(phase_dir(model_dir, phase, names)):
         steps = checkpoint_steps(source_dir)
         if init_steps not in steps:
             raise PhaseError(
@@ -164,25 +195,37 @@ def get_dataset(cfg: t5x_utils.DatasetConfig, shard_id: int, num_shards: int,
 
 
 class PhaseInitializer(t5x_utils.TrainStateInitializer):
-    """t5x's train-state initializer; the fresh state may take a checkpoint's parameters.
+    """t5x's train-state initializer; the fresh state may start from another checkpoint.
 
     t5x builds a fresh state only when the run directory has no checkpoint; with
     ``init_params_from`` that state gets the parameters of the given t5x checkpoint
     while the optimizer state and step stay freshly initialised (phase 2 of
-    meta-pretraining). t5x's ``RestoreCheckpointConfig`` with a params-only
-    ``assignment_map`` would do the same, but its Orbax checkpoint manager then
-    also restores the other run's input-pipeline state, which fails for a
-    different dataset (phase 1's English into phase 2's mixture).
+    meta-pretraining), or with ``keep_optimizer`` its whole state: parameters, optimizer
+    moments and step (the stages of gin/annealed.gin, one schedule across them). t5x's
+    ``RestoreCheckpointConfig`` with an ``assignment_map`` would do the same, but its
+    Orbax checkpoint manager then also restores the other run's input-pipeline state,
+    which fails for a different dataset (phase 1's English into phase 2's mixture).
     """
 
-    def __init__(self, *args, init_params_from: str | None = None, **kwargs):
+    def __init__(self, *args, init_params_from: str | None = None,
+                 keep_optimizer: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.init_params_from = init_params_from
+        self.keep_optimizer = keep_optimizer
 
     def from_scratch(self, init_rng):
         state = super().from_scratch(init_rng)
         if not self.init_params_from:
             return state
+        if self.keep_optimizer:
+            # The fresh state's tree, shapes and shardings say what to read and where to.
+            abstract = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                state.state_dict())
+            restored = checkpoints.restore_items(self.init_params_from, abstract)
+            logs.progress.info("state from %s: parameters, optimizer state and step %d",
+                               self.init_params_from, int(restored["state"]["step"]))
+            return state.restore_state(restored)
         logs.progress.info("parameters from %s; fresh optimizer state and step",
                            self.init_params_from)
         abstract = jax.tree.map(
@@ -204,6 +247,7 @@ def summarize_config(
     task: str | None = None,
     phase: int | None = None,
     train_steps: int | None = None,
+    names: Sequence[str] = PHASES,
 ) -> None:
     """t5x's ``summarize_gin_config``, plus ``MODEL_DIR/xlmeta_model.json``.
 
@@ -222,7 +266,7 @@ def summarize_config(
         "vocab_path": _absolute(vocab_path) if vocab_path else None,
         "task": task,
         "phase": phase,
-        "phases": list(PHASES) if phase is not None else None,
+        "phases": list(names) if phase is not None else None,
         "train_steps": train_steps,
     }
     with tf.io.gfile.GFile(os.path.join(model_dir, MODEL_INFO), "w") as f:
