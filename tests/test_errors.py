@@ -79,10 +79,10 @@ BAD_BINDINGS = [
     # (extra argv, parts of the one line)
     (["--gin.BATCH_SIZ=8"], ["unknown gin macro 'BATCH_SIZ'", "did you mean BATCH_SIZE"]),
     (["--gin.XLING_STEP=8"], ["unknown gin macro 'XLING_STEP'", "XLING_STEPS"]),
-    (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "must be an integer > 0"]),
+    (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "expected an integer"]),
     (["--gin.META_STEPS=0"], ["META_STEPS = 0", "must be an integer > 0"]),
-    (["--gin.XLING_STEPS=-3"], ["XLING_STEPS = -3", "must be an integer > 0"]),
-    (["--gin.BATCH_SIZE='sixteen'"], ["BATCH_SIZE = 'sixteen'", "integer > 0"]),
+    (["--gin.XLING_STEPS=-3"], ["num_steps (XLING_STEPS) must be an integer > 0, got -3"]),
+    (["--gin.BATCH_SIZE='sixteen'"], ["BATCH_SIZE = 'sixteen'", "expected an integer"]),
     (["--gin.xlmeta_jax.pretrain.trainer.train.seed='zero'"],
      ["train.seed = 'zero'", "expected an integer"]),
     (["--gin.xlmeta_jax.pretrain.trainer.train.sed=1"], ["doesn't have a parameter named 'sed'"]),

@@ -85,7 +85,7 @@ def test_rerun_of_finished_run_is_quiet_and_changes_nothing(finished, run_gin):
 
 @pytest.mark.parametrize("extra, parts", [
     (["--gin.BATCH_SIZ=8"], ["unknown gin macro 'BATCH_SIZ'", "did you mean BATCH_SIZE"]),
-    (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "integer > 0"]),
+    (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "expected an integer"]),
     # Changed model size with more steps: the differing field, not Orbax's dump.
     (["--gin.xlmeta_jax.model.network.get_config.hidden_size=32", "--gin.XLING_STEPS=8"],
      ["EncoderConfig.hidden_size=64", "asks for 32"]),

@@ -75,8 +75,7 @@ def main(argv: Sequence[str]) -> dict | None:
 
 
 def _parse_experiment(flags) -> None:
-    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True,
-                      positive=train_cli.POSITIVE_PARAMETERS)
+    gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True)
 
 
 def configured_experiment(flags) -> runner.Experiment:

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import gin
 
-from xlmeta_jax import errors
 from xlmeta_jax.errors import UserError
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
@@ -186,7 +185,6 @@ def apply_gin(
     *,
     finalize: bool = True,
     check_macros: bool = False,
-    positive: Sequence[str] = (),
 ) -> None:
     """Parses gin files and bindings, searching ``search_paths`` and ``gin/``.
 
@@ -205,8 +203,6 @@ def apply_gin(
       check_macros: refuse bindings of macros the files neither define nor use (a
         command line's misspelling); off for programs that bind a fixed set of
         macros to whichever files they load.
-      positive: parameters (``module.Configurable.param``, any scope) that must be
-        integers > 0; a bad value is named by the macro it comes from.
 
     Raises:
       GinConfigError: naming a gin file that is in none of the search paths, an
@@ -241,7 +237,7 @@ def apply_gin(
             check_macro_bindings(bindings)
         for binding in bindings:
             _parse(f"binding {binding!r}", bindings=[binding])
-        check_types(positive)
+        check_types()
         if finalize:
             gin.finalize()
     except (ValueError, SyntaxError, TypeError, OSError, tokenize.TokenError) as e:
@@ -533,23 +529,17 @@ def _describe(key: str, macro: str | None, value) -> str:
     return f"{macro} = {value!r} (used by {key})" if macro else f"{key} = {value!r}"
 
 
-def check_types(positive: Sequence[str] = ()) -> None:
+def check_types() -> None:
     """Raises GinConfigError for a literal whose type its parameter does not accept.
 
-    Args:
-      positive: ``module.Configurable.param`` names (any scope) that must be integers > 0.
+    Only the type: a value's range is checked where the configuration is built (the
+    trainer's ``validate``, ``OptimizerConfig``, ...), once.
     """
     for key in _binding_keys():
         selector, _, param = key.rpartition(".")
         value, macro = _resolve(gin.query_parameter(key))
         if isinstance(value, gin.config.ConfigurableReference) or value is gin.REQUIRED:
             continue
-        unscoped = key.rsplit("/", 1)[-1]
-        if any(unscoped == p or p.endswith("." + unscoped) for p in positive):
-            if not errors.is_count(value):
-                raise GinConfigError(
-                    f"{_describe(key, macro, value)}: must be an integer > 0"
-                )
         hint = _hints(selector).get(param)
         if hint is not None and _type_ok(value, hint) is False:
             expected = _SIMPLE.get(hint) or str(hint).replace("typing.", "")

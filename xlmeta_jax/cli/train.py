@@ -68,17 +68,6 @@ def setup_logging() -> None:
     logs.quiet_save_waits()
 
 
-# Parameters that must be integers > 0 whatever scope binds them; a bad value is
-# reported under the macro it comes from (META_STEPS, not OptimizerConfig.total_steps).
-POSITIVE_PARAMETERS = (
-    "xlmeta_jax.pretrain.trainer.Phase.num_steps",
-    "xlmeta_jax.pretrain.trainer.Phase.batch_size",
-    "xlmeta_jax.pretrain.trainer.Phase.sequence_length",
-    "xlmeta_jax.model.optimizer.OptimizerConfig.total_steps",
-    "xlmeta_jax.pretrain.trainer.train.checkpoint_every",
-    "xlmeta_jax.pretrain.trainer.train.log_every",
-)
-
 # The run files (and the model and corpus files added after one) --help lists.
 GIN_FILES = ("native/meta.gin", "native/xlmr.gin", "demo.gin", "models/*.gin", "data/*.gin")
 
@@ -125,7 +114,7 @@ def main(argv: Sequence[str]) -> dict:
     # TensorFlow (the input pipeline's tf.data) imported now, without its start-up lines.
     logs.quiet_start(import_tensorflow=True)
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths,
-                      check_macros=True, positive=POSITIVE_PARAMETERS)
+                      check_macros=True)
     return run_configured()
 
 

@@ -90,8 +90,8 @@ class OptimizerConfig:
             raise OptimizerConfigError(
                 f"OptimizerConfig.{field} must be {rule}, got {value}", field, value)
 
-        if self.total_steps <= 0:
-            bad("total_steps", "> 0")
+        if not errors.is_count(self.total_steps):
+            bad("total_steps", "an integer > 0")
         if not 0 <= self.warmup_steps <= self.total_steps:
             bad("warmup_steps", f"in [0, total_steps={self.total_steps}]")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):

@@ -151,6 +151,10 @@ def train(
     # (MODEL_DIR locked) the stored run, then the vocabulary once prepared.
     if rng_impl not in step.RNG_IMPLS:
         raise ConfigError(f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}")
+    for name, value in (("checkpoint_every", checkpoint_every), ("log_every", log_every)):
+        if not errors.is_count(value):
+            raise ConfigError(f"{describe(f'xlmeta_jax.pretrain.trainer.train.{name}')} = "
+                              f"{value!r}: must be an integer > 0")
     if new_process_count not in (None, *NEW_PROCESS_COUNT):
         raise ConfigError(f"gin binding train.new_process_count={new_process_count!r} is not "
                           f"None or one of {NEW_PROCESS_COUNT}")

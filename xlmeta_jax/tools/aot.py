@@ -414,7 +414,7 @@ def main(argv: Sequence[str]) -> int:
     # Not finalized: gin's finalize refuses unset required macros (MODEL_DIR, VOCAB_PATH,
     # the corpora), which the compile never reads.
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, finalize=False,
-                      check_macros=True, positive=train_cli.POSITIVE_PARAMETERS)
+                      check_macros=True)
     try:
         run = configured_run()
     except ValueError as e:
