@@ -100,6 +100,8 @@ def test_annealed_stages_under_t5x(shared_data, tmp_path):
         assert int(start["state"]["step"]) == n * STEPS
         assert any(np.any(m) for m in jax.tree.leaves(start["state"]["param_states"]))
         assert f"state from {run / f'stage{n}' / f'checkpoint_{n * STEPS}'}" in logs[n + 1]
+        # A start from the stage before is no resume.
+        assert f"[stage{n + 1}] steps {n * STEPS + 1} to {(n + 1) * STEPS} on " in logs[n + 1]
     assert t5x_phases.checkpoint_steps(run / "stage3") == [2 * STEPS, 3 * STEPS]
 
     # One schedule over the three stages: the rate logged at step s is the WSD schedule's

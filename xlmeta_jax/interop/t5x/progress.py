@@ -52,11 +52,15 @@ class ProgressAction(t5x_trainer.BaseAction):
         run's name unless ``name`` is given).
       total_steps: the run's last step (``TRAIN_STEPS``).
       name: the name in brackets (default: the last part of ``model_dir``).
+      start_step: the step the phase starts from (a stage that continues the step of the
+        one before: gin/annealed.gin); a start there is no resume.
     """
 
-    def __init__(self, model_dir: str, total_steps: int, name: str | None = None):
+    def __init__(self, model_dir: str, total_steps: int, name: str | None = None,
+                 start_step: int = 0):
         self.model_dir = os.path.abspath(files.user_path(model_dir, "MODEL_DIR"))
         self.total_steps = int(total_steps)
+        self.start_step = int(start_step)
         self.name = name or os.path.basename(self.model_dir.rstrip("/")) or "train"
         self.step = None
         # The run's start and end lines come from t5x's log records (_Quiet).
@@ -79,8 +83,12 @@ class ProgressAction(t5x_trainer.BaseAction):
     def started(self, first_step: int, total_steps: int) -> None:
         """The main loop's start (t5x has restored or initialised the state)."""
         self.total_steps = total_steps
-        where = (f"resuming from step {first_step}/{total_steps}" if first_step
-                 else f"{total_steps} steps")
+        if first_step > self.start_step:
+            where = f"resuming from step {first_step}/{total_steps}"
+        elif first_step:
+            where = f"steps {first_step + 1} to {total_steps}"
+        else:
+            where = f"{total_steps} steps"
         logs.progress.info("[%s] %s on %s: compiling the train step and reading the first "
                            "batch", self.name, where, hardware.device_description())
 
