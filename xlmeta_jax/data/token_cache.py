@@ -104,6 +104,37 @@ def _write_file(item, prefix: str, num_shards: int):
         yield {"tokens": doc}
 
 
+def _write_shards_in_place(prefix: str, num_shards: int, eos_after: str):
+    """A DoFn writing each source shard's cache file where the shard was read.
+
+    With one cache file per source shard no element has to move: every element of a
+    shard comes out of one call of ``PreprocessTask``'s DoFn, so a DoFn fused after it
+    sees them all in the same bundle. It keeps them per shard and writes the shard's
+    file at the bundle's end, instead of a ``GroupByKey`` that would send every token
+    between worker processes (a job's dominant cost on more than one worker).
+    """
+    import apache_beam as beam  # noqa: PLC0415
+    from apache_beam.transforms import window  # noqa: PLC0415
+
+    class WriteShards(beam.DoFn):
+        def start_bundle(self):
+            self.runs = {}
+
+        def process(self, item):
+            shard, element = item
+            self.runs.setdefault(shard, []).append(element)
+
+        def finish_bundle(self):
+            for shard, elements in self.runs.items():
+                docs = [(shard, j, doc) for j, doc in enumerate(join_documents(
+                    [run for _, run in sorted(elements, key=lambda e: e[0])], eos_after))]
+                for example in _write_file((shard, docs), prefix, num_shards):
+                    yield window.GlobalWindows.windowed_value(example)
+            self.runs = {}
+
+    return beam.ParDo(WriteShards())
+
+
 def _with_convention(info: dict, eos_after: str) -> dict:
     from xlmeta_jax.data import tasks  # noqa: PLC0415
 
@@ -130,17 +161,22 @@ def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corp
     files = num_shards or len(task.source.list_shards(split))
     prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
     label = task.name
-    docs = (
+    elements = (
         pipeline
         | f"{label}_read" >> beam_utils.PreprocessTask(
             task, split, setup_fn=functools.partial(_register, corpora), add_provenance=True)
         | f"{label}_key" >> beam.Map(_keyed, provenance=(
-            beam_utils.SOURCE_SHARD_ID_PROVENANCE_KEY, beam_utils.ID_WITHIN_SHARD_PROVENANCE_KEY))
-        | f"{label}_by_source_shard" >> beam.GroupByKey()
-        | f"{label}_documents" >> beam.FlatMap(_dealt, eos_after=eos_after,
-                                               num_shards=num_shards)
-        | f"{label}_by_file" >> beam.GroupByKey()
-        | f"{label}_write" >> beam.FlatMap(_write_file, prefix=prefix, num_shards=files))
+            beam_utils.SOURCE_SHARD_ID_PROVENANCE_KEY, beam_utils.ID_WITHIN_SHARD_PROVENANCE_KEY)))
+    if num_shards is None:  # a file per source shard: written where the shard was read
+        docs = elements | f"{label}_write" >> _write_shards_in_place(prefix, files, eos_after)
+    else:  # documents dealt over other files: they move
+        docs = (elements
+                | f"{label}_by_source_shard" >> beam.GroupByKey()
+                | f"{label}_documents" >> beam.FlatMap(_dealt, eos_after=eos_after,
+                                                       num_shards=num_shards)
+                | f"{label}_by_file" >> beam.GroupByKey()
+                | f"{label}_write" >> beam.FlatMap(_write_file, prefix=prefix,
+                                                   num_shards=files))
     _ = (docs
          | f"{label}_info" >> beam_utils.GetInfo(files)
          | f"{label}_convention" >> beam.Map(_with_convention, eos_after=eos_after)

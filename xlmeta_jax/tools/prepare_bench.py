@@ -13,10 +13,12 @@ Prints, on this machine:
    text, one process — ``lzma`` decompression, gzip level 1 and the counting pass
    (``text_files.corpus_stats``) — and the counting pass alone.
    The same job on 100 kB gives its fixed part (start, plan, finish), which does not
-   grow with the corpus; the speed-up is also printed less that part.
+   grow with the corpus; the speed-up is also printed less that part. The machine's own
+   ceiling for it: the same per-file work (``shards.split_file``, no Beam) in 1 process
+   and in 2 processes of a ``multiprocessing`` pool, one file at a time each.
 2. **the token cache** (``prepare --tokenize``'s job) on ``--cache_mb`` MB of prepared
-   text with a small vocabulary: tokens per second of wall time and per CPU-second,
-   1 vs 2 workers.
+   text (8 shards per language) with a small vocabulary: tokens per second of wall time
+   and per CPU-second, 1 vs 2 workers.
 3. **start-up**: seconds from launching ``python -m xlmeta_jax.train`` (tiny model,
    one step) to its first step on 100 languages of prepared text, for each size of
    ``--startup_mb``; and what counting that text would take at the measured rate.
@@ -30,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gzip
 import io
 import json
 import lzma
+import multiprocessing
 import os
 import random
 import resource
@@ -44,7 +48,7 @@ import time
 from collections.abc import Sequence
 
 from xlmeta_jax import errors
-from xlmeta_jax.data import languages, prepare, text_files, token_cache, vocabulary
+from xlmeta_jax.data import languages, prepare, shards, text_files, token_cache, vocabulary
 from xlmeta_jax.data import task_names as names
 
 _SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -142,6 +146,12 @@ def bench_prepare(work: str, mb: int, files: int, pool) -> dict:
             _quiet_main([f"--input={inputs}/*", f"--output={work}/out{n}", "--overwrite",
                          *_workers(n)])
         out[f"prepare_{n}"] = r
+    for n in (1, 2):  # the machine's ceiling: the same per-file work, n plain processes
+        r = {}
+        split = functools.partial(_split_one, out=os.path.join(work, f"plain{n}"))
+        with _timed(r), multiprocessing.get_context("spawn").Pool(n) as pool_n:
+            pool_n.map(split, sorted(os.listdir(inputs)), chunksize=1)
+        out[f"plain_{n}"] = r
     ref, count = {}, {}
     with _timed(ref):  # today: xz -dc | gzip -1, then the counting pass, one process
         for k, lang in enumerate(languages.XLMR_LANGUAGES[:files]):
@@ -157,13 +167,40 @@ def bench_prepare(work: str, mb: int, files: int, pool) -> dict:
     return out
 
 
+def _split_one(name: str, *, out: str) -> None:
+    """``prepare``'s work on one input file, without Beam (see bench_prepare)."""
+    os.makedirs(out, exist_ok=True)
+    shards.split_file(os.path.join(os.path.dirname(out), "xz", name),
+                      lambda p: open(p, "rb"), lambda p: open(p, "wb"),  # noqa: SIM115
+                      os.path.join(out, name), shard_bytes=prepare.DEFAULT_SHARD_BYTES)
+
+
+CACHE_SHARDS_PER_LANGUAGE = 8
+
+
 def bench_cache(work: str, mb: int, files: int, pool, vocab: str) -> dict:
-    """Tokens/s of the token cache job on ``mb`` MB of prepared text, 1 vs 2 workers."""
+    """Tokens/s of the token cache job on ``mb`` MB of prepared text, 1 vs 2 workers.
+
+    The same job on 0.1 MB (as many shards) gives its fixed part: the workers' start,
+    each registering the tasks, and seqio's pipeline per shard.
+    """
+    out = {}
+    for name, size in (("cache", mb), ("cache_fixed", 0.1)):
+        for n, r in _cache_runs(work, name, size, files, pool, vocab).items():
+            out[f"{name}_{n}"] = r
+    return out
+
+
+def _cache_runs(work: str, name: str, mb: float, files: int, pool, vocab: str) -> dict:
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, on use
 
-    inputs, _ = _xz_inputs(work, "cache_xz", mb, files, pool)
-    folder = os.path.join(work, "cache_prepared")
-    _quiet_main([f"--input={inputs}/*", f"--output={folder}", "--overwrite"])
+    inputs, _ = _xz_inputs(work, f"{name}_xz", mb, files, pool)
+    folder = os.path.join(work, f"{name}_prepared")
+    # Several shards per language, as CC-100's languages have (256 MB each): a task's
+    # shards are what its cache job spreads over the workers.
+    shard_bytes = max(1, int(mb * 1_000_000) // (files * CACHE_SHARDS_PER_LANGUAGE))
+    _quiet_main([f"--input={inputs}/*", f"--output={folder}", "--overwrite",
+                 f"--shard_bytes={shard_bytes}"])
     langs = sorted({n.split(".txt")[0] for n in os.listdir(folder) if ".txt-" in n})
     tasks.register(vocab_path=vocab, cc100_dir=folder, languages=langs, count_unit="lines")
     out = {}
@@ -171,11 +208,11 @@ def bench_cache(work: str, mb: int, files: int, pool, vocab: str) -> dict:
         r = {}
         with _timed(r), contextlib.redirect_stdout(io.StringIO()):
             dirs = token_cache.cache_tasks([names.cc100_task(lang) for lang in langs],
-                                           os.path.join(work, f"cache{n}"), overwrite=True,
+                                           os.path.join(work, f"{name}{n}"), overwrite=True,
                                            beam_args=_workers(n))
         r["tokens"] = sum(json.load(open(os.path.join(d, "stats.train.json")))["tokens_tokens"]
                           for d in dirs)
-        out[f"cache_{n}"] = r
+        out[n] = r
     return out
 
 
@@ -255,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"prepare: {mb:.0f} MB of text in {args.files} .xz files, {os.cpu_count()} cores")
         print(f"{'path':<40} {'wall s':>8} {'MB/s':>8} {'MB/CPU-s':>9}")
         rows = [("prepare, 1 worker", p["prepare_1"]), ("prepare, 2 workers", p["prepare_2"]),
+                ("ceiling: split_file, 1 process", p["plain_1"]),
+                ("ceiling: split_file, 2 processes", p["plain_2"]),
                 ("today: xz -dc, gzip -1, count (1 proc)", p["today"]),
                 ("today: the counting pass alone", p["counting"])]
         for name, r in rows:
@@ -265,8 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         speedup = p["prepare_1"]["wall"] / p["prepare_2"]["wall"]
         work_speedup = ((p["prepare_1"]["wall"] - p["fixed_1"]["wall"])
                         / (p["prepare_2"]["wall"] - p["fixed_2"]["wall"]))
+        ceiling = p["plain_1"]["wall"] / p["plain_2"]["wall"]
         print(f"2 workers / 1 worker (wall): {speedup:.2f}x, less the fixed part "
-              f"{work_speedup:.2f}x; 1 worker / today per CPU-second: "
+              f"{work_speedup:.2f}x; the machine's ceiling (2 / 1 plain processes, same "
+              f"work): {ceiling:.2f}x; 1 worker / today per CPU-second: "
               f"{p['today']['cpu'] / p['prepare_1']['cpu']:.2f}x")
         vocab = vocabulary.train_vocabulary(
             {"mix": [os.path.join(work, "xz_plain_*.txt")]}, os.path.join(work, "spm"), 4000,
@@ -278,7 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             r = c[f"cache_{n}"]
             print(f"{f'{n} worker' + ('s' if n > 1 else ''):<40} {r['wall']:>8.2f} "
                   f"{r['tokens'] / r['wall']:>10.0f} {r['tokens'] / r['cpu']:>10.0f}")
-        print(f"2 workers / 1 worker (wall): {c['cache_1']['wall'] / c['cache_2']['wall']:.2f}x")
+        print(f"{'  of which fixed (1 / 2 workers, 0.1 MB)':<40} "
+              f"{c['cache_fixed_1']['wall']:>8.2f} / {c['cache_fixed_2']['wall']:.2f}")
+        net = ((c["cache_1"]["wall"] - c["cache_fixed_1"]["wall"])
+               / (c["cache_2"]["wall"] - c["cache_fixed_2"]["wall"]))
+        print(f"2 workers / 1 worker (wall): {c['cache_1']['wall'] / c['cache_2']['wall']:.2f}x, "
+              f"less the fixed part {net:.2f}x")
         if sizes:
             s = bench_startup(work, sizes, pool, vocab)
             rate = mb / p["counting"]["cpu"]
