@@ -218,9 +218,10 @@ def _train_all(cfg: _RunConfig, mesh, stop: signals.StopSignals, complete: set[s
         log.info("[%s] building the input pipeline of %s", phase.name,
                  phase.describe_data(cfg.corpora))
         iterators[phase.name] = _make_iterator(cfg, phase, streams[phase.name][0], mesh)
-    # A run that trains records its config: a new run now, a rerun with each checkpoint it
-    # writes (so a rerun failing before its first one, on a NaN or a bad binding found
-    # late, leaves the stored config alone); a rerun of a complete run leaves it alone.
+    # A run that trains records its config: a new run at once, and every run with each
+    # checkpoint it writes (so a rerun failing before its first one, on a NaN or a bad
+    # binding found late, leaves the stored config alone); a rerun of a complete run
+    # leaves it alone.
     if iterators and not os.path.exists(os.path.join(cfg.model_dir, "config.gin")):
         _write_config(cfg)
 
