@@ -41,7 +41,9 @@ def test_config_error_comes_before_any_corpus_work(tmp_path, prepared, capsys):
         "--gin.SEQUENCE_LENGTH=1000"], prog="xlmeta_jax.train")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == errors.EXIT_USER_ERROR, err
-    assert err[-1].startswith("xlmeta_jax.train: error: phase 'phase1': sequence_length=1000")
+    assert err[-1].startswith(
+        "xlmeta_jax.train: error: phase 'phase1': sequence_length (SEQUENCE_LENGTH) = 1000 "
+        "exceeds the model's")
     assert prepared == []
     assert not model_dir.exists()
 

@@ -211,7 +211,7 @@ def test_checkpoint_refuses_non_finite_params(tmp_path):
         (dict(phases=[trainer.Phase("p", "synthetic", 2, 6, 32)]),
          r"phase 'p': batch_size=6 is not divisible"),
         (dict(phases=[trainer.Phase("p", "synthetic", 2, 8, 512)]),
-         r"sequence_length=512 exceeds"),
+         r"phase 'p': sequence_length \(.*\) = 512 exceeds the model's 129 positions"),
         (dict(phases=[trainer.Phase("p", "synthetic", 2, 8, 32, init_from="q")]),
          r"init_from='q' is not an earlier phase"),
         (dict(rng_impl="philox"), r"train.rng_impl='philox' is not one of"),
