@@ -126,8 +126,7 @@ def _write_shards_in_place(prefix: str, num_shards: int, eos_after: str):
 
         def finish_bundle(self):
             for shard, elements in self.runs.items():
-                docs = [(shard, j, doc) for j, doc in enumerate(join_documents(
-                    [run for _, run in sorted(elements, key=lambda e: e[0])], eos_after))]
+                docs = [doc for _, doc in _dealt((shard, elements), eos_after, None)]
                 for example in _write_file((shard, docs), prefix, num_shards):
                     yield window.GlobalWindows.windowed_value(example)
             self.runs = {}
