@@ -1,6 +1,7 @@
 """The batch stream the trainer sees: global arrays, exact resume, determinism,
 dynamic masking, the offline cache, phase-1 English and the throughput command."""
 
+import hashlib
 import json
 import os
 
@@ -174,6 +175,22 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
     _assert_equal_batches(
         [_host(next(cached)) for _ in range(4)], [_host(next(fly)) for _ in range(4)]
     )
+    # The cache names the vocabulary that made it; a run with another refuses it.
+    info_path = seqio.utils.get_cached_info_path(out, "train")
+    with open(info_path) as f:
+        info = json.load(f)
+    with open(toy["vocab"], "rb") as f:
+        assert info["xlmeta_vocabulary"] == {"path": toy["vocab"],
+                                             "md5": hashlib.md5(f.read()).hexdigest()}
+    info["xlmeta_vocabulary"]["md5"] = "0" * 32
+    with open(info_path, "w") as f:
+        json.dump(info, f)
+    with pytest.raises(text_files.CorpusError, match="tokenized with the vocabulary .* is "
+                       "another"):
+        _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
+    info["xlmeta_vocabulary"] = None
+    with open(info_path, "w") as f:
+        json.dump(info, f)
     # A run with the other convention refuses the cache instead of training on it.
     other = "document" if eos_after == "line" else "line"
     _register(toy, eos_after=other)

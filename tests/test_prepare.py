@@ -226,13 +226,19 @@ def _listing(folder):
 
 
 @pytest.mark.slow
-def test_two_workers_write_what_one_writes(corpus, tmp_path):
+def test_two_workers_write_what_one_writes(corpus, tmp_path, capfd):
     other = tmp_path / "two"
     flags = [f if not f.startswith("--output=") else f"--output={other}"
              for f in corpus["flags"]]
     assert prepare.main([*flags, "--tokenize", f"--vocab={corpus['vocab']}",
                          "--direct_num_workers=2",
                          "--direct_running_mode=multi_processing"]) == 0
+    # The job's own lines only: none of Beam's workers' or TensorFlow's start-up.
+    captured = capfd.readouterr()
+    lines = (captured.out + captured.err).strip().splitlines()
+    # (The mixture line of the cache job's tasks goes to the log, pytest's here.)
+    assert [line.split(" ")[0] for line in lines
+            if not line.startswith("xlmeta_cc100:")] == ["preparing", "wrote"], lines
     one, two = _listing(corpus["out"]), _listing(other)
     assert one.keys() == two.keys()
     for name in one:
@@ -270,7 +276,27 @@ def test_bad_inputs_name_the_file_and_leave_nothing(corpus, tmp_path, capsys, ca
     expected = {"damaged": "damaged .xz", "truncated": "truncated", "language": "zh-Hans",
                 "not_xz": "not an .xz file"}[case]
     assert expected in err[0]
-    assert not out.exists() or not os.listdir(out)
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_two_workers_say_a_bad_input_in_one_line(corpus, tmp_path, capfd):
+    """The workers' own lines (a failed bundle's traceback) are not printed around it."""
+    good = lzma.compress((corpus["plain"] / "en.txt").read_bytes())
+    folder = _damaged(tmp_path / "in", "en.txt.xz", good[: len(good) // 2])
+    (folder / "de.txt.xz").write_bytes(lzma.compress((corpus["plain"] / "de.txt").read_bytes()))
+    out = tmp_path / "out"
+    code = errors.run_command(prepare.main, [
+        f"--input={folder}/*", f"--output={out}", "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing"], prog="xlmeta_jax.data.prepare")
+    captured = capfd.readouterr()
+    assert code == 2 and captured.err.strip().splitlines() == [
+        f"xlmeta_jax.data.prepare: error: {folder / 'en.txt.xz'}: truncated (it ends before "
+        "its compressed stream does: Compressed file ended before the end-of-stream marker "
+        "was reached)"], captured.err
+    assert captured.out.strip().splitlines() == [
+        f"preparing 2 files of 2 languages into {out}"], captured.out
+    assert not out.exists()
 
 
 def test_output_in_the_way_is_refused(corpus, tmp_path, capsys):

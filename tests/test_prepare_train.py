@@ -167,3 +167,33 @@ def _leaves(tree):
     import jax
 
     return jax.tree.leaves(tree)
+
+
+@pytest.mark.slow
+def test_a_run_on_the_prepared_token_cache_resumes_exactly(pod, tmp_path):
+    """The cache added to a prepared folder (the vocabulary trained on its sample), then a
+    run reading it (found in CC100_DIR/cache)."""
+    out = tmp_path / "cc100"
+    shutil.copytree(pod["out"], out)
+    shards = sorted(p.name for p in out.glob("*.txt-*"))
+    assert prepare.main([f"--output={out}", "--tokenize", f"--vocab={pod['vocab']}"]) == 0
+    assert sorted(p.name for p in out.glob("*.txt-*")) == shards
+    assert sorted(p.name for p in (out / prepared.CACHE_DIR).iterdir()) == [
+        f"xlmeta_cc100_{lang}" for lang in sorted(LANGUAGES)]
+    cached = "--gin.xlmeta_jax.pretrain.trainer.Phase.use_cached=True"
+    run = tmp_path / "run"
+    code, log = _one(_cmd(pod, run, out, cached))
+    assert code == 0 and "[xlmr] step 4/4" in log, log[-3000:]
+    assert "tokens from the offline cache" in log and "counting" not in log
+    assert checkpoints.read_meta(run / "xlmr" / "4")["use_cached"] is True
+    whole = _leaves(checkpoints.restore_params(run / "xlmr" / "4"))
+    _unfinished(run)
+    # The stream's saved state is the cache reader's: the text reader cannot take it.
+    code, log = _one(_cmd(pod, run, out))
+    lines = [line for line in log.splitlines() if "error:" in line]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in log, log[-3000:]
+    assert "was trained reading the offline token cache (use_cached=True)" in lines[0]
+    code, log = _one(_cmd(pod, run, out, cached))
+    assert code == 0 and "resuming from" in log, log[-3000:]
+    for a, b in zip(whole, _leaves(checkpoints.restore_params(run / "xlmr" / "4"))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

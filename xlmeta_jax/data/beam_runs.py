@@ -5,6 +5,10 @@ Beam's own pipeline options choose the runner (``--runner=DataflowRunner``, ``Fl
 jobs on (the FnApiRunner, which ``--direct_num_workers`` and ``--direct_running_mode``
 set), without the DirectRunner's first try at downloading its Prism runner's binary.
 
+With ``--direct_running_mode=multi_processing`` the local workers are Beam's own worker
+started through :mod:`xlmeta_jax.data.beam_worker`, which drops its start-up lines; the
+driver drops two of Beam's warnings that are not about the job (:func:`quiet`).
+
 An input error found on a worker (a damaged ``.xz``) is raised as a ``CorpusError``
 through every runner's own wrapping of worker failures: :func:`input_error` marks its
 message, :func:`run` finds the mark and raises the one line again in the driver.
@@ -12,12 +16,69 @@ message, :func:`run` finds the mark and raises the one line again in the driver.
 
 from __future__ import annotations
 
+import logging
 import re
+import shlex
+import sys
 from collections.abc import Callable, Sequence
 
 from xlmeta_jax.data import text_files
 
 _MARK, _END = "<<xlmeta-input-error:", ":xlmeta-input-error>>"
+
+# Beam's warnings in the driver that are not about the job, by logger.
+_NOISE = {
+    # Importing Beam without its BigQuery client (not needed here) warns on the root logger.
+    "": ("apitools not found",),
+    # A source-text heuristic that flags seqio's PreprocessTask function for the
+    # ``return`` of a function nested in it, not a bug.
+    "apache_beam.transforms.core": ("Using yield and return in the process method",),
+    # run() starts the local workers itself (below): in Beam's terms that is "in_memory".
+    "apache_beam.runners.portability.fn_api_runner.fn_runner": (
+        "If direct_num_workers is not equal to 1",),
+}
+
+
+class _Drop(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def drop_messages(noise: dict[str, tuple[str, ...]]) -> None:
+    """Drops the records that loggers (by name; "" the root) log with these beginnings."""
+    for name, prefixes in noise.items():
+        logging.getLogger(name).addFilter(_Drop(prefixes))
+
+
+class _DropInputErrors(logging.Filter):
+    """Drops a local worker's log records of an input error: run() says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not is_input_error(record.getMessage())
+
+
+def is_input_error(text: str) -> bool:
+    """Whether ``text`` carries an :func:`input_error` (a traceback, a log record)."""
+    return _MARK in text
+
+
+_QUIET = False
+
+
+def quiet() -> None:
+    """Drops Beam's warnings that are not about the job (idempotent; call before
+    importing Beam)."""
+    global _QUIET
+    if not _QUIET:
+        drop_messages(_NOISE)
+        # Where the DirectRunner logs what its local workers log.
+        logging.getLogger("apache_beam.runners.portability.local_job_service").addFilter(
+            _DropInputErrors())
+        _QUIET = True
 
 
 def input_error(e: text_files.CorpusError) -> RuntimeError:
@@ -25,8 +86,15 @@ def input_error(e: text_files.CorpusError) -> RuntimeError:
     return RuntimeError(f"{_MARK}{e}{_END}")
 
 
-def run(build: Callable[[object], None], beam_args: Sequence[str] = ()) -> None:
+def run(build: Callable[[object], None], beam_args: Sequence[str] = (), *,
+        tensorflow: bool = False) -> None:
     """Builds a pipeline with ``build(pipeline)`` and runs it to the end.
+
+    Args:
+      build: adds the job's transforms to a pipeline.
+      beam_args: Beam's pipeline options.
+      tensorflow: the job's functions use TensorFlow (local workers import it first,
+        without its start-up lines).
 
     Raises:
       CorpusError: a worker's input error (:func:`input_error`), as one line.
@@ -37,6 +105,7 @@ def run(build: Callable[[object], None], beam_args: Sequence[str] = ()) -> None:
         StandardOptions,
     )
 
+    quiet()
     beam_args = list(beam_args)
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # The workers' per-bundle INFO lines would drown the job's own.
@@ -45,15 +114,27 @@ def run(build: Callable[[object], None], beam_args: Sequence[str] = ()) -> None:
     runner = options.view_as(StandardOptions).runner
     if runner in (None, "DirectRunner", "direct"):
         # As Beam's DirectRunner builds it, with the options the workers read.
+        from apache_beam.options.pipeline_options import DirectOptions  # noqa: PLC0415
         from apache_beam.portability.api import beam_provision_api_pb2  # noqa: PLC0415
         from apache_beam.runners.portability.fn_api_runner import fn_runner  # noqa: PLC0415
         from apache_beam.runners.portability.portable_runner import (  # noqa: PLC0415
             JobServiceHandle,
         )
+        from apache_beam.transforms import environments  # noqa: PLC0415
 
+        environment, direct = None, options.view_as(DirectOptions)
+        if direct.direct_running_mode == "multi_processing":
+            # The same worker subprocesses as Beam's multi_processing, started with our
+            # command: the runner replaces the environment in that mode, not in in_memory.
+            environment = environments.SubprocessSDKEnvironment.from_command_string(
+                f"{shlex.quote(sys.executable)} -m xlmeta_jax.data.beam_worker"
+                + (" --tensorflow" if tensorflow else ""))
+            direct.direct_running_mode = "in_memory"
         encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-        runner = fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+        runner = fn_runner.FnApiRunner(
+            default_environment=environment,
+            provision_info=fn_runner.ExtendedProvisionInfo(
+                beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
     try:
         with beam.Pipeline(runner=runner, options=options) as pipeline:
             build(pipeline)

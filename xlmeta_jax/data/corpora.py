@@ -190,7 +190,13 @@ def cc100_files(folder: str, lang: str) -> list[str]:
     else:
         matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
     if not matched:
-        raise text_files.CorpusError(f"CC-100 language {lang!r}: no file matches {pattern}")
+        stats = prepared.read_stats(folder)
+        held = sorted((stats or {}).get("languages", {}))
+        named = ", ".join(held[:12]) + (", ..." if len(held) > 12 else "")
+        hint = (f" (the folder, prepared, holds {len(held)}: {named}; "
+                "CC100_LANGUAGES chooses among them)") if held else ""
+        raise text_files.CorpusError(
+            f"CC-100 language {lang!r}: no file matches {pattern}{hint}")
     readable = []
     for path in matched:
         try:

@@ -34,12 +34,16 @@ class MLMIterator:
     Create it with :func:`make_mlm_iterator`.
     """
 
-    def __init__(self, dataset, mesh: Mesh, global_batch_size: int):
+    def __init__(self, dataset, mesh: Mesh, global_batch_size: int, *,
+                 use_cached: bool = False):
         """Args:
         dataset: a tf.data.Dataset of this process's batches (dict of tensors).
         mesh: the device mesh; batches are sharded with ``batch_spec``.
         global_batch_size: rows of a global batch (over all processes).
+        use_cached: whether it reads seqio's offline token cache; a saved state
+          restores only into an iterator that reads the same (tf.data's graph differs).
         """
+        self.use_cached = bool(use_cached)
         from clu.data import dataset_iterator  # noqa: PLC0415 - clu imports TensorFlow; only where it is used
 
         self._iterator = dataset_iterator.TfDatasetIterator(dataset, checkpoint=True)
@@ -147,7 +151,7 @@ def host_dataset(
     if use_cached:
         from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, as above
 
-        tasks.check_cache_convention(task_or_mixture, split)
+        tasks.check_cache(task_or_mixture, split)
     kwargs = dict(
         sequence_length={"inputs": int(sequence_length), "targets": int(sequence_length)},
         split=split,
@@ -226,7 +230,7 @@ def make_mlm_iterator(
     options = tf.data.Options()
     options.deterministic = True
     ds = ds.with_options(options)
-    return MLMIterator(ds, mesh, int(global_batch_size))
+    return MLMIterator(ds, mesh, int(global_batch_size), use_cached=use_cached)
 
 
 def batch_to_numpy(batch: Mapping[str, jax.Array]) -> dict[str, np.ndarray]:

@@ -5,6 +5,8 @@
   python -m xlmeta_jax.data.prepare --input='/data/cc100-xz/*.txt.xz' --output=/data/cc100 \\
       [--shard_bytes=N] [--vocab_sample_lines=N --alpha=A --seed=S] \\
       [--tokenize --vocab=PATH] [Beam options: --runner, --direct_num_workers, ...]
+  # later, once the vocabulary is trained on the sample: the token cache alone
+  python -m xlmeta_jax.data.prepare --output=/data/cc100 --tokenize --vocab=PATH
 
 Each input file is read once by one worker (``.xz``, ``.gz`` or plain, local or any
 file system Beam reads, ``gs://`` included), split into document-whole gzip shards
@@ -40,7 +42,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from xlmeta_jax import errors, files
+from xlmeta_jax import errors, files, logs
 from xlmeta_jax.data import (
     beam_runs,
     line_sample,
@@ -75,10 +77,12 @@ class Plan:
     seed: int = 0
     vocab: str | None = None
     eos_after: str = "line"
+    # Only the token cache, of a folder an earlier job prepared (no --input).
+    cache_only: tuple[str, ...] = ()
 
     @property
     def languages(self) -> list[str]:
-        return sorted({lang for _, lang, _ in self.inputs})
+        return sorted(self.cache_only or {lang for _, lang, _ in self.inputs})
 
     @property
     def temp(self) -> str:
@@ -189,6 +193,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise errors.UsageError("--vocab is read by --tokenize only; add --tokenize")
     if args.tokenize:
         vocabulary.load_vocabulary(args.vocab)
+    if not args.input:
+        return _cache_only_plan(args)
     paths = _expand(args.input)
     wanted = (check_languages([s for s in args.languages.split(",") if s], what="--languages")
               if args.languages else None)
@@ -227,6 +233,31 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 token_sample_lines=args.token_sample_lines,
                 vocab_sample_lines=args.vocab_sample_lines, alpha=args.alpha, seed=args.seed,
                 vocab=args.vocab, eos_after=args.eos_after)
+
+
+def _cache_only_plan(args: argparse.Namespace) -> Plan:
+    """``--tokenize`` without ``--input``: the token cache of a folder already prepared."""
+    if not args.tokenize:
+        raise errors.UsageError("--input is required (without it, --tokenize --vocab=PATH adds "
+                                "the token cache to a folder prepared before)")
+    output = args.output.rstrip("/") if "://" in args.output else os.path.abspath(args.output)
+    stats = prepared.read_stats(output)
+    if stats is None:
+        raise errors.UsageError(f"--output {output} is not a folder this command prepared "
+                                f"(no {prepared.COMPLETED} and statistics): give --input")
+    held = sorted(stats["languages"])
+    if args.languages:
+        wanted = check_languages([s for s in args.languages.split(",") if s],
+                                 what="--languages")
+        missing = sorted(set(wanted) - set(held))
+        if missing:
+            raise text_files.CorpusError(f"--languages: {output} holds no shards of {missing}")
+        held = sorted(wanted)
+    if prepared.CACHE_DIR in _entries(output) and not args.overwrite:
+        raise errors.UsageError(f"--output {output} holds a token cache already "
+                                f"({prepared.CACHE_DIR}/): pass --overwrite to replace it")
+    return Plan(inputs=(), output=output, max_line_bytes=stats["max_line_bytes"],
+                vocab=args.vocab, eos_after=args.eos_after, cache_only=tuple(held))
 
 
 # --------------------------------------------------------------------------- the job
@@ -368,9 +399,22 @@ def build(pipeline, plan: Plan) -> None:
 def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
     """Runs the job (and the token cache's with ``plan.vocab``); returns what it wrote.
 
-    On any failure, what the job wrote into the output folder is removed.
+    On any failure, what the job wrote into the output folder is removed (and the
+    folder, where the job made it). With ``plan.cache_only`` it writes the token cache
+    only, into a folder an earlier job prepared (on failure, the cache is removed).
     """
+    if plan.cache_only:
+        t0 = time.time()
+        _remove(plan.output, [prepared.CACHE_DIR])
+        try:
+            _tokenize(plan, beam_args)
+        except BaseException:
+            _remove(plan.output, [prepared.CACHE_DIR])
+            raise
+        return {"seconds": time.time() - t0, "seconds_text": 0.0,
+                "languages": prepared.read_stats(plan.output)["languages"]}
     _remove(plan.output, [n for n in _entries(plan.output) if prepared.is_own_entry(n)])
+    created = "://" not in plan.output and not os.path.exists(plan.output)
     for folder in (plan.output, plan.temp, _join(plan.output, prepared.TOKEN_SAMPLE_DIR)):
         _mkdirs(folder)
     if plan.vocab_sample_lines:
@@ -385,6 +429,8 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
         _write_text(_join(plan.output, prepared.COMPLETED), "")
     except BaseException:
         _remove(plan.output, [n for n in _entries(plan.output) if prepared.is_own_entry(n)])
+        if created and not os.listdir(plan.output):
+            os.rmdir(plan.output)
         raise
     return {"seconds": time.time() - t0, "seconds_text": seconds_text,
             "languages": prepared.read_stats(plan.output)["languages"]}
@@ -413,8 +459,9 @@ def parser() -> argparse.ArgumentParser:
         "the vocabulary's line sample and seqio's token cache, on Apache Beam. Options this "
         "command does not know are Beam's (--runner, --direct_num_workers, --project, ...).",
     )
-    p.add_argument("--input", action="append", required=True, type=files.path_flag("--input"),
-                   help="glob of {lang}.txt.xz / .gz / plain files (repeatable; local or gs://)")
+    p.add_argument("--input", action="append", type=files.path_flag("--input"),
+                   help="glob of {lang}.txt.xz / .gz / plain files (repeatable; local or "
+                   "gs://); without it, --tokenize adds the token cache to a prepared --output")
     p.add_argument("--output", required=True, type=files.path_flag("--output"),
                    help="the prepared folder (CC100_DIR)")
     p.add_argument("--languages", help="comma-separated CC-100 codes (default: every input)")
@@ -445,17 +492,26 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m xlmeta_jax.data.prepare`` (see the module docstring)."""
     args, beam_args = parser().parse_known_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    # Beam's and seqio's per-bundle lines (type hints, renames, every example) would
-    # drown the job's own; their warnings and errors still show.
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # The job's own lines; the libraries' info lines (Beam's per bundle, seqio's per
+    # example, JAX's backend search) would drown them: their warnings and errors show.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("xlmeta_jax").setLevel(logging.INFO)
+    logs.quiet_start(import_tensorflow=args.tokenize)
+    beam_runs.quiet()
     try:
         import apache_beam  # noqa: F401, PLC0415
     except ImportError:
         raise errors.UserError("Apache Beam is not installed: pip install -c constraints.txt "
                                "-e '.[beam]'") from None
     plan = make_plan(args)
+    if plan.cache_only:
+        print(f"tokenizing {len(plan.languages)} prepared languages into "
+              f"{_join(plan.output, prepared.CACHE_DIR)}", flush=True)
+        result = run(plan, beam_args)
+        print(f"wrote the token cache of {len(plan.languages)} languages in "
+              f"{result['seconds']:.1f} s: {_join(plan.output, prepared.CACHE_DIR)} (read it "
+              "with XLING_USE_CACHED=True or make_mlm_iterator.use_cached=True)")
+        return 0
     print(f"preparing {len(plan.inputs)} files of {len(plan.languages)} languages into "
           f"{plan.output}", flush=True)
     result = run(plan, beam_args)

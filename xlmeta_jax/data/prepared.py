@@ -51,6 +51,12 @@ def is_complete(folder: str) -> bool:
         os.path.join(folder, STATS_FILENAME))
 
 
+def cache_dir(folder: str) -> str | None:
+    """The token cache of a prepared folder (``--tokenize``), or None where it has none."""
+    path = os.path.join(folder, CACHE_DIR)
+    return path if is_complete(folder) and text_files.exists(path) else None
+
+
 def read_stats(folder: str) -> dict | None:
     """The prepared statistics' ``prepared`` section, or None (not prepared, or incomplete)."""
     if not is_complete(folder):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ import seqio
 import tensorflow as tf
 
 from xlmeta_jax.data import corpora as corpora_lib
-from xlmeta_jax.data import preprocessors, providers, rates, text_files, vocabulary
+from xlmeta_jax.data import prepared, preprocessors, providers, rates, text_files, vocabulary
 from xlmeta_jax.data import task_names as names
 from xlmeta_jax.data.languages import mc4_split_name
 
@@ -387,32 +388,53 @@ def registered_corpora() -> corpora_lib.Corpora | None:
     return None if _registered is None else _registered[0][0]
 
 
-# The info.{split}.json key of an offline token cache that says where its </s> are
-# (xlmeta_jax.tools.caching); caches without it hold documents with one </s> each.
+# The info.{split}.json keys of an offline token cache that say where its </s> are
+# (caches without it hold documents with one </s> each) and which vocabulary made it.
 CACHE_EOS_KEY = "xlmeta_eos_after"
+CACHE_VOCAB_KEY = "xlmeta_vocabulary"
 
 
-def check_cache_convention(task_or_mixture: str, split: str) -> None:
-    """Refuses offline token caches tokenized with another ``eos_after`` than this run's.
+def vocabulary_record(vocab_path: str) -> dict:
+    """What a token cache records of the vocabulary it was tokenized with."""
+    with tf.io.gfile.GFile(vocab_path, "rb") as f:
+        return {"path": vocab_path, "md5": hashlib.md5(f.read()).hexdigest()}
 
-    seqio reads a task's cache in place of the steps before its
-    ``CacheDatasetPlaceholder``, so a cache written with the other ``</s>`` convention
-    would silently train on it.
+
+def check_cache(task_or_mixture: str, split: str) -> None:
+    """Checks, before any reading, the offline token caches a run with use_cached reads.
+
+    Every task of ``task_or_mixture`` needs a complete cache (seqio would fail on the
+    first missing one mid-way), tokenized with this run's ``</s>`` convention and
+    vocabulary: seqio reads a cache in place of the steps before the task's
+    ``CacheDatasetPlaceholder``, so another convention or vocabulary would silently
+    train on other tokens. A prepared CC-100 folder's cache (``CC100_DIR/cache``, from
+    ``python -m xlmeta_jax.data.prepare --tokenize``) is found without a cache_dir.
 
     Raises:
-      CorpusError: naming the cache folder and both conventions.
+      CorpusError: naming the task or cache folder and what is wrong.
     """
     corpora = registered_corpora()
-    if corpora is None:
-        return
+    if corpora is not None and corpora.cc100_dir:
+        cache = prepared.cache_dir(corpora.cc100_dir)
+        if cache:
+            seqio.add_global_cache_dirs([cache])
+    vocab = None
     for task in seqio.get_subtasks(seqio.get_mixture_or_task(task_or_mixture)):
-        if not task.supports_caching or not task.cache_dir:
+        if not task.supports_caching:
             continue
+        if not task.cache_dir:
+            where = ", ".join(seqio.get_global_cache_dirs()) or "no cache folder"
+            raise text_files.CorpusError(
+                f"{task.name} has no complete token cache (searched: {where}): write it with "
+                "python -m xlmeta_jax.data.prepare --tokenize (CC-100) or python -m "
+                "xlmeta_jax.tools.caching, name its folder with make_mlm_iterator.cache_dir, "
+                "or read the task without it (use_cached=False)")
         path = seqio.utils.get_cached_info_path(task.cache_dir, split)
-        if not tf.io.gfile.exists(path):
+        if corpora is None or not tf.io.gfile.exists(path):
             continue
         with tf.io.gfile.GFile(path) as f:
-            cached = json.load(f).get(CACHE_EOS_KEY, "document")
+            info = json.load(f)
+        cached = info.get(CACHE_EOS_KEY, "document")
         if cached != corpora.eos_after:
             raise text_files.CorpusError(
                 f"the token cache {task.cache_dir} puts </s> after each {cached}, this run "
@@ -420,6 +442,15 @@ def check_cache_convention(task_or_mixture: str, split: str) -> None:
                 "python -m xlmeta_jax.tools.caching --overwrite, or set "
                 f"xlmeta_jax.data.corpora.Corpora.eos_after='{cached}'"
             )
+        made_with = info.get(CACHE_VOCAB_KEY)
+        if made_with and corpora.vocab_path:
+            vocab = vocab or vocabulary_record(corpora.vocab_path)
+            if made_with["md5"] != vocab["md5"]:
+                raise text_files.CorpusError(
+                    f"the token cache {task.cache_dir} was tokenized with the vocabulary "
+                    f"{made_with['path']}, this run's VOCAB_PATH {corpora.vocab_path} is "
+                    "another (md5 differs): rebuild the cache with this vocabulary, or train "
+                    "with the cache's")
 
 
 def language_probabilities(mixture_name: str) -> dict[str, float]:

@@ -12,10 +12,11 @@ The TFRecords are written here rather than by seqio's ``WriteExampleTfRecord``,
 which reshuffles the examples: the task's elements (runs of up to 256 paragraphs)
 are joined back into whole documents in their order, and each cache file holds its
 documents in source order — by default one file per source shard, with
-``num_shards`` documents dealt round-robin — so that a cached run reads the batches
-an uncached one reads, interleaved cache files never split a document, and two runs
-of the job write the same files. ``info.{split}.json`` records the ``</s>``
-convention (``xlmeta_eos_after``); a run with the other one refuses the cache.
+``num_shards`` documents dealt round-robin — so that an unshuffled cached run reads
+the batches an uncached one reads, interleaved cache files never split a document,
+and two runs of the job write the same files. ``info.{split}.json`` records the
+``</s>`` convention (``xlmeta_eos_after``) and the vocabulary (``xlmeta_vocabulary``:
+path and md5); a run with another refuses the cache (``tasks.check_cache``).
 
 Workers register the tasks themselves (``setup_fn``) with the driver's
 :class:`~xlmeta_jax.data.corpora.Corpora`: from prepared statistics where the corpus
@@ -134,10 +135,11 @@ def _write_shards_in_place(prefix: str, num_shards: int, eos_after: str):
     return beam.ParDo(WriteShards())
 
 
-def _with_convention(info: dict, eos_after: str) -> dict:
+def _with_convention(info: dict, eos_after: str, vocab: dict | None) -> dict:
     from xlmeta_jax.data import tasks  # noqa: PLC0415
 
-    return {**info, tasks.CACHE_EOS_KEY: eos_after}
+    return {**info, tasks.CACHE_EOS_KEY: eos_after,
+            **({tasks.CACHE_VOCAB_KEY: vocab} if vocab else {})}
 
 
 def task_folder(cache_dir: str, task_name: str) -> str:
@@ -155,11 +157,16 @@ def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corp
     import tensorflow as tf  # noqa: PLC0415
     from seqio import beam_utils  # noqa: PLC0415
 
+    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, on use
+
     out = task_folder(cache_dir, task.name)
     tf.io.gfile.makedirs(out)
     files = num_shards or len(task.source.list_shards(split))
     prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
     label = task.name
+    # Recorded beside the </s> convention: a run reading the cache checks both.
+    vocab = (tasks.vocabulary_record(corpora.vocab_path)
+             if corpora is not None and corpora.vocab_path else None)
     elements = (
         pipeline
         | f"{label}_read" >> beam_utils.PreprocessTask(
@@ -178,7 +185,8 @@ def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corp
                                                    num_shards=files))
     _ = (docs
          | f"{label}_info" >> beam_utils.GetInfo(files)
-         | f"{label}_convention" >> beam.Map(_with_convention, eos_after=eos_after)
+         | f"{label}_convention" >> beam.Map(_with_convention, eos_after=eos_after,
+                                             vocab=vocab)
          | f"{label}_write_info" >> beam_utils.WriteJson(
              seqio.utils.get_cached_info_path(out, split)))
     _ = (docs
@@ -235,7 +243,7 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
             add_task(pipeline, task, cache_dir, split=split, eos_after=eos_after,
                      corpora=corpora, num_shards=num_shards)
 
-    beam_runs.run(build, beam_args)
+    beam_runs.run(build, beam_args, tensorflow=True)
     for _, out, _ in chosen:
         with tf.io.gfile.GFile(os.path.join(out, "COMPLETED"), "w") as f:
             f.write("")

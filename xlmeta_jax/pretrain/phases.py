@@ -52,6 +52,10 @@ class Phase:
     alpha: float | None = None
     # Share of the tokens selected for prediction in its blocks.
     mask_rate: float | None = None
+    # Read the task's tokens from seqio's offline token cache (CC100_DIR/cache, written
+    # by python -m xlmeta_jax.data.prepare --tokenize; or make_mlm_iterator.cache_dir).
+    # None: the feeder's own setting (make_mlm_iterator.use_cached).
+    use_cached: bool | None = None
 
     def __post_init__(self):
         if self.languages is not None and not isinstance(self.languages, str):
@@ -101,5 +105,7 @@ class Phase:
                          else "every language")
             parts.append(f"alpha {c.alpha:g}")
         parts.append(f"mask rate {c.masking.rate:g}")
+        if self.use_cached:
+            parts.append("tokens from the offline cache")
         return ", ".join(parts)
 

@@ -271,8 +271,9 @@ def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
              for p in cfg.phases if p.source() != p.task}
     registered = tasks.register(cfg.corpora, views=views)
     tasks.check_registered(phase.source(), registered)
+    cached = {} if phase.use_cached is None else {"use_cached": phase.use_cached}
     return cfg.feeder(phase.source(), sequence_length=phase.sequence_length,
-                      global_batch_size=phase.batch_size, mesh=mesh, seed=seed)
+                      global_batch_size=phase.batch_size, mesh=mesh, seed=seed, **cached)
 
 
 def _stream_seed(cfg: _RunConfig, index: int, phase: Phase) -> tuple[int, bool]:
@@ -323,6 +324,20 @@ class _Start:
     metrics: dict  # the last metrics logged (a resume's)
 
 
+def _check_same_source(phase: Phase, step_dir: str, meta: dict, iterator) -> None:
+    """Refuses to restore an input stream's state into one reading the other source."""
+    stored, now = bool(meta.get("use_cached", False)), _reads_cache(iterator)
+    if stored != now:
+        def what(cached):
+            return "the offline token cache" if cached else "the text"
+        raise run_dir.RunConfigMismatch(
+            f"[{phase.name}] {step_dir} was trained reading {what(stored)} (use_cached="
+            f"{stored}), this run reads {what(now)}: the input stream's state restores only "
+            f"into the same source; rerun with use_cached={stored} (XLING_USE_CACHED, "
+            f"{phase.name}/xlmeta_jax.pretrain.trainer.Phase.use_cached or "
+            "make_mlm_iterator.use_cached)")
+
+
 def _initial_state(cfg: _RunConfig, index: int, phase: Phase, fns: step.StepFunctions,
                    ckpt: checkpoints.PhaseCheckpoints, iterator, *, reseeded: bool) -> _Start:
     """The phase's initial state, by the init/resume precedence below."""
@@ -335,6 +350,8 @@ def _initial_state(cfg: _RunConfig, index: int, phase: Phase, fns: step.StepFunc
     # (The stored config matches the requested one: checked by checks.check_stored_run.)
     latest = ckpt.latest_step()
     if latest is not None:
+        if not reseeded:
+            _check_same_source(phase, ckpt.step_dir(latest), ckpt.read_meta(latest), iterator)
         state, meta = ckpt.restore(latest, fns.abstract_state, None if reseeded else iterator)
         log.info("[%s] resuming from %s (step %d/%d)", phase.name, ckpt.step_dir(latest),
                  int(meta["phase_step"]), phase.num_steps)
@@ -456,7 +473,8 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
             t_log, steps_since_log = time.time(), 0
         if (save_now or stopping) and ckpt.save(
                 phase_step, state, iterator,
-                _meta(cfg, index, phase, start, phase_step, last_metrics, stream_seed),
+                _meta(cfg, index, phase, start, phase_step, last_metrics, stream_seed,
+                      use_cached=_reads_cache(iterator)),
                 force=done or stopping):
             _write_config(cfg)
         if stopping:
@@ -497,8 +515,13 @@ def _host_metrics(phase: Phase, phase_step: int, metrics, step_offset: int,
     return host
 
 
+def _reads_cache(iterator) -> bool:
+    """Whether a phase's iterator reads seqio's offline token cache (synthetic: no)."""
+    return bool(getattr(iterator, "use_cached", False))
+
+
 def _meta(cfg: _RunConfig, index: int, phase: Phase, start: _Start, phase_step: int,
-          metrics: dict, stream_seed: int) -> dict:
+          metrics: dict, stream_seed: int, *, use_cached: bool) -> dict:
     """What a checkpoint records beside the state (checks.check_stored_run reads it)."""
     return {
         "phase": phase.name,
@@ -512,6 +535,7 @@ def _meta(cfg: _RunConfig, index: int, phase: Phase, start: _Start, phase_step: 
         "mask_rate": phase.mask_rate,
         "data_seed": cfg.phase_seeds[index],
         "stream_seed": stream_seed,
+        "use_cached": use_cached,
         "process_count": jax.process_count(),
         "batch_size": phase.batch_size,
         "sequence_length": phase.sequence_length,

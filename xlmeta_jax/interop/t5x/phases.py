@@ -177,7 +177,7 @@ def get_dataset(cfg: t5x_utils.DatasetConfig, shard_id: int, num_shards: int,
                  cfg.mixture_or_task_name, shard_id, num_shards,
                  cfg.batch_size // num_shards, seed)
     if cfg.use_cached:
-        tasks.check_cache_convention(cfg.mixture_or_task_name, cfg.split)
+        tasks.check_cache(cfg.mixture_or_task_name, cfg.split)
     return seqio.get_dataset(
         mixture_or_task_name=cfg.mixture_or_task_name,
         task_feature_lengths=cfg.task_feature_lengths,
