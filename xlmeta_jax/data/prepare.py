@@ -240,6 +240,9 @@ def _cache_only_plan(args: argparse.Namespace) -> Plan:
     if not args.tokenize:
         raise errors.UsageError("--input is required (without it, --tokenize --vocab=PATH adds "
                                 "the token cache to a folder prepared before)")
+    if args.vocab_sample_lines:
+        raise errors.UsageError("--vocab_sample_lines draws its sample while --input is cut "
+                                "into shards: give --input")
     output = args.output.rstrip("/") if "://" in args.output else os.path.abspath(args.output)
     stats = prepared.read_stats(output)
     if stats is None:

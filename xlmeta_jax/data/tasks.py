@@ -403,8 +403,8 @@ def vocabulary_record(vocab_path: str) -> dict:
 def check_cache(task_or_mixture: str, split: str) -> None:
     """Checks, before any reading, the offline token caches a run with use_cached reads.
 
-    Every task of ``task_or_mixture`` needs a complete cache (seqio would fail on the
-    first missing one mid-way), tokenized with this run's ``</s>`` convention and
+    Every task of ``task_or_mixture`` needs a complete cache (seqio's own check is an
+    ``AssertionError`` naming the task only), tokenized with this run's ``</s>`` convention and
     vocabulary: seqio reads a cache in place of the steps before the task's
     ``CacheDatasetPlaceholder``, so another convention or vocabulary would silently
     train on other tokens. A prepared CC-100 folder's cache (``CC100_DIR/cache``, from
