@@ -309,3 +309,19 @@ def test_output_in_the_way_is_refused(corpus, tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and words in err and "notes.txt" in err
     assert os.listdir(out) == ["notes.txt"]
+
+
+def test_the_cache_alone_needs_a_prepared_folder(corpus, tmp_path, capsys):
+    """--tokenize without --input adds a cache to a prepared folder, and only there."""
+    vocab = f"--vocab={corpus['vocab']}"
+    for flags, words in (
+            ([f"--output={tmp_path}"], "--input is required"),
+            ([f"--output={tmp_path}", "--tokenize", vocab], "is not a folder this command "
+             "prepared"),
+            ([f"--output={corpus['out']}", "--tokenize", vocab], "holds a token cache already"),
+            ([f"--output={corpus['out']}", "--tokenize", vocab, "--overwrite",
+              "--languages=en,fr"], "holds no shards of ['fr']")):
+        code = errors.run_command(prepare.main, flags, prog="prepare")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and words in err[0], (flags, err)
+    assert (corpus["out"] / prepared.CACHE_DIR / names.cc100_task("en") / "COMPLETED").exists()
