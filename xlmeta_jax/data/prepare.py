@@ -170,6 +170,17 @@ def _expand(patterns: Sequence[str]) -> list[str]:
     return sorted(set(paths))
 
 
+def _output_folder(args: argparse.Namespace) -> str:
+    return args.output.rstrip("/") if "://" in args.output else os.path.abspath(args.output)
+
+
+def _wanted_languages(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """--languages, checked (None: every input's)."""
+    if not args.languages:
+        return None
+    return check_languages([s for s in args.languages.split(",") if s], what="--languages")
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     """Checks every setting and input before any work; returns the job.
 
@@ -196,8 +207,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if not args.input:
         return _cache_only_plan(args)
     paths = _expand(args.input)
-    wanted = (check_languages([s for s in args.languages.split(",") if s], what="--languages")
-              if args.languages else None)
+    wanted = _wanted_languages(args)
     inputs = []
     for path in paths:
         lang = shards.language_of(path)
@@ -214,7 +224,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.vocab_sample_lines and args.vocab_sample_lines < len({i[1] for i in inputs}):
         raise errors.UsageError(f"--vocab_sample_lines={args.vocab_sample_lines} is fewer "
                                 f"than the {len({i[1] for i in inputs})} languages")
-    output = args.output.rstrip("/") if "://" in args.output else os.path.abspath(args.output)
+    output = _output_folder(args)
     if "://" not in output and os.path.exists(output) and not os.path.isdir(output):
         raise errors.UsageError(f"--output {output} is a file, not a folder")
     present = _entries(output)
@@ -243,15 +253,14 @@ def _cache_only_plan(args: argparse.Namespace) -> Plan:
     if args.vocab_sample_lines:
         raise errors.UsageError("--vocab_sample_lines draws its sample while --input is cut "
                                 "into shards: give --input")
-    output = args.output.rstrip("/") if "://" in args.output else os.path.abspath(args.output)
+    output = _output_folder(args)
     stats = prepared.read_stats(output)
     if stats is None:
         raise errors.UsageError(f"--output {output} is not a folder this command prepared "
                                 f"(no {prepared.COMPLETED} and statistics): give --input")
     held = sorted(stats["languages"])
-    if args.languages:
-        wanted = check_languages([s for s in args.languages.split(",") if s],
-                                 what="--languages")
+    wanted = _wanted_languages(args)
+    if wanted is not None:
         missing = sorted(set(wanted) - set(held))
         if missing:
             raise text_files.CorpusError(f"--languages: {output} holds no shards of {missing}")

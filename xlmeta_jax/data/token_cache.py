@@ -150,23 +150,22 @@ def task_folder(cache_dir: str, task_name: str) -> str:
 
 
 def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corpora,
-             num_shards: int | None = None) -> str:
-    """Adds one task's cache job to ``pipeline``; returns the task's cache folder."""
+             num_shards: int | None = None, vocab: dict | None = None) -> str:
+    """Adds one task's cache job to ``pipeline``; returns the task's cache folder.
+
+    ``vocab`` (``tasks.vocabulary_record``) is recorded in the info beside the ``</s>``
+    convention: a run reading the cache checks both.
+    """
     import apache_beam as beam  # noqa: PLC0415
     import seqio  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
     from seqio import beam_utils  # noqa: PLC0415
-
-    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, on use
 
     out = task_folder(cache_dir, task.name)
     tf.io.gfile.makedirs(out)
     files = num_shards or len(task.source.list_shards(split))
     prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
     label = task.name
-    # Recorded beside the </s> convention: a run reading the cache checks both.
-    vocab = (tasks.vocabulary_record(corpora.vocab_path)
-             if corpora is not None and corpora.vocab_path else None)
     elements = (
         pipeline
         | f"{label}_read" >> beam_utils.PreprocessTask(
@@ -220,6 +219,8 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
 
     corpora = tasks.registered_corpora()
     eos_after = corpora.eos_after if corpora is not None else "line"
+    vocab = (tasks.vocabulary_record(corpora.vocab_path)
+             if corpora is not None and corpora.vocab_path else None)
     if num_shards is not None and num_shards < 1:
         raise text_files.CorpusError(f"num_shards must be >= 1, got {num_shards}")
     chosen = []
@@ -241,7 +242,7 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
     def build(pipeline):
         for task, _, _ in chosen:
             add_task(pipeline, task, cache_dir, split=split, eos_after=eos_after,
-                     corpora=corpora, num_shards=num_shards)
+                     corpora=corpora, num_shards=num_shards, vocab=vocab)
 
     beam_runs.run(build, beam_args, tensorflow=True)
     for _, out, _ in chosen:
