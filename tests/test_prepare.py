@@ -34,6 +34,7 @@ from xlmeta_jax.data import (  # noqa: E402
     prepared,
     tasks,
     text_files,
+    token_cache,
 )
 from xlmeta_jax.data import task_names as names  # noqa: E402
 from xlmeta_jax.model import mlm, partitioning  # noqa: E402
@@ -325,3 +326,144 @@ def test_the_cache_alone_needs_a_prepared_folder(corpus, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and words in err[0], (flags, err)
     assert (corpus["out"] / prepared.CACHE_DIR / names.cc100_task("en") / "COMPLETED").exists()
+
+
+# --------------------------------------------------------------------------- nothing lost
+
+
+def _manifest(folder):
+    """Every file under ``folder`` by its sha1 (what "left exactly as it was" compares)."""
+    from errors_fixtures import digest
+
+    return digest(folder)
+
+
+def _siblings_gone(out):
+    for suffix in (prepared.NEW_SUFFIX, prepared.OLD_SUFFIX):
+        assert not os.path.exists(f"{out}{suffix}"), suffix
+    for name in (prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR, prepared.TEMP_DIR):
+        assert not (out / name).exists(), name
+
+
+def _interrupt_after(calls):
+    """A stand-in that raises KeyboardInterrupt (what SIGINT raises) on its ``calls``-th call
+    and does the real work before that."""
+    count = [0]
+
+    def wrap(real):
+        def fn(*args, **kwargs):
+            count[0] += 1
+            if count[0] == calls:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+        return fn
+    return wrap
+
+
+def _cut_input(corpus, folder):
+    good = lzma.compress((corpus["plain"] / "en.txt").read_bytes())
+    folder.mkdir()
+    (folder / "en.txt.xz").write_bytes(good[: len(good) // 2])
+    (folder / "de.txt.xz").write_bytes(lzma.compress((corpus["plain"] / "de.txt").read_bytes()))
+    return folder
+
+
+@pytest.mark.parametrize("case, code, part", [
+    # A truncated input passes the header check; the job fails on it.
+    ("full_bad_input", 2, "truncated"),
+    ("full_interrupted_in_the_job", 130, "interrupted"),
+    # Ctrl-C while the entries swap: the moves made are undone.
+    ("full_interrupted_in_the_swap", 130, "interrupted"),
+    ("cache_interrupted_in_the_job", 130, "interrupted"),
+    ("cache_interrupted_in_the_swap", 130, "interrupted"),
+])
+def test_overwrite_keeps_the_old_folder_until_the_new_one_is_complete(
+        corpus, tmp_path, capsys, monkeypatch, case, code, part):
+    out = tmp_path / "out"
+    shutil.copytree(corpus["out"], out)
+    before = _manifest(out)
+    vocab = f"--vocab={corpus['vocab']}"
+    if case == "full_bad_input":
+        inputs = _cut_input(corpus, tmp_path / "in")
+        argv = [f"--input={inputs}/*", f"--output={out}", "--overwrite"]
+    elif case.startswith("full"):
+        argv = [*[f for f in corpus["flags"] if not f.startswith("--output=")],
+                f"--output={out}", "--overwrite", "--tokenize", vocab]
+        if case == "full_interrupted_in_the_job":  # the token cache job, half-written
+            monkeypatch.setattr(token_cache, "cache_tasks", _interrupt_after(1)(None))
+        else:  # the third entry of the new folder moving in
+            monkeypatch.setattr(prepare, "_move", _interrupt_after(
+                len(os.listdir(out)) + 3)(prepare._move))
+    else:
+        argv = [f"--output={out}", "--tokenize", vocab, "--overwrite"]
+        if case == "cache_interrupted_in_the_job":
+            real = token_cache.cache_tasks
+
+            def half(task_names, cache_dir, **kw):  # writes one task's cache, then Ctrl-C
+                real(task_names[:1], cache_dir, **kw)
+                raise KeyboardInterrupt
+            monkeypatch.setattr(token_cache, "cache_tasks", half)
+        else:  # the new cache moving in, after the old one moved aside
+            monkeypatch.setattr(prepare, "_move", _interrupt_after(2)(prepare._move))
+    got = errors.run_command(prepare.main, argv, prog="xlmeta_jax.data.prepare")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert got == code and len(err) == 1 and part in err[0], err
+    if case == "full_bad_input":
+        assert str(tmp_path / "in" / "en.txt.xz") in err[0]
+    assert _manifest(out) == before
+    _siblings_gone(out)
+
+
+def test_overwrite_replaces_the_whole_folder_and_leaves_no_trace(corpus, tmp_path):
+    """The swap's success path: the new folder's entries, and nothing of the old one's
+    that the new job did not write (here the token cache)."""
+    out = tmp_path / "out"
+    shutil.copytree(corpus["out"], out)
+    assert (out / prepared.CACHE_DIR).exists()
+    flags = [f for f in corpus["flags"] if not f.startswith("--output=")]
+    assert prepare.main([*flags, f"--output={out}", "--overwrite"]) == 0
+    assert not (out / prepared.CACHE_DIR).exists()
+    want = {k: v for k, v in _manifest(corpus["out"]).items()
+            if not k.startswith(prepared.CACHE_DIR) and k != prepared.STATS_FILENAME}
+    got = {k: v for k, v in _manifest(out).items() if k != prepared.STATS_FILENAME}
+    assert got == want
+    _siblings_gone(out)
+
+
+# The command in a process of its own, whose token cache job sends the process a real
+# SIGINT once it has written one language's cache.
+_SIGINT_DRIVER = """
+import os, signal, sys
+from xlmeta_jax import errors
+from xlmeta_jax.data import prepare, token_cache
+real = token_cache.cache_tasks
+def half(task_names, cache_dir, **kw):
+    real(task_names[:1], cache_dir, **kw)
+    os.kill(os.getpid(), signal.SIGINT)
+    signal.pause()  # the handler raises KeyboardInterrupt before this returns
+token_cache.cache_tasks = half
+errors.exit_with(prepare.main, prog="xlmeta_jax.data.prepare")
+"""
+
+
+@pytest.mark.parametrize("mode", ["full", "cache"])
+def test_sigint_during_overwrite_leaves_the_old_folder(corpus, tmp_path, mode):
+    import subprocess
+    import sys
+
+    from errors_fixtures import env
+
+    out = tmp_path / "out"
+    shutil.copytree(corpus["out"], out)
+    before = _manifest(out)
+    argv = [f"--output={out}", "--tokenize", f"--vocab={corpus['vocab']}", "--overwrite"]
+    if mode == "full":
+        argv += [f for f in corpus["flags"] if not f.startswith("--output=")]
+    done = subprocess.run([sys.executable, "-c", _SIGINT_DRIVER, *argv], env=env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == errors.EXIT_INTERRUPTED, done.stderr
+    # (The cache job's mixture line is the job's own log.)
+    assert [line for line in done.stderr.strip().splitlines()
+            if not line.startswith("xlmeta_cc100:")] == ["xlmeta_jax.data.prepare: interrupted"]
+    assert _manifest(out) == before
+    _siblings_gone(out)

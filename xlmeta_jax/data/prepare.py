@@ -18,8 +18,11 @@ caches, marked as prepared, so that no host of a pod ever counts. With
 shards (the same per-language draws and lines as ``data/line_sample.py``); with
 ``--tokenize`` a second job writes seqio's offline token cache of the languages'
 tasks (``seqio.beam_utils``), read by ``make_mlm_iterator.use_cached``. ``COMPLETED``
-is written last: readers trust a folder only with it. A failed job removes what it
-wrote. The folder layout: :mod:`xlmeta_jax.data.prepared`.
+is written once the shards and statistics are: readers trust a folder only with it
+(each task's cache has its own). A failed job removes what it wrote, and an
+``--overwrite`` builds the new folder beside the old one (``OUT.prepare-new``), which
+it replaces only once complete: nothing of the old folder is lost on a failure or a
+Ctrl-C. The folder layout: :mod:`xlmeta_jax.data.prepared`.
 
 Beam's own options pass through unchanged: ``--runner=DataflowRunner --project=...
 --region=... --temp_location=gs://... --setup_file=./setup.py`` (workers install
@@ -155,6 +158,28 @@ def _remove(folder: str, names: Sequence[str]) -> None:
                 _fs().delete(sorted(found))
 
 
+def _exists(path: str) -> bool:
+    if "://" not in path:
+        return os.path.lexists(path)
+    return _fs().exists(path) or bool(_fs().match([path + "/**"])[0].metadata_list)
+
+
+def _move(src: str, dst: str) -> None:
+    """Renames a file or folder: one rename here, each object's on other file systems."""
+    if "://" not in src:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.replace(src, dst)
+        return
+    found = sorted({m.path for result in _fs().match([src, src + "/**"])
+                    for m in result.metadata_list})
+    _fs().rename(found, [dst + path[len(src):] for path in found])
+
+
+def _remove_folder(path: str) -> None:
+    parent, name = path.rstrip("/").rsplit("/", 1)
+    _remove(parent, [name])
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -217,6 +242,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
             inputs.append((len(inputs), lang, path))
     if not inputs:
         raise text_files.CorpusError(f"--input matches no file of --languages={args.languages}")
+    _check_one_copy(inputs)
     if wanted is not None:
         missing = sorted(set(wanted) - {lang for _, lang, _ in inputs})
         if missing:
@@ -238,11 +264,51 @@ def make_plan(args: argparse.Namespace) -> Plan:
                                 "output: choose an empty folder")
     if any(p.startswith(output.rstrip("/") + "/") for p in paths):
         raise errors.UsageError(f"--output {output} holds input files: choose another folder")
+    _check_leftovers(output)
     return Plan(inputs=tuple(inputs), output=output, shard_bytes=args.shard_bytes,
                 max_line_bytes=args.max_line_bytes, gzip_level=args.gzip_level,
                 token_sample_lines=args.token_sample_lines,
                 vocab_sample_lines=args.vocab_sample_lines, alpha=args.alpha, seed=args.seed,
                 vocab=args.vocab, eos_after=args.eos_after)
+
+
+def _check_leftovers(output: str) -> None:
+    """Refuses to start where a killed ``--overwrite`` left the old entries aside.
+
+    ``OUT.prepare-new`` (a new folder not swapped in) is the job's own and is replaced;
+    ``OUT.prepare-old`` holds the old entries only while a swap runs: found with OUT
+    complete it is removed, found with OUT incomplete it is the user's data.
+    """
+    if "://" in output and "/" not in output.split("://", 1)[1].strip("/"):
+        raise errors.UsageError(f"--output {output} is a bucket's root: --overwrite builds the "
+                                "new folder beside the old one; choose a folder in the bucket")
+    for suffix in (prepared.NEW_SUFFIX, prepared.OLD_SUFFIX):
+        foreign = [n for n in _entries(output + suffix) if not prepared.is_own_entry(n)]
+        if foreign:
+            raise errors.UsageError(f"{output + suffix} holds files this command did not "
+                                    f"write (e.g. {foreign[0]}): move it away")
+    old = output + prepared.OLD_SUFFIX
+    if _entries(old) and prepared.COMPLETED not in _entries(output):
+        raise errors.UsageError(f"{old} holds the entries of {output} that an interrupted "
+                                f"--overwrite moved aside: move them back into {output} (or "
+                                "remove them), then run again")
+
+
+def _check_one_copy(inputs: Sequence[tuple[int, str, str]]) -> None:
+    """Refuses one text given twice (``en.txt.xz`` and its decompressed ``en.txt``, or one
+    name in two folders): its language would be read twice. Parts of one language under
+    other names (``sw.txt.0.xz``, ``sw.txt.1.xz``) are read in name order."""
+    seen: dict[str, str] = {}
+    for _, _, path in inputs:
+        name = os.path.basename(path)
+        for suffix in (".xz", ".gz"):
+            name = name.removesuffix(suffix)
+        if name in seen:
+            raise text_files.CorpusError(
+                f"--input gives {name.partition('.txt')[0]!r} twice: {seen[name]} and {path} "
+                "hold the same text (one compressed, one not, or one name in two folders): "
+                "keep one")
+        seen[name] = path
 
 
 def _cache_only_plan(args: argparse.Namespace) -> Plan:
@@ -265,6 +331,11 @@ def _cache_only_plan(args: argparse.Namespace) -> Plan:
         if missing:
             raise text_files.CorpusError(f"--languages: {output} holds no shards of {missing}")
         held = sorted(wanted)
+    if (prepared.OLD_CACHE_DIR in _entries(output)
+            and prepared.CACHE_DIR not in _entries(output)):
+        raise errors.UsageError(f"{_join(output, prepared.OLD_CACHE_DIR)} holds the token cache "
+                                "an interrupted --overwrite moved aside: rename it back to "
+                                f"{prepared.CACHE_DIR} (or remove it), then run again")
     if prepared.CACHE_DIR in _entries(output) and not args.overwrite:
         raise errors.UsageError(f"--output {output} holds a token cache already "
                                 f"({prepared.CACHE_DIR}/): pass --overwrite to replace it")
@@ -411,53 +482,103 @@ def build(pipeline, plan: Plan) -> None:
 def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
     """Runs the job (and the token cache's with ``plan.vocab``); returns what it wrote.
 
-    On any failure, what the job wrote into the output folder is removed (and the
-    folder, where the job made it). With ``plan.cache_only`` it writes the token cache
-    only, into a folder an earlier job prepared (on failure, the cache is removed).
+    Nothing of an earlier output is lost on a failure: where ``plan.output`` holds one
+    (``--overwrite``), the job writes beside it (``OUT.prepare-new``) and the new entries
+    replace the old ones only once the new folder is complete (:func:`_swap`). On any
+    failure, Ctrl-C included, what the job wrote is removed (and the folder, where the
+    job made it) and the old output is as it was. With ``plan.cache_only`` it writes the
+    token cache only, into a folder an earlier job prepared, the same way: the new cache
+    is written under ``.cache-new`` and replaces ``cache/`` once complete.
     """
+    t0 = time.time()
     if plan.cache_only:
-        t0 = time.time()
-        _remove(plan.output, [prepared.CACHE_DIR])
+        new, old = (_join(plan.output, name) for name in (prepared.NEW_CACHE_DIR,
+                                                           prepared.OLD_CACHE_DIR))
+        _remove(plan.output, [prepared.NEW_CACHE_DIR])
         try:
-            _tokenize(plan, beam_args)
-        except BaseException:
-            _remove(plan.output, [prepared.CACHE_DIR])
-            raise
+            _tokenize(plan, beam_args, new)
+            _swap([(_join(plan.output, prepared.CACHE_DIR), old)],
+                  [(new, _join(plan.output, prepared.CACHE_DIR))])
+        finally:
+            _remove(plan.output, [prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR])
         return {"seconds": time.time() - t0, "seconds_text": 0.0,
                 "languages": prepared.read_stats(plan.output)["languages"]}
-    _remove(plan.output, [n for n in _entries(plan.output) if prepared.is_own_entry(n)])
-    created = "://" not in plan.output and not os.path.exists(plan.output)
-    for folder in (plan.output, plan.temp, _join(plan.output, prepared.TOKEN_SAMPLE_DIR)):
+    replacing = [n for n in _entries(plan.output) if prepared.is_own_entry(n)]
+    for leftover in (prepared.NEW_SUFFIX, prepared.OLD_SUFFIX):  # of a killed job
+        _remove_folder(plan.output + leftover)
+    job = (dataclasses.replace(plan, output=plan.output + prepared.NEW_SUFFIX) if replacing
+           else plan)
+    created = "://" not in job.output and not os.path.exists(job.output)
+    for folder in (job.output, job.temp, _join(job.output, prepared.TOKEN_SAMPLE_DIR)):
         _mkdirs(folder)
-    if plan.vocab_sample_lines:
-        _mkdirs(_join(plan.output, prepared.VOCAB_SAMPLE_DIR))
-    t0 = time.time()
+    if job.vocab_sample_lines:
+        _mkdirs(_join(job.output, prepared.VOCAB_SAMPLE_DIR))
     try:
-        beam_runs.run(functools.partial(build, plan=plan), beam_args)
+        beam_runs.run(functools.partial(build, plan=job), beam_args)
         seconds_text = time.time() - t0
-        if plan.vocab:
-            _tokenize(plan, beam_args)
-        _remove(plan.output, [prepared.TEMP_DIR])
-        _write_text(_join(plan.output, prepared.COMPLETED), "")
+        _remove(job.output, [prepared.TEMP_DIR])
+        # The shards are complete: the cache job reads them as any run does (each task's
+        # cache has a COMPLETED of its own, which readers check).
+        _write_text(_join(job.output, prepared.COMPLETED), "")
+        if job.vocab:
+            _tokenize(job, beam_args, _join(job.output, prepared.CACHE_DIR))
+        if replacing:
+            # COMPLETED leaves first (readers stop trusting the old entries) and comes
+            # back last (they trust the new ones only once all are in place).
+            old = plan.output + prepared.OLD_SUFFIX
+            _swap([(_join(plan.output, n), _join(old, n)) for n in _completed_first(replacing)],
+                  [(_join(job.output, n), _join(plan.output, n))
+                   for n in reversed(_completed_first(_entries(job.output)))])
+            _remove_folder(old)
     except BaseException:
-        _remove(plan.output, [n for n in _entries(plan.output) if prepared.is_own_entry(n)])
-        if created and not os.listdir(plan.output):
-            os.rmdir(plan.output)
+        if replacing:
+            _remove_folder(job.output)
+            old = plan.output + prepared.OLD_SUFFIX
+            if not _entries(old):  # emptied by the swap's undo (else left for the user)
+                _remove_folder(old)
+        else:
+            _remove(job.output, [n for n in _entries(job.output) if prepared.is_own_entry(n)])
+            if created and not os.listdir(job.output):
+                os.rmdir(job.output)
         raise
+    if replacing:
+        _remove_folder(job.output)
     return {"seconds": time.time() - t0, "seconds_text": seconds_text,
             "languages": prepared.read_stats(plan.output)["languages"]}
 
 
-def _tokenize(plan: Plan, beam_args: Sequence[str]) -> None:
-    """The second job: seqio's token cache of every prepared language's task."""
+def _completed_first(names: Sequence[str]) -> list[str]:
+    return sorted(names, key=lambda n: (n != prepared.COMPLETED, n))
+
+
+def _swap(outgoing: Sequence[tuple[str, str]], incoming: Sequence[tuple[str, str]]) -> None:
+    """Moves ``outgoing`` aside, then ``incoming`` in, each (source, destination) in order.
+
+    On any failure, Ctrl-C included, every move made is undone in reverse order, so the
+    destination folder is as it was. Sources that do not exist are skipped.
+    """
+    done = []
+    try:
+        for src, dst in [*outgoing, *incoming]:
+            if _exists(src):
+                _move(src, dst)
+                done.append((src, dst))
+    except BaseException:
+        for src, dst in reversed(done):
+            _move(dst, src)
+        raise
+
+
+def _tokenize(plan: Plan, beam_args: Sequence[str], cache: str) -> None:
+    """The second job: seqio's token cache of every prepared language's task, into ``cache``."""
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio and TensorFlow, on use
 
     # Only the steps before the cache placeholder matter here: no token counts needed.
     tasks.register(Corpora(vocab_path=plan.vocab, cc100_dir=plan.output,
                            languages=plan.languages, count_unit="lines",
                            eos_after=plan.eos_after, max_line_bytes=plan.max_line_bytes))
-    token_cache.cache_tasks([names.cc100_task(lang) for lang in plan.languages],
-                            _join(plan.output, prepared.CACHE_DIR), beam_args=beam_args)
+    token_cache.cache_tasks([names.cc100_task(lang) for lang in plan.languages], cache,
+                            beam_args=beam_args)
 
 
 # --------------------------------------------------------------------------- command
@@ -515,6 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         raise errors.UserError("Apache Beam is not installed: pip install -c constraints.txt "
                                "-e '.[beam]'") from None
+    beam_runs.check_options(beam_args)
     plan = make_plan(args)
     if plan.cache_only:
         print(f"tokenizing {len(plan.languages)} prepared languages into "

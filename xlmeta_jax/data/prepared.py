@@ -15,8 +15,10 @@ Nothing here imports TensorFlow (except ``tf.io.gfile`` for ``scheme://`` paths)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Sequence
 
 from xlmeta_jax.data import text_files
 
@@ -27,9 +29,18 @@ VOCAB_SAMPLE_DIR = "vocab_sample"
 VOCAB_SAMPLE_META = "sample.json"
 CACHE_DIR = "cache"
 TEMP_DIR = ".prepare-tmp"
+# A token cache being written (--tokenize without --input), and the one it replaces while
+# the two swap: the old cache stays until the new one is complete.
+NEW_CACHE_DIR = ".cache-new"
+OLD_CACHE_DIR = ".cache-old"
 # Everything the command writes into OUT (an --overwrite removes these and nothing else).
 OWN_ENTRIES = (STATS_FILENAME, COMPLETED, TOKEN_SAMPLE_DIR, VOCAB_SAMPLE_DIR, CACHE_DIR,
-               TEMP_DIR)
+               TEMP_DIR, NEW_CACHE_DIR, OLD_CACHE_DIR)
+# Beside OUT while an --overwrite runs: the new folder is built under OUT + NEW_SUFFIX and
+# replaces OUT's entries only once it is complete; OUT's old entries wait under
+# OUT + OLD_SUFFIX during the swap.
+NEW_SUFFIX = ".prepare-new"
+OLD_SUFFIX = ".prepare-old"
 
 
 def shard_name(lang: str, index: int, count: int) -> str:
@@ -49,6 +60,72 @@ def is_complete(folder: str) -> bool:
     """Whether ``folder`` is a prepared folder whose job finished."""
     return text_files.exists(os.path.join(folder, COMPLETED)) and text_files.exists(
         os.path.join(folder, STATS_FILENAME))
+
+
+def check_shards(folder: str, lang: str, present: Sequence[str]) -> None:
+    """Refuses a prepared folder's language that a run must not trust.
+
+    A folder is prepared where its statistics say so, or where a prepare job was
+    writing into it (its temporary folder is there). Then it must be complete
+    (``COMPLETED``), and ``lang``'s shards on disk must be the ones its statistics list,
+    by name and size (not contents). Shards copied without the statistics are plain
+    files: counted where they are read.
+
+    Args:
+      folder: the CC-100 folder (CC100_DIR).
+      lang: the language.
+      present: the language's files found there (``{lang}.txt*``).
+
+    Raises:
+      CorpusError: naming the folder and what is missing or different.
+    """
+    names = {os.path.basename(p): p for p in present}
+    shards = sorted(n for n in names if is_own_entry(n))
+    data = _statistics(folder, *_signature(os.path.join(folder, STATS_FILENAME)))
+    if not (data or {}).get(text_files.PREPARED_KEY) and not text_files.exists(
+            os.path.join(folder, TEMP_DIR)):
+        return  # plain CC-100 files, counted where they are read
+    if not text_files.exists(os.path.join(folder, COMPLETED)):
+        raise text_files.CorpusError(
+            f"CC100_DIR {folder} is a prepared folder without {COMPLETED}: its prepare job "
+            "did not finish; run python -m xlmeta_jax.data.prepare into it again")
+    if data is None:
+        raise text_files.CorpusError(
+            f"CC100_DIR {folder} has {COMPLETED} but no readable {STATS_FILENAME}: run "
+            "python -m xlmeta_jax.data.prepare into it again")
+    listed = {n: e for n, e in data.get("files", {}).items() if n.startswith(f"{lang}.txt-")}
+    for name in sorted(listed):
+        if name not in names:
+            raise text_files.CorpusError(
+                f"CC100_DIR {folder}: {name} is listed in {STATS_FILENAME} but absent")
+        size, _ = text_files.stat(names[name])
+        if size != listed[name]["size"]:
+            raise text_files.CorpusError(
+                f"CC100_DIR {folder}: {name} has {size} bytes, {STATS_FILENAME} lists "
+                f"{listed[name]['size']}: the folder was changed after it was prepared")
+    extra = [n for n in shards if n not in listed]
+    if extra:
+        raise text_files.CorpusError(
+            f"CC100_DIR {folder}: {extra[0]} is not listed in {STATS_FILENAME} (a shard of "
+            "another job?): prepare the folder again")
+
+
+def _signature(path: str) -> tuple[str, int, int]:
+    try:
+        return (path, *text_files.stat(path))
+    except (OSError, ValueError):
+        return (path, -1, -1)
+
+
+@functools.lru_cache(maxsize=8)
+def _statistics(folder: str, path: str, size: int, mtime_ns: int) -> dict | None:
+    """The statistics file, read once per version of it (a run asks per language)."""
+    if size < 0:
+        return None
+    try:
+        return json.loads(text_files.read_text(path))
+    except (OSError, ValueError):
+        return None
 
 
 def cache_dir(folder: str) -> str | None:
