@@ -752,3 +752,62 @@ def test_ctrl_c_without_a_message_says_interrupted(capsys):
 
     assert errors.run_command(main, [], prog="xlmeta_jax.train") == errors.EXIT_INTERRUPTED
     assert capsys.readouterr().err == "xlmeta_jax.train: interrupted\n"
+
+
+@pytest.fixture(scope="module")
+def prepared_cc100(tmp_path_factory):
+    """A folder python -m xlmeta_jax.data.prepare wrote: en and de, two shards each."""
+    pytest.importorskip("apache_beam")
+    from xlmeta_jax.data import prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    (root / "in").mkdir()
+    for lang, word in (("en", "English"), ("de", "deutsche")):
+        (root / "in" / f"{lang}.txt").write_text(
+            "".join(f"{word} line {i}\n" + ("\n" if i % 4 == 3 else "") for i in range(300)))
+    assert prepare.main([f"--input={root / 'in'}/*", f"--output={root / 'out'}",
+                         "--shard_bytes=3000"]) == 0
+    return root / "out"
+
+
+@pytest.mark.parametrize("case, parts", [
+    ("no_completed", ["{out}", "without COMPLETED"]),
+    ("shard_missing", ["{out}", "de.txt-00001-of-00002.gz", "listed", "absent"]),
+    ("shard_resized", ["{out}", "de.txt-00000-of-00002.gz", "bytes"]),
+    ("shard_unlisted", ["{out}", "de.txt-00002-of-00003.gz", "not listed"]),
+    ("english_link_loop", ["english_files", "a.txt", "symbolic link loop"]),
+])
+def test_training_refuses_incomplete_data_in_one_line(data_spm, prepared_cc100, tmp_path, capsys,
+                                                      monkeypatch, case, parts):
+    """A prepared folder a run must not trust, and English files that lead nowhere: one line,
+    exit 2, nothing trained, the folder untouched."""
+    monkeypatch.setattr(logging.getLogger("xlmeta_jax.train"), "handlers", [])
+    out = copy_run(prepared_cc100, tmp_path / "cc100")
+    english = tmp_path / "english"
+    english.mkdir()
+    (english / "en.txt").write_text("".join(f"English line {i}\n" for i in range(300)))
+    if case == "no_completed":
+        (out / "COMPLETED").unlink()
+    elif case == "shard_missing":
+        (out / "de.txt-00001-of-00002.gz").unlink()
+    elif case == "shard_resized":
+        with open(out / "de.txt-00000-of-00002.gz", "ab") as f:
+            f.write(b"\0")
+    elif case == "shard_unlisted":
+        (out / "de.txt-00002-of-00003.gz").write_bytes(
+            (out / "de.txt-00000-of-00002.gz").read_bytes())
+    else:
+        os.symlink(english / "b.txt", english / "a.txt")
+        os.symlink(english / "a.txt", english / "b.txt")
+        (english / "en.txt").unlink()
+    before = digest(out)
+    code, err = _train([
+        "--gin_file=native/meta.gin", "--gin_file=models/tiny.gin",
+        f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.VOCAB_PATH='{data_spm}'",
+        f"--gin.ENGLISH_FILES=['{english}/*.txt']",
+        f"--gin.CC100_DIR='{out}'", "--gin.CC100_LANGUAGES=['en', 'de']",
+        "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", "--gin.META_STEPS=2",
+        "--gin.XLING_STEPS=2", "--gin.WARMUP_STEPS=1"], capsys)
+    assert code == errors.EXIT_USER_ERROR, err
+    _one_line(err, *[p.format(out=out) for p in parts])
+    assert not (tmp_path / "run").exists() and digest(out) == before

@@ -12,6 +12,7 @@ counts (``text_files.corpus_stats``), the mixture rates, the vocabulary's line s
 from __future__ import annotations
 
 import collections
+import errno
 import glob
 import gzip
 import json
@@ -467,3 +468,48 @@ def test_sigint_during_overwrite_leaves_the_old_folder(corpus, tmp_path, mode):
             if not line.startswith("xlmeta_cc100:")] == ["xlmeta_jax.data.prepare: interrupted"]
     assert _manifest(out) == before
     _siblings_gone(out)
+
+
+@pytest.mark.parametrize("case, parts", [
+    ("same_text_twice", ["'en' twice", "en.txt.xz", "en.txt "]),
+    ("unknown_option", ["--workers=0", "neither this command nor Apache Beam"]),
+    ("negative_workers", ["--direct_num_workers", "-1"]),
+    ("bad_beam_value", ["--direct_running_mode", "'bogus'"]),
+    ("vocab_not_a_model", ["toy.vocab", "not a SentencePiece .model"]),
+    ("vocab_empty", ["empty.model", "not a SentencePiece .model"]),
+    ("read_only_output", ["{out}", "read-only file system"]),
+])
+def test_bad_prepare_inputs_are_one_line(corpus, tmp_path, capsys, monkeypatch, case, parts):
+    """One line naming the flag, file or value, exit 2, nothing written."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    data = (corpus["plain"] / "en.txt").read_bytes()
+    (inputs / "en.txt.xz").write_bytes(lzma.compress(data))
+    out = tmp_path / "out"
+    argv = [f"--input={inputs}/*", f"--output={out}"]
+    if case == "same_text_twice":  # decompressed by hand beside its .xz
+        (inputs / "en.txt").write_bytes(data)
+    elif case == "unknown_option":
+        argv.append("--workers=0")
+    elif case == "negative_workers":
+        argv.append("--direct_num_workers=-1")
+    elif case == "bad_beam_value":
+        argv.append("--direct_running_mode=bogus")
+    elif case.startswith("vocab"):
+        vocab = str(corpus["vocab"])
+        if case == "vocab_not_a_model":
+            vocab = vocab.replace(".model", ".vocab")
+        else:
+            vocab = tmp_path / "empty.model"
+            vocab.write_bytes(b"")
+        argv += ["--tokenize", f"--vocab={vocab}"]
+    else:
+        def read_only(path, exist_ok=False):
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        monkeypatch.setattr(os, "makedirs", read_only)
+    code = errors.run_command(prepare.main, argv, prog="xlmeta_jax.data.prepare")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == errors.EXIT_USER_ERROR and len(err) == 1, err
+    for part in parts:
+        assert part.format(out=out) in err[0], (part, err[0])
+    assert not out.exists()

@@ -110,6 +110,8 @@ def _user_message(e: BaseException) -> str | None:
     if isinstance(e, (FileNotFoundError, FileExistsError, NotADirectoryError,
                       IsADirectoryError, PermissionError)):
         return first_line(e)
+    if isinstance(e, OSError) and e.errno == errno.EROFS and e.filename:
+        return f"{e.filename}: read-only file system"
     text = str(e)
     # Left-unset %gin.REQUIRED macros / parameters surface from gin at call time.
     if isinstance(e, ValueError) and ("gin.REQUIRED" in text or "Required bindings" in text):

@@ -16,12 +16,15 @@ message, :func:`run` finds the mark and raises the one line again in the driver.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 
+from xlmeta_jax import errors
 from xlmeta_jax.data import text_files
 
 _MARK, _END = "<<xlmeta-input-error:", ":xlmeta-input-error>>"
@@ -84,6 +87,63 @@ def quiet() -> None:
 def input_error(e: text_files.CorpusError) -> RuntimeError:
     """The error a worker raises for ``e``, found again by :func:`run` in the driver."""
     return RuntimeError(f"{_MARK}{e}{_END}")
+
+
+def check_options(beam_args: Sequence[str]) -> None:
+    """Refuses, in one line, a pipeline option that no Beam options class (nor the chosen
+    runner's) takes, and a local worker count below 0.
+
+    Beam itself only warns of an unknown option and runs on without it (a mistyped
+    ``--workers=0`` would be dropped silently).
+
+    Raises:
+      UsageError: naming the option (and the closest one Beam knows).
+    """
+    import difflib  # noqa: PLC0415
+
+    from apache_beam.options.pipeline_options import (  # noqa: PLC0415 - the beam extra
+        DirectOptions,
+        PipelineOptions,
+        StandardOptions,
+    )
+
+    quiet()
+    said = io.StringIO()
+    try:
+        # Beam's argparse prints its usage (a hundred lines) before it exits on a bad value.
+        with contextlib.redirect_stderr(said):
+            options = PipelineOptions(list(beam_args))
+            runner = options.view_as(StandardOptions).runner
+            if runner:
+                # Importing the runner registers its options class (Flink's, Dataflow's).
+                from apache_beam.runners import create_runner  # noqa: PLC0415
+
+                try:
+                    create_runner(runner)
+                except ValueError as e:
+                    raise errors.UsageError(f"--runner={runner}: {e}") from None
+                except ImportError:
+                    return  # the runner's extra is missing: Beam names it when the job starts
+            known = options.get_all_options()
+            every = options.get_all_options(retain_unknown_options=True)
+    except SystemExit:
+        reason = [line for line in said.getvalue().splitlines() if ": error: " in line]
+        raise errors.UsageError("Beam's pipeline options: " + (
+            reason[-1].split(": error: ", 1)[1] if reason else f"cannot parse {list(beam_args)}")
+        ) from None
+    unknown = [name for name in every if name not in known]
+    loose = [a for a in beam_args if not a.startswith("-")]
+    if unknown or loose:
+        flag = (next((a for a in beam_args if a.lstrip("-").split("=")[0] == unknown[0]),
+                     f"--{unknown[0]}") if unknown else loose[0])
+        close = difflib.get_close_matches(flag.split("=")[0], [f"--{k}" for k in known], n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise errors.UsageError(f"{flag} is an option of neither this command nor Apache Beam"
+                                f"{hint}")
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if workers is not None and workers < 0:
+        raise errors.UsageError(f"--direct_num_workers must be >= 0 (0: one worker per CPU), "
+                                f"got {workers}")
 
 
 def run(build: Callable[[object], None], beam_args: Sequence[str] = (), *,

@@ -189,6 +189,7 @@ def cc100_files(folder: str, lang: str) -> list[str]:
         matched = sorted(tf.io.gfile.glob(pattern))
     else:
         matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+    prepared.check_shards(folder, lang, matched)
     if not matched:
         stats = prepared.read_stats(folder)
         held = sorted((stats or {}).get("languages", {}))

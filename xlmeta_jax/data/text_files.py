@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import glob
 import gzip
 import hashlib
@@ -147,8 +148,11 @@ def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
         if _is_remote(pattern):
             matched = sorted(_gfile().glob(pattern))
         else:
-
-            matched = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
+            found = glob.glob(os.path.expanduser(pattern))
+            matched = sorted(p for p in found if os.path.isfile(p))
+            if not matched:
+                for path in sorted(found):
+                    _check_link(path, what)
         if not matched:
             raise CorpusError(f"{what}: no file matches {pattern!r}")
         files.extend(matched)
@@ -161,6 +165,20 @@ def list_text_files(patterns: str | Sequence[str], *, what: str) -> list[str]:
         # Here too, not only when counting: with given counts (cc100_counts) no file is.
         check_utf8_encoding(path)
     return files
+
+
+def _check_link(path: str, what: str) -> None:
+    """Names a symbolic link that leads nowhere: a loop, or a missing target."""
+    if not os.path.islink(path):
+        return
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CorpusError(f"{what}: {path} is a symbolic link loop ({path} -> "
+                              f"{os.readlink(path)} -> ... leads back to itself)") from None
+        raise CorpusError(f"{what}: {path} is a symbolic link to {os.readlink(path)}, "
+                          "which does not exist") from None
 
 
 def _stat(path: str) -> tuple[int, int]:

@@ -117,8 +117,19 @@ def _load_checked(path: str):
 
     if not tf.io.gfile.exists(path):
         raise VocabularyError(f"vocabulary file {path} does not exist")
+    if tf.io.gfile.isdir(path):
+        raise VocabularyError(f"vocabulary file {path} is a folder, not a SentencePiece .model")
     vocab = seqio.SentencePieceVocabulary(path)
-    check_sentencepiece_model(vocab.tokenizer, path)
+    try:
+        tokenizer = vocab.tokenizer
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, sentencepiece's own
+        # A .vocab file or an empty one fail inside protobuf or sentencepiece with a
+        # message that names no file.
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise VocabularyError(f"vocabulary file {path} is not a SentencePiece .model ("
+                              f"{reason}): give the .model that python -m "
+                              "xlmeta_jax.data.vocabulary wrote") from None
+    check_sentencepiece_model(tokenizer, path)
     return vocab
 
 

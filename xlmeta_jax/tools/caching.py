@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from xlmeta_jax import errors, files, logs
 from xlmeta_jax.cli import configurables
-from xlmeta_jax.data import token_cache
+from xlmeta_jax.data import beam_runs, token_cache
 
 
 def cache_task(
@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true")
     errors.add_debug_flag(parser)
     args, beam_args = parser.parse_known_args(flags.remaining)
+    beam_runs.check_options(beam_args)
     logs.quiet_start(import_tensorflow=True)
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
     for name in args.task:
