@@ -16,6 +16,7 @@ import errno
 import glob
 import gzip
 import json
+import logging
 import lzma
 import os
 import shutil
@@ -261,23 +262,40 @@ def _damaged(folder, name, data):
     return folder
 
 
-@pytest.mark.parametrize("case", ["damaged", "truncated", "language", "not_xz"])
-def test_bad_inputs_name_the_file_and_leave_nothing(corpus, tmp_path, capsys, case):
-    good = lzma.compress((corpus["plain"] / "en.txt").read_bytes())
-    bad = {"damaged": ("en.txt.xz", good[:200] + bytes(64) + good[264:]),
-           "truncated": ("en.txt.xz", good[: len(good) // 2]),
-           "language": ("zh.txt.xz", good),
-           "not_xz": ("en.txt.xz", b"plain text, not xz\n")}[case]
-    folder = _damaged(tmp_path / "in", *bad)
+@pytest.mark.parametrize("case, name, expected", [
+    ("damaged", "en.txt.xz", "damaged .xz"),
+    ("truncated", "en.txt.xz", "truncated"),
+    ("language", "zh.txt.xz", "zh-Hans"),
+    ("not_xz", "en.txt.xz", "not an .xz file"),
+    ("empty_xz", "en.txt.xz", "has no usable text"),
+    ("empty_file", "en.txt", "has no usable text"),
+    ("blank_only", "en.txt", "has no usable text"),
+    ("half_not_utf8", "en.txt", "not valid UTF-8"),
+])
+def test_bad_inputs_name_the_file_and_leave_nothing(corpus, tmp_path, capsys, caplog, case,
+                                                    name, expected):
+    """One worker (the default runner) as quiet as two: the one line, and nothing Beam logs
+    about the failed bundle (its traceback)."""
+    text = (corpus["plain"] / "en.txt").read_bytes()
+    good = lzma.compress(text)
+    data = {"damaged": good[:200] + bytes(64) + good[264:],
+            "truncated": good[: len(good) // 2],
+            "language": good,
+            "not_xz": b"plain text, not xz\n",
+            "empty_xz": lzma.compress(b""),
+            "empty_file": b"",
+            "blank_only": b"  \n\n \t\n",
+            "half_not_utf8": b"\n".join(b"\xff" + line if i % 2 else line
+                                        for i, line in enumerate(text.split(b"\n")))}[case]
+    folder = _damaged(tmp_path / "in", name, data)
     out = tmp_path / "out"
     code = errors.run_command(prepare.main, [f"--input={folder}/*", f"--output={out}"],
                               prog="xlmeta_jax.data.prepare")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
-    assert str(folder / bad[0]) in err[0] or (case == "language" and "'zh'" in err[0]), err
-    expected = {"damaged": "damaged .xz", "truncated": "truncated", "language": "zh-Hans",
-                "not_xz": "not an .xz file"}[case]
-    assert expected in err[0]
+    assert str(folder / name) in err[0] or (case == "language" and "'zh'" in err[0]), err
+    assert expected in err[0], err
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not out.exists()
 
 

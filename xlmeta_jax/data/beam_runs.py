@@ -78,9 +78,12 @@ def quiet() -> None:
     global _QUIET
     if not _QUIET:
         drop_messages(_NOISE)
-        # Where the DirectRunner logs what its local workers log.
-        logging.getLogger("apache_beam.runners.portability.local_job_service").addFilter(
-            _DropInputErrors())
+        # Where the DirectRunner logs what its local workers log, and where a worker in
+        # this process (one worker, in_memory) logs a failed bundle: for an input error,
+        # run() says it in one line.
+        for name in ("apache_beam.runners.portability.local_job_service",
+                     "apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker"):
+            logging.getLogger(name).addFilter(_DropInputErrors())
         _QUIET = True
 
 
