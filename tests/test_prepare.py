@@ -531,3 +531,43 @@ def test_bad_prepare_inputs_are_one_line(corpus, tmp_path, capsys, monkeypatch, 
     for part in parts:
         assert part.format(out=out) in err[0], (part, err[0])
     assert not out.exists()
+
+
+# Imported at start-up by the command and by each of its Beam workers (PYTHONPATH): the
+# first input file being cut sends the process group SIGINT, as Ctrl-C at a terminal does.
+_CTRL_C_HOOK = """
+import os, signal, time
+from xlmeta_jax.data import shards
+real = shards.split_file
+def split_file(*args, **kwargs):
+    os.killpg(os.getpgrp(), signal.SIGINT)
+    time.sleep(600)  # the driver stops the job; a worker is stopped by the driver
+    return real(*args, **kwargs)
+shards.split_file = split_file
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["--direct_num_workers=2",
+                                          "--direct_running_mode=multi_processing"]],
+                         ids=["one_worker", "two_workers"])
+def test_ctrl_c_in_the_middle_says_interrupted(corpus, tmp_path, workers):
+    """Exit 130, the one line and nothing else (no worker's or thread's traceback), nothing
+    written, no worker left running."""
+    import subprocess
+    import sys
+
+    from errors_fixtures import env
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_CTRL_C_HOOK)
+    environ = env()
+    environ["PYTHONPATH"] = f"{hook}{os.pathsep}{environ['PYTHONPATH']}"
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "xlmeta_jax.data.prepare", f"--input={corpus['inputs']}/*",
+         f"--output={out}", *workers], env=environ, capture_output=True, text=True,
+        timeout=300, start_new_session=True)
+    assert done.returncode == errors.EXIT_INTERRUPTED, done.stderr
+    assert done.stderr.strip().splitlines() == ["xlmeta_jax.data.prepare: interrupted"]
+    assert not out.exists()

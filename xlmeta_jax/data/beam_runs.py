@@ -21,7 +21,9 @@ import io
 import logging
 import re
 import shlex
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from xlmeta_jax import errors
@@ -58,10 +60,51 @@ def drop_messages(noise: dict[str, tuple[str, ...]]) -> None:
 
 
 class _DropInputErrors(logging.Filter):
-    """Drops a local worker's log records of an input error: run() says it in one line."""
+    """Drops a local worker's log records of an input error or a Ctrl-C: run() says the
+    one, the command the other, in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not is_input_error(record.getMessage())
+        message = record.getMessage()
+        interrupted = (message.startswith("KeyboardInterrupt")
+                       or bool(record.exc_info and record.exc_info[0]
+                               and issubclass(record.exc_info[0], KeyboardInterrupt)))
+        return not (interrupted or is_input_error(message))
+
+
+# Set by a Ctrl-C during run(): the job is being torn down, and what Beam's threads in
+# the driver say about the workers that ended is not news (the command says "interrupted").
+_STOPPING = threading.Event()
+
+
+_BEAM_LEVEL = [logging.NOTSET]
+
+
+def _on_ctrl_c(signum, frame):
+    del signum, frame
+    _STOPPING.set()
+    beam_logger = logging.getLogger("apache_beam")
+    _BEAM_LEVEL[0] = beam_logger.level
+    beam_logger.setLevel(logging.CRITICAL + 1)
+    raise KeyboardInterrupt
+
+
+def _quiet_threads_when_stopping(previous):
+    def hook(args):
+        if not _STOPPING.is_set():
+            previous(args)
+    hook.xlmeta = True
+    return hook
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether ``e`` is a runner's wrapping of a KeyboardInterrupt (Ctrl-C in a bundle)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt) or str(e).startswith("KeyboardInterrupt"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def is_input_error(text: str) -> bool:
@@ -190,7 +233,7 @@ def run(build: Callable[[object], None], beam_args: Sequence[str] = (), *,
             # The same worker subprocesses as Beam's multi_processing, started with our
             # command: the runner replaces the environment in that mode, not in in_memory.
             environment = environments.SubprocessSDKEnvironment.from_command_string(
-                f"{shlex.quote(sys.executable)} -m xlmeta_jax.data.beam_worker"
+                f"exec {shlex.quote(sys.executable)} -m xlmeta_jax.data.beam_worker"
                 + (" --tensorflow" if tensorflow else ""))
             direct.direct_running_mode = "in_memory"
         encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
@@ -198,6 +241,13 @@ def run(build: Callable[[object], None], beam_args: Sequence[str] = (), *,
             default_environment=environment,
             provision_info=fn_runner.ExtendedProvisionInfo(
                 beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+    if not getattr(threading.excepthook, "xlmeta", False):
+        threading.excepthook = _quiet_threads_when_stopping(threading.excepthook)
+    if _STOPPING.is_set():  # an earlier job of this process was interrupted
+        _STOPPING.clear()
+        logging.getLogger("apache_beam").setLevel(_BEAM_LEVEL[0])
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_ctrl_c) if in_main else None
     try:
         with beam.Pipeline(runner=runner, options=options) as pipeline:
             build(pipeline)
@@ -205,4 +255,9 @@ def run(build: Callable[[object], None], beam_args: Sequence[str] = (), *,
         found = re.search(re.escape(_MARK) + "(.*?)" + re.escape(_END), str(e), re.S)
         if found:
             raise text_files.CorpusError(found.group(1).strip()) from None
+        if _interrupted(e):
+            raise KeyboardInterrupt from None
         raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)

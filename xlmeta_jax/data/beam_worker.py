@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import signal
 import sys
+import threading
 
 from xlmeta_jax import logs
 from xlmeta_jax.data import beam_runs
@@ -50,12 +53,27 @@ class _WithoutInputErrors(io.TextIOBase):
         return self.stream.fileno()
 
 
+def _stop(signum, frame) -> None:
+    del frame
+    # A moment for the driver, which has the same signal, to mark the job as stopping
+    # before the workers' ends reach its threads.
+    threading.Timer(_GRACE_SECONDS, os._exit, (128 + signum,)).start()
+
+
+_GRACE_SECONDS = 1.0
+
+
 def main() -> None:
     """Runs Beam's SDK worker with its start-up lines dropped.
 
     With ``--tensorflow`` (a job whose functions read TensorFlow, as the token cache's)
     the worker imports TensorFlow first, without its import-time lines.
     """
+    # A Ctrl-C at the terminal reaches the whole process group: the driver says
+    # "interrupted" and removes what the job wrote; a worker ends at once and quietly
+    # (its threads would print their tracebacks, and the bundle it is in could take
+    # minutes).
+    signal.signal(signal.SIGINT, _stop)
     logs.quiet_start(import_tensorflow="--tensorflow" in sys.argv[1:])
     root = logging.getLogger()
     # A handler on the root logger keeps logging's first warning from adding one that
