@@ -31,6 +31,7 @@ seqio = pytest.importorskip("seqio")
 from xlmeta_jax import errors  # noqa: E402
 from xlmeta_jax.data import (  # noqa: E402
     feeding,
+    folders,
     line_sample,
     prepare,
     prepared,
@@ -411,8 +412,8 @@ def test_overwrite_keeps_the_old_folder_until_the_new_one_is_complete(
         if case == "full_interrupted_in_the_job":  # the token cache job, half-written
             monkeypatch.setattr(token_cache, "cache_tasks", _interrupt_after(1)(None))
         else:  # the third entry of the new folder moving in
-            monkeypatch.setattr(prepare, "_move", _interrupt_after(
-                len(os.listdir(out)) + 3)(prepare._move))
+            monkeypatch.setattr(folders, "move", _interrupt_after(
+                len(os.listdir(out)) + 3)(folders.move))
     else:
         argv = [f"--output={out}", "--tokenize", vocab, "--overwrite"]
         if case == "cache_interrupted_in_the_job":
@@ -423,7 +424,7 @@ def test_overwrite_keeps_the_old_folder_until_the_new_one_is_complete(
                 raise KeyboardInterrupt
             monkeypatch.setattr(token_cache, "cache_tasks", half)
         else:  # the new cache moving in, after the old one moved aside
-            monkeypatch.setattr(prepare, "_move", _interrupt_after(2)(prepare._move))
+            monkeypatch.setattr(folders, "move", _interrupt_after(2)(folders.move))
     got = errors.run_command(prepare.main, argv, prog="xlmeta_jax.data.prepare")
     err = capsys.readouterr().err.strip().splitlines()
     assert got == code and len(err) == 1 and part in err[0], err

@@ -208,6 +208,21 @@ def debug_requested(argv: Sequence[str]) -> bool:
     return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+# Set while several processes run one job (cli/peers.py): ends this process on a failure,
+# and the others with it, instead of returning (see run_command).
+_failure_hook: Callable[[int, str, str], None] | None = None
+
+
+def on_failure(hook: Callable[[int, str, str], None] | None) -> None:
+    """Has ``run_command`` call ``hook(status, line, summary)`` on a failure instead of
+    printing ``line`` and returning ``status`` (2: a user error; 1: a bug, called while it
+    is handled, so that the hook can print its traceback). ``summary`` names the error
+    without the program. Not for a Ctrl-C stop, which every process of a run agrees on and
+    ends by itself."""
+    global _failure_hook
+    _failure_hook = hook
+
+
 def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None,
                 *, prog: str) -> int:
     """Runs ``main(argv)``; user errors become one line on stderr and an exit status.
@@ -238,6 +253,9 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
     except Exception as e:  # noqa: BLE001 - classified below; bugs are re-raised
         message = _user_message(e)
         if message is None or debug:
+            if _failure_hook is not None:
+                summary = f"{type(e).__name__}: {first_line(e)}"
+                _failure_hook(1, f"{prog}: {summary}", summary)
             raise
         # Concurrent reads that failed alongside the reported one (TensorStore's, in
         # Orbax's asyncio gather) are collected at exit as "Exception ignored" dumps:
@@ -246,6 +264,8 @@ def run_command(main: Callable[[list[str]], Any], argv: Sequence[str] | None = N
         if isinstance(e, Interrupted):
             print(f"{prog}: {message}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        if _failure_hook is not None:
+            _failure_hook(EXIT_USER_ERROR, f"{prog}: error: {message}", message)
         print(f"{prog}: error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
     return result if isinstance(result, int) else 0

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import jax
 
 from xlmeta_jax import errors, hosts, logs
-from xlmeta_jax.cli import configurables, runs
+from xlmeta_jax.cli import configurables, peers, runs
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.model import network, optimizer
 from xlmeta_jax.pretrain import trainer
@@ -56,6 +56,7 @@ def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
     if count > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
     jax.distributed.initialize(local_device_ids=args.local_device_ids, **kwargs)
+    peers.watch("xlmeta_jax.train")
     log.info("jax.distributed from %s: process %d of %d, %d local devices (%s)", source,
              jax.process_index(), jax.process_count(), jax.local_device_count(),
              jax.local_devices()[0].platform)

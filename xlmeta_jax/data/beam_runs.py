@@ -17,6 +17,7 @@ message, :func:`run` finds the mark and raises the one line again in the driver.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import logging
 import re
@@ -145,15 +146,13 @@ def check_options(beam_args: Sequence[str]) -> None:
     Raises:
       UsageError: naming the option (and the closest one Beam knows).
     """
-    import difflib  # noqa: PLC0415
-
+    quiet()  # before Beam's import, which warns of a BigQuery client it does not need
     from apache_beam.options.pipeline_options import (  # noqa: PLC0415 - the beam extra
         DirectOptions,
         PipelineOptions,
         StandardOptions,
     )
 
-    quiet()
     said = io.StringIO()
     try:
         # Beam's argparse prints its usage (a hundred lines) before it exits on a bad value.

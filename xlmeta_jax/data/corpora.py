@@ -249,6 +249,34 @@ def checked_files(corpora: Corpora, files: Sequence[str], *, may_count: bool = T
         return None
 
 
+def check_shares(what: str, stats: Sequence[text_files.FileStats] | None,
+                 process_count: int) -> None:
+    """Refuses files that leave a process of a multi-process run with nothing to read.
+
+    A process reads whole files where there are at least as many files as processes,
+    else every ``process_count``-th document of each file (``providers``): then each
+    process needs a file with more documents than its index. An empty share would end
+    that process's stream at its first batch while the others wait for it.
+
+    Args:
+      what: the language or setting, as errors name it.
+      stats: the files' counts (None: not counted, nothing to check).
+      process_count: the run's processes.
+
+    Raises:
+      CorpusError: naming ``what``, its files, documents and lines, and the process count.
+    """
+    if process_count < 2 or not stats or len(stats) >= process_count:
+        return
+    most = max(s.documents for s in stats)
+    if most < process_count:
+        raise text_files.CorpusError(
+            f"{what}: {len(stats)} file(s) of {sum(s.documents for s in stats)} documents "
+            f"({sum(s.lines for s in stats)} lines) cannot give each of the {process_count} "
+            f"processes a document (at most {most} of them would read any): give it more "
+            "text or more files, leave it out, or run on fewer processes")
+
+
 def language_count(corpora: Corpora, stats: Sequence[text_files.FileStats], encode=None,
                    *, folder: str | None = None, lang: str | None = None) -> float:
     """n_l of one language's files in ``corpora.count_unit``.

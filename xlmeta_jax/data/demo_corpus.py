@@ -23,7 +23,9 @@ import logging
 import os
 from collections.abc import Sequence
 
-from xlmeta_jax import files
+import jax
+
+from xlmeta_jax import errors, files
 from xlmeta_jax.data import english_pd, vocabulary
 
 log = logging.getLogger("xlmeta_jax.train")
@@ -101,6 +103,10 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
+class DemoCorpusError(errors.UserError, ValueError):
+    """The demo corpus cannot be built here (one line)."""
+
+
 def prepare_demo(
     model_dir: str,
     languages: Sequence[str] = DEMO_LANGUAGES,
@@ -133,6 +139,14 @@ def prepare_demo(
             _announced.add(root)
             log.info("demo corpus and vocabulary already prepared in %s", root)
         return model_path
+    if jax.process_count() > 1:
+        # Each process would build its own copy in the same place, and a multi-process run
+        # counts no corpus (the demo's has no prepared statistics).
+        raise DemoCorpusError(
+            f"the demo runs as one process ({jax.process_count()} were started, and {root} "
+            "holds no corpus: each would build its own in the same folder): start it without "
+            "--process_count or srun; for several processes prepare a corpus with python -m "
+            "xlmeta_jax.data.prepare (docs/guide.md)")
     shared_data_dir = files.user_path(shared_data_dir, "prepare_demo.shared_data_dir")
     if shared_data_dir and not os.path.isdir(shared_data_dir):
         raise FileNotFoundError(f"prepare_demo.shared_data_dir {shared_data_dir!r} does not exist")

@@ -40,7 +40,6 @@ import gzip
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ from collections.abc import Sequence
 from xlmeta_jax import errors, files, logs
 from xlmeta_jax.data import (
     beam_runs,
+    folders,
     line_sample,
     prepared,
     rates,
@@ -89,95 +89,10 @@ class Plan:
 
     @property
     def temp(self) -> str:
-        return _join(self.output, prepared.TEMP_DIR)
+        return folders.join(self.output, prepared.TEMP_DIR)
 
 
 # --------------------------------------------------------------------------- files
-
-
-def _fs():
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - the beam extra
-
-    return FileSystems
-
-
-def _join(folder: str, *names: str) -> str:
-    return _fs().join(folder, *names) if "://" in folder else os.path.join(folder, *names)
-
-
-def _open_read(path: str):
-    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415 - the beam extra
-
-    return _fs().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-
-
-def _open_write(path: str):
-    from apache_beam.io.filesystem import CompressionTypes  # noqa: PLC0415 - the beam extra
-
-    return _fs().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
-
-
-def _write_text(path: str, text: str) -> None:
-    """Writes ``path`` whole: through a temporary name renamed over it."""
-    tmp = f"{path}.tmp"
-    with _open_write(tmp) as f:
-        f.write(text.encode("utf-8"))
-    if _fs().exists(path):
-        _fs().delete([path])
-    _fs().rename([tmp], [path])
-
-
-def _mkdirs(path: str) -> None:
-    if "://" not in path:
-        os.makedirs(path, exist_ok=True)
-    elif not _fs().exists(path):
-        _fs().mkdirs(path)
-
-
-def _entries(folder: str) -> list[str]:
-    """Names directly inside ``folder`` (empty when it does not exist)."""
-    if "://" not in folder:
-        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    prefix = folder.rstrip("/") + "/"
-    found = _fs().match([prefix + "**"])[0].metadata_list
-    return sorted({m.path[len(prefix):].split("/")[0] for m in found})
-
-
-def _remove(folder: str, names: Sequence[str]) -> None:
-    for name in names:
-        path = _join(folder, name)
-        if "://" not in path:
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
-        else:
-            found = {m.path for result in _fs().match([path, path + "/**"])
-                     for m in result.metadata_list}
-            if found:
-                _fs().delete(sorted(found))
-
-
-def _exists(path: str) -> bool:
-    if "://" not in path:
-        return os.path.lexists(path)
-    return _fs().exists(path) or bool(_fs().match([path + "/**"])[0].metadata_list)
-
-
-def _move(src: str, dst: str) -> None:
-    """Renames a file or folder: one rename here, each object's on other file systems."""
-    if "://" not in src:
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        os.replace(src, dst)
-        return
-    found = sorted({m.path for result in _fs().match([src, src + "/**"])
-                    for m in result.metadata_list})
-    _fs().rename(found, [dst + path[len(src):] for path in found])
-
-
-def _remove_folder(path: str) -> None:
-    parent, name = path.rstrip("/").rsplit("/", 1)
-    _remove(parent, [name])
 
 
 # --------------------------------------------------------------------------- the plan
@@ -186,7 +101,7 @@ def _remove_folder(path: str) -> None:
 def _expand(patterns: Sequence[str]) -> list[str]:
     paths = []
     for pattern in patterns:
-        matched = sorted(m.path for m in _fs().match([pattern])[0].metadata_list)
+        matched = sorted(m.path for m in folders.fs().match([pattern])[0].metadata_list)
         if "://" not in pattern:
             matched = [os.path.abspath(p) for p in matched if os.path.isfile(p)]
         if not matched:
@@ -237,7 +152,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     for path in paths:
         lang = shards.language_of(path)
         if wanted is None or lang in wanted:
-            with _open_read(path) as f:
+            with folders.open_read(path) as f:
                 shards.check_header(path, f.read(len(shards.XZ_MAGIC)))
             inputs.append((len(inputs), lang, path))
     if not inputs:
@@ -253,7 +168,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     output = _output_folder(args)
     if "://" not in output and os.path.exists(output) and not os.path.isdir(output):
         raise errors.UsageError(f"--output {output} is a file, not a folder")
-    present = _entries(output)
+    present = folders.entries(output)
     if present and not args.overwrite:
         raise errors.UsageError(f"--output {output} is not empty ({len(present)} entries, e.g. "
                                 f"{present[0]}): choose an empty folder or pass --overwrite")
@@ -283,12 +198,12 @@ def _check_leftovers(output: str) -> None:
         raise errors.UsageError(f"--output {output} is a bucket's root: --overwrite builds the "
                                 "new folder beside the old one; choose a folder in the bucket")
     for suffix in (prepared.NEW_SUFFIX, prepared.OLD_SUFFIX):
-        foreign = [n for n in _entries(output + suffix) if not prepared.is_own_entry(n)]
+        foreign = [n for n in folders.entries(output + suffix) if not prepared.is_own_entry(n)]
         if foreign:
             raise errors.UsageError(f"{output + suffix} holds files this command did not "
                                     f"write (e.g. {foreign[0]}): move it away")
     old = output + prepared.OLD_SUFFIX
-    if _entries(old) and prepared.COMPLETED not in _entries(output):
+    if folders.entries(old) and prepared.COMPLETED not in folders.entries(output):
         raise errors.UsageError(f"{old} holds the entries of {output} that an interrupted "
                                 f"--overwrite moved aside: move them back into {output} (or "
                                 "remove them), then run again")
@@ -331,12 +246,13 @@ def _cache_only_plan(args: argparse.Namespace) -> Plan:
         if missing:
             raise text_files.CorpusError(f"--languages: {output} holds no shards of {missing}")
         held = sorted(wanted)
-    if (prepared.OLD_CACHE_DIR in _entries(output)
-            and prepared.CACHE_DIR not in _entries(output)):
-        raise errors.UsageError(f"{_join(output, prepared.OLD_CACHE_DIR)} holds the token cache "
+    if (prepared.OLD_CACHE_DIR in folders.entries(output)
+            and prepared.CACHE_DIR not in folders.entries(output)):
+        old = folders.join(output, prepared.OLD_CACHE_DIR)
+        raise errors.UsageError(f"{old} holds the token cache "
                                 "an interrupted --overwrite moved aside: rename it back to "
                                 f"{prepared.CACHE_DIR} (or remove it), then run again")
-    if prepared.CACHE_DIR in _entries(output) and not args.overwrite:
+    if prepared.CACHE_DIR in folders.entries(output) and not args.overwrite:
         raise errors.UsageError(f"--output {output} holds a token cache already "
                                 f"({prepared.CACHE_DIR}/): pass --overwrite to replace it")
     return Plan(inputs=(), output=output, max_line_bytes=stats["max_line_bytes"],
@@ -359,7 +275,8 @@ class _Split:
         plan = self.plan
         try:
             counts, pieces = shards.split_file(
-                path, _open_read, _open_write, _join(plan.temp, f"{lang}-{index:05d}"),
+                path, folders.open_read, folders.open_write,
+                folders.join(plan.temp, f"{lang}-{index:05d}"),
                 shard_bytes=plan.shard_bytes, max_line_bytes=plan.max_line_bytes,
                 gzip_level=plan.gzip_level, head_lines=plan.token_sample_lines)
             text_files.check_usable(path, counts.lines, counts.skipped_invalid_utf8,
@@ -383,8 +300,8 @@ def _finalize(item, plan: Plan):
         total.add(shards.Counts(**counts))
     files, listing, offset = {}, [], 0
     for k, (temp, counts, _) in enumerate(pieces):
-        final = _join(plan.output, prepared.shard_name(lang, k, len(pieces)))
-        _fs().rename([temp], [final])
+        final = folders.join(plan.output, prepared.shard_name(lang, k, len(pieces)))
+        folders.fs().rename([temp], [final])
         size, mtime_ns = text_files.stat(final)
         files[os.path.basename(final)] = {
             "size": size, "mtime_ns": mtime_ns, "max_line_bytes": plan.max_line_bytes,
@@ -393,7 +310,8 @@ def _finalize(item, plan: Plan):
         offset += counts["lines"]
     per_file = text_files.sample_lines_per_file(plan.token_sample_lines, len(pieces))
     sample = [line for _, _, head in pieces for line in head[:per_file]]
-    _write_text(_join(plan.output, prepared.TOKEN_SAMPLE_DIR, f"{lang}.json"), json.dumps({
+    sample_path = folders.join(plan.output, prepared.TOKEN_SAMPLE_DIR, f"{lang}.json")
+    folders.write_text(sample_path, json.dumps({
         "sample_lines": plan.token_sample_lines, "max_line_bytes": plan.max_line_bytes,
         "lines": sample}, ensure_ascii=False))
     language = {**dataclasses.asdict(total), "files": len(pieces),
@@ -414,7 +332,7 @@ def _write_stats(finals: list[dict], plan: Plan) -> None:
             "created_by": "python -m xlmeta_jax.data.prepare",
         },
     }
-    _write_text(_join(plan.output, prepared.STATS_FILENAME),
+    folders.write_text(folders.join(plan.output, prepared.STATS_FILENAME),
                 json.dumps(payload, indent=1, sort_keys=True))
 
 
@@ -425,7 +343,8 @@ def _draws(finals: list[dict], plan: Plan) -> dict:
                               seed=plan.seed)
     meta = {"q": q, "counts": counts, "draws": {k: v[2] for k, v in out.items()},
             "alpha": plan.alpha, "seed": plan.seed, "num_lines": plan.vocab_sample_lines}
-    _write_text(_join(plan.output, prepared.VOCAB_SAMPLE_DIR, prepared.VOCAB_SAMPLE_META),
+    folders.write_text(
+        folders.join(plan.output, prepared.VOCAB_SAMPLE_DIR, prepared.VOCAB_SAMPLE_META),
                 json.dumps(meta, indent=1, sort_keys=True))
     return {lang: (repeats, chosen.tolist()) for lang, (repeats, chosen, _) in out.items()}
 
@@ -438,7 +357,7 @@ def _pick(job, draws):
     picked = set(chosen[lo:hi])
     lines = []
     if repeats or picked:
-        with _open_read(path) as raw:
+        with folders.open_read(path) as raw:
             data = gzip.GzipFile(fileobj=raw).read()
         # A shard holds kept paragraphs and the blank lines between documents only.
         lines = [line for line in data.split(b"\n") if line]
@@ -451,7 +370,7 @@ def _pick(job, draws):
 def _write_sample(item, plan: Plan) -> None:
     lang, picked = item
     text = "".join((line + "\n") * times for _, line, times in sorted(picked))
-    _write_text(_join(plan.output, prepared.VOCAB_SAMPLE_DIR, f"{lang}.txt"), text)
+    folders.write_text(folders.join(plan.output, prepared.VOCAB_SAMPLE_DIR, f"{lang}.txt"), text)
 
 
 def build(pipeline, plan: Plan) -> None:
@@ -492,81 +411,61 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
     """
     t0 = time.time()
     if plan.cache_only:
-        new, old = (_join(plan.output, name) for name in (prepared.NEW_CACHE_DIR,
+        new, old = (folders.join(plan.output, name) for name in (prepared.NEW_CACHE_DIR,
                                                            prepared.OLD_CACHE_DIR))
-        _remove(plan.output, [prepared.NEW_CACHE_DIR])
+        folders.remove(plan.output, [prepared.NEW_CACHE_DIR])
         try:
             _tokenize(plan, beam_args, new)
-            _swap([(_join(plan.output, prepared.CACHE_DIR), old)],
-                  [(new, _join(plan.output, prepared.CACHE_DIR))])
+            folders.swap([(folders.join(plan.output, prepared.CACHE_DIR), old)],
+                  [(new, folders.join(plan.output, prepared.CACHE_DIR))])
         finally:
-            _remove(plan.output, [prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR])
+            folders.remove(plan.output, [prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR])
         return {"seconds": time.time() - t0, "seconds_text": 0.0,
                 "languages": prepared.read_stats(plan.output)["languages"]}
-    replacing = [n for n in _entries(plan.output) if prepared.is_own_entry(n)]
+    replacing = [n for n in folders.entries(plan.output) if prepared.is_own_entry(n)]
     for leftover in (prepared.NEW_SUFFIX, prepared.OLD_SUFFIX):  # of a killed job
-        _remove_folder(plan.output + leftover)
+        folders.remove_folder(plan.output + leftover)
     job = (dataclasses.replace(plan, output=plan.output + prepared.NEW_SUFFIX) if replacing
            else plan)
     created = "://" not in job.output and not os.path.exists(job.output)
-    for folder in (job.output, job.temp, _join(job.output, prepared.TOKEN_SAMPLE_DIR)):
-        _mkdirs(folder)
+    for folder in (job.output, job.temp, folders.join(job.output, prepared.TOKEN_SAMPLE_DIR)):
+        folders.mkdirs(folder)
     if job.vocab_sample_lines:
-        _mkdirs(_join(job.output, prepared.VOCAB_SAMPLE_DIR))
+        folders.mkdirs(folders.join(job.output, prepared.VOCAB_SAMPLE_DIR))
     try:
         beam_runs.run(functools.partial(build, plan=job), beam_args)
         seconds_text = time.time() - t0
-        _remove(job.output, [prepared.TEMP_DIR])
+        folders.remove(job.output, [prepared.TEMP_DIR])
         # The shards are complete: the cache job reads them as any run does (each task's
         # cache has a COMPLETED of its own, which readers check).
-        _write_text(_join(job.output, prepared.COMPLETED), "")
+        folders.write_text(folders.join(job.output, prepared.COMPLETED), "")
         if job.vocab:
-            _tokenize(job, beam_args, _join(job.output, prepared.CACHE_DIR))
+            _tokenize(job, beam_args, folders.join(job.output, prepared.CACHE_DIR))
         if replacing:
             # COMPLETED leaves first (readers stop trusting the old entries) and comes
             # back last (they trust the new ones only once all are in place).
             old = plan.output + prepared.OLD_SUFFIX
-            _swap([(_join(plan.output, n), _join(old, n)) for n in _completed_first(replacing)],
-                  [(_join(job.output, n), _join(plan.output, n))
-                   for n in reversed(_completed_first(_entries(job.output)))])
-            _remove_folder(old)
+            folders.swap([(folders.join(plan.output, n), folders.join(old, n))
+                          for n in folders.completed_first(replacing)],
+                         [(folders.join(job.output, n), folders.join(plan.output, n))
+                          for n in reversed(folders.completed_first(folders.entries(job.output)))])
+            folders.remove_folder(old)
     except BaseException:
         if replacing:
-            _remove_folder(job.output)
+            folders.remove_folder(job.output)
             old = plan.output + prepared.OLD_SUFFIX
-            if not _entries(old):  # emptied by the swap's undo (else left for the user)
-                _remove_folder(old)
+            if not folders.entries(old):  # emptied by the swap's undo (else left for the user)
+                folders.remove_folder(old)
         else:
-            _remove(job.output, [n for n in _entries(job.output) if prepared.is_own_entry(n)])
+            folders.remove(job.output, [n for n in folders.entries(job.output)
+                                        if prepared.is_own_entry(n)])
             if created and not os.listdir(job.output):
                 os.rmdir(job.output)
         raise
     if replacing:
-        _remove_folder(job.output)
+        folders.remove_folder(job.output)
     return {"seconds": time.time() - t0, "seconds_text": seconds_text,
             "languages": prepared.read_stats(plan.output)["languages"]}
-
-
-def _completed_first(names: Sequence[str]) -> list[str]:
-    return sorted(names, key=lambda n: (n != prepared.COMPLETED, n))
-
-
-def _swap(outgoing: Sequence[tuple[str, str]], incoming: Sequence[tuple[str, str]]) -> None:
-    """Moves ``outgoing`` aside, then ``incoming`` in, each (source, destination) in order.
-
-    On any failure, Ctrl-C included, every move made is undone in reverse order, so the
-    destination folder is as it was. Sources that do not exist are skipped.
-    """
-    done = []
-    try:
-        for src, dst in [*outgoing, *incoming]:
-            if _exists(src):
-                _move(src, dst)
-                done.append((src, dst))
-    except BaseException:
-        for src, dst in reversed(done):
-            _move(dst, src)
-        raise
 
 
 def _tokenize(plan: Plan, beam_args: Sequence[str], cache: str) -> None:
@@ -640,10 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = make_plan(args)
     if plan.cache_only:
         print(f"tokenizing {len(plan.languages)} prepared languages into "
-              f"{_join(plan.output, prepared.CACHE_DIR)}", flush=True)
+              f"{folders.join(plan.output, prepared.CACHE_DIR)}", flush=True)
         result = run(plan, beam_args)
+        cache = folders.join(plan.output, prepared.CACHE_DIR)
         print(f"wrote the token cache of {len(plan.languages)} languages in "
-              f"{result['seconds']:.1f} s: {_join(plan.output, prepared.CACHE_DIR)} (read it "
+              f"{result['seconds']:.1f} s: {cache} (read it "
               "with XLING_USE_CACHED=True or make_mlm_iterator.use_cached=True)")
         return 0
     print(f"preparing {len(plan.inputs)} files of {len(plan.languages)} languages into "

@@ -120,7 +120,10 @@ def _english_text(plan: _Plan) -> None:
         patterns = corpora_lib.as_patterns(patterns)
         if patterns:
             files = text_files.list_text_files(patterns, what=f"english_files ({split})")
-            corpora_lib.checked_files(c, files, may_count=plan.may_count, needs_counts=False)
+            stats = corpora_lib.checked_files(c, files, may_count=plan.may_count,
+                                              needs_counts=False)
+            if split == "train":
+                corpora_lib.check_shares("ENGLISH_FILES", stats, jax.process_count())
             files_by_split[split] = providers.TextFiles(tuple(files), int(c.max_line_bytes))
     if files_by_split:
         plan.add_task(
@@ -170,6 +173,9 @@ def _cc100(plan: _Plan) -> None:
                 needs_counts = split == "train" and c.cc100_counts is None
                 stats = corpora_lib.checked_files(c, files, may_count=plan.may_count,
                                                   needs_counts=needs_counts)
+                if split == "train":
+                    corpora_lib.check_shares(f"CC-100 language {lang!r} ({folder})", stats,
+                                             jax.process_count())
                 if needs_counts:
                     counts[lang] = corpora_lib.language_count(c, stats, plan.encode,
                                                               folder=folder, lang=lang)
