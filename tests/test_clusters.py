@@ -98,14 +98,42 @@ def test_sbatch_script_parses_and_prints_its_srun_line():
     words = shlex.split(out.stdout)
     assert "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" in words
     srun = words[words.index("srun"):]
-    assert srun == ["srun", "--nodes=4", "--ntasks-per-node=8", "--kill-on-bad-exit=1",
+    assert srun == ["srun", "--nodes=4", "--ntasks=32", "--ntasks-per-node=8",
+                    "--kill-on-bad-exit=1",
                     ".venv/bin/python", "-m", "xlmeta_jax.train",
                     "--gin_file=gin/native/meta.gin", "--gin.MODEL_DIR='/runs/m'",
                     "--gin.CC100_DIR='/d'"]
     node = shlex.split(_sbatch({"DRY_RUN": "1", "TASKS": "node", "GPUS_PER_NODE": "4"},
                                *args).stdout)
     assert "--ntasks-per-node=1" in node and "--local_device_ids=0,1,2,3" in node
+    # A job submitted with --ntasks-per-node=8: srun still starts one task per node.
+    node = shlex.split(_sbatch({"DRY_RUN": "1", "TASKS": "node", "SLURM_GPUS_ON_NODE": "8",
+                                "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "16",
+                                "SLURM_NTASKS_PER_NODE": "8"}, *args).stdout)
+    assert "--ntasks=2" in node and "--ntasks-per-node=1" in node
+    # CPU nodes (no GPUs asked of sbatch): one process per node, no device ids.
+    cpu = shlex.split(_sbatch({"DRY_RUN": "1", "SLURM_JOB_NUM_NODES": "2"}, *args).stdout)
+    assert "--ntasks=2" in cpu and "--ntasks-per-node=1" in cpu
+    assert not [w for w in cpu if w.startswith("--local_device_ids")]
+    quoted = shlex.split(_sbatch({"DRY_RUN": "1"}, args[0], "/runs/it's", *args[2:]).stdout)
+    assert '--gin.MODEL_DIR="/runs/it\'s"' in quoted
     t5x = shlex.split(_sbatch({"DRY_RUN": "1", "ENTRY": "t5x"}, *args).stdout)
     assert t5x[t5x.index("-m"):t5x.index("-m") + 3] == ["-m", "t5x.train", "--multiprocess_gpu"]
     refused = _sbatch({"DRY_RUN": "1", "ENTRY": "t5x", "TASKS": "node"}, *args)
     assert refused.returncode == 2 and "use TASKS=gpu with ENTRY=t5x" in refused.stderr
+
+
+@pytest.mark.parametrize("env, args, part", [
+    ({"GPUS_PER_NODE": "abc"}, (), "GPUS_PER_NODE=abc"),
+    ({"GPUS_PER_NODE": "-1"}, (), "GPUS_PER_NODE=-1"),
+    ({"TASKS": "rack"}, (), "TASKS=rack"),
+    ({"ENTRY": "torch"}, (), "ENTRY=torch"),
+    ({}, ("gin/native/nope.gin", "/runs/m"), "GIN_FILE gin/native/nope.gin"),
+    ({}, ("gin/native/meta.gin", """/runs/a'b"c"""), "MODEL_DIR /runs/a'b\"c"),
+])
+def test_sbatch_refuses_a_bad_setting_in_one_line_before_srun(env, args, part):
+    """DRY_RUN=1 too: a bad setting never prints an srun line."""
+    out = _sbatch({"DRY_RUN": "1", **env}, *(args or ("gin/native/meta.gin", "/runs/m")))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and part in lines[0], out.stderr
+    assert lines[0].startswith("slurm/run.sbatch: error: ") and not out.stdout
