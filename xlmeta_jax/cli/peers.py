@@ -33,7 +33,9 @@ from xlmeta_jax import errors
 
 _FAILED = "xlmeta/failed"
 _DONE = "xlmeta/done"
-_POLL_MS = 60_000
+# The watcher asks in short waits, so that it is never inside the client's C++ call when
+# the interpreter finalises (a thread there aborts the process on its way out).
+_POLL_MS = 1_000
 # How long a process that reads a peer's failure leaves its own main thread to fail first.
 _GRACE_SECONDS = 2.0
 # How long process 0 keeps the store up for its peers to read a failure.
@@ -112,6 +114,12 @@ def watch(prog: str) -> None:
             end(int(status), f"{prog}: error: process {failer} failed: {summary}")
 
     errors.on_failure(failed)
+    watcher = threading.Thread(target=read, name="xlmeta-peers", daemon=True)
+
+    def stand_down() -> None:
+        _finished.set()
+        watcher.join(timeout=2 * _POLL_MS / 1000)
+
     # atexit runs last-in first-out: this stands down before JAX's shutdown barrier.
-    atexit.register(_finished.set)
-    threading.Thread(target=read, name="xlmeta-peers", daemon=True).start()
+    atexit.register(stand_down)
+    watcher.start()
