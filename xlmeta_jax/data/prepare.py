@@ -179,7 +179,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
                                 "output: choose an empty folder")
     if any(p.startswith(output.rstrip("/") + "/") for p in paths):
         raise errors.UsageError(f"--output {output} holds input files: choose another folder")
-    _check_leftovers(output)
+    if present:
+        _check_leftovers(output)
     return Plan(inputs=tuple(inputs), output=output, shard_bytes=args.shard_bytes,
                 max_line_bytes=args.max_line_bytes, gzip_level=args.gzip_level,
                 token_sample_lines=args.token_sample_lines,
@@ -188,7 +189,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def _check_leftovers(output: str) -> None:
-    """Refuses to start where a killed ``--overwrite`` left the old entries aside.
+    """Before an ``--overwrite``: refuses to start where a killed one left the old entries
+    aside, or where there is no "beside" (a bucket's root).
 
     ``OUT.prepare-new`` (a new folder not swapped in) is the job's own and is replaced;
     ``OUT.prepare-old`` holds the old entries only while a swap runs: found with OUT
@@ -403,7 +405,7 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
 
     Nothing of an earlier output is lost on a failure: where ``plan.output`` holds one
     (``--overwrite``), the job writes beside it (``OUT.prepare-new``) and the new entries
-    replace the old ones only once the new folder is complete (:func:`_swap`). On any
+    replace the old ones only once the new folder is complete (``folders.swap``). On any
     failure, Ctrl-C included, what the job wrote is removed (and the folder, where the
     job made it) and the old output is as it was. With ``plan.cache_only`` it writes the
     token cache only, into a folder an earlier job prepared, the same way: the new cache
@@ -411,20 +413,20 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
     """
     t0 = time.time()
     if plan.cache_only:
-        new, old = (folders.join(plan.output, name) for name in (prepared.NEW_CACHE_DIR,
-                                                           prepared.OLD_CACHE_DIR))
+        new, old = (folders.join(plan.output, name)
+                    for name in (prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR))
         folders.remove(plan.output, [prepared.NEW_CACHE_DIR])
         try:
             _tokenize(plan, beam_args, new)
             folders.swap([(folders.join(plan.output, prepared.CACHE_DIR), old)],
-                  [(new, folders.join(plan.output, prepared.CACHE_DIR))])
+                         [(new, folders.join(plan.output, prepared.CACHE_DIR))])
         finally:
             folders.remove(plan.output, [prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR])
         return {"seconds": time.time() - t0, "seconds_text": 0.0,
                 "languages": prepared.read_stats(plan.output)["languages"]}
     replacing = [n for n in folders.entries(plan.output) if prepared.is_own_entry(n)]
-    for leftover in (prepared.NEW_SUFFIX, prepared.OLD_SUFFIX):  # of a killed job
-        folders.remove_folder(plan.output + leftover)
+    for leftover in (prepared.NEW_SUFFIX, prepared.OLD_SUFFIX) if replacing else ():
+        folders.remove_folder(plan.output + leftover)  # of a killed job (make_plan checked)
     job = (dataclasses.replace(plan, output=plan.output + prepared.NEW_SUFFIX) if replacing
            else plan)
     created = "://" not in job.output and not os.path.exists(job.output)
