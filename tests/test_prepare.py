@@ -498,8 +498,9 @@ def test_sigint_during_overwrite_leaves_the_old_folder(corpus, tmp_path, mode):
     ("vocab_empty", ["empty.model", "not a SentencePiece .model"]),
     ("read_only_output", ["{out}", "read-only file system"]),
 ])
-def test_bad_prepare_inputs_are_one_line(corpus, tmp_path, capsys, monkeypatch, case, parts):
-    """One line naming the flag, file or value, exit 2, nothing written."""
+def test_bad_prepare_inputs_are_one_line(corpus, tmp_path, capsys, caplog, monkeypatch, case,
+                                        parts):
+    """One line naming the flag, file or value, exit 2, nothing written, nothing logged."""
     inputs = tmp_path / "in"
     inputs.mkdir()
     data = (corpus["plain"] / "en.txt").read_bytes()
@@ -531,6 +532,7 @@ def test_bad_prepare_inputs_are_one_line(corpus, tmp_path, capsys, monkeypatch, 
     assert code == errors.EXIT_USER_ERROR and len(err) == 1, err
     for part in parts:
         assert part.format(out=out) in err[0], (part, err[0])
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not out.exists()
 
 

@@ -169,8 +169,16 @@ def check_options(beam_args: Sequence[str]) -> None:
                     raise errors.UsageError(f"--runner={runner}: {e}") from None
                 except ImportError:
                     return  # the runner's extra is missing: Beam names it when the job starts
-            known = options.get_all_options()
-            every = options.get_all_options(retain_unknown_options=True)
+            # Beam warns of each unknown option ("Discarding unparseable args") and runs on;
+            # here the unknown ones are refused in one line instead.
+            options_log = logging.getLogger("apache_beam.options.pipeline_options")
+            level = options_log.level
+            options_log.setLevel(logging.ERROR)
+            try:
+                known = options.get_all_options()
+                every = options.get_all_options(retain_unknown_options=True)
+            finally:
+                options_log.setLevel(level)
     except SystemExit:
         reason = [line for line in said.getvalue().splitlines() if ": error: " in line]
         raise errors.UsageError("Beam's pipeline options: " + (
