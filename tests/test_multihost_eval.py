@@ -129,10 +129,16 @@ def test_experiment_on_two_processes_stops_before_pretraining(tmp_path):
             continue
         break
     assert codes == [errors.EXIT_USER_ERROR] * 2, outs
+    def refusal(i):
+        return (f"the experiment's evaluations run on one host: this is process {i} of 2; "
+                "pretrain on the pod with --gin.xlmeta_jax.experiment.runner.experiment.tasks=[] "
+                "and rerun the command without it on one host (one VM) to evaluate")
+
     for i, out in enumerate(outs):
         assert "Traceback" not in out, out
-        assert (f"xlmeta_jax.experiment: error: the experiment's evaluations run on one host: "
-                f"this is process {i} of 2; pretrain on the pod with "
-                "--gin.xlmeta_jax.experiment.runner.experiment.tasks=[] and rerun the command "
-                "without it on one host (one VM) to evaluate") in out, out
+        # Its own refusal, or, where the other process refused first (cli/peers.py), the
+        # other's: every process makes the same check.
+        assert (f"xlmeta_jax.experiment: error: {refusal(i)}" in out
+                or f"xlmeta_jax.experiment: error: process {1 - i} failed: {refusal(1 - i)}"
+                in out), out
     assert not model_dir.exists()

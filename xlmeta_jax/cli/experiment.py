@@ -55,7 +55,7 @@ def main(argv: Sequence[str]) -> dict | None:
     own.add_argument("--dry_run", action="store_true")
     own, rest = own.parse_known_args(flags.remaining)
     dry_run = own.dry_run
-    rest = train_cli.initialize_distributed(rest)
+    rest = train_cli.initialize_distributed(rest, prog="xlmeta_jax.experiment")
     if rest:
         raise runner.ExperimentError(f"unknown arguments {rest} (see --help)")
     if not flags.gin_files:

@@ -6,7 +6,7 @@ service's time-outs end them, minutes later, with pages of coordination-service 
 and the failing process itself waits in JAX's shutdown barrier for peers that never
 come. Here the failing process prints its line, publishes it in ``jax.distributed``'s
 key-value store, and ends at once; every process watches that key from a daemon thread
-and, when it appears (after a grace of two seconds, in which a process failing the same
+and, when it appears (after a grace of five seconds, in which a process failing the same
 way ends with its own line), ends itself at once, as ``kill`` would, with ``process I
 failed: <line>`` and the same exit status (2: a user error, 1: a bug); MODEL_DIR's lock of
 such a process is taken over by the next start. Process 0 hosts the store: before it ends, it waits
@@ -37,7 +37,7 @@ _DONE = "xlmeta/done"
 # the interpreter finalises (a thread there aborts the process on its way out).
 _POLL_MS = 1_000
 # How long a process that reads a peer's failure leaves its own main thread to fail first.
-_GRACE_SECONDS = 2.0
+_GRACE_SECONDS = 5.0
 # How long process 0 keeps the store up for its peers to read a failure.
 _WAIT_FOR_PEERS_SECONDS = 15.0
 

@@ -32,14 +32,15 @@ from xlmeta_jax.pretrain import trainer
 log = logging.getLogger("xlmeta_jax.train")
 
 
-def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
+def initialize_distributed(argv_rest: Sequence[str], prog: str = "xlmeta_jax.train") -> list[str]:
     """Connects processes with ``jax.distributed`` (t5x-like flags); returns other args.
 
     Flags: ``--coordinator_address=HOST:PORT --process_count=N --process_index=I``
     (``--local_device_ids`` where one process drives several GPUs). Without them, on a
     cluster JAX detects by itself (:func:`hosts.cluster_environment`: a Cloud TPU VM
     slice, a SLURM step, an Open MPI job), ``jax.distributed.initialize()`` needs no
-    flags. One line says what was found.
+    flags. One line says what was found. ``prog`` names the command in the line a peer's
+    failure ends this process with (:mod:`xlmeta_jax.cli.peers`).
     """
     args, rest = hosts.parse_distributed_flags(argv_rest, prog="xlmeta_jax.train")
     if args.coordinator_address:
@@ -56,7 +57,7 @@ def initialize_distributed(argv_rest: Sequence[str]) -> list[str]:
     if count > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", args.cpu_collectives)
     jax.distributed.initialize(local_device_ids=args.local_device_ids, **kwargs)
-    peers.watch("xlmeta_jax.train")
+    peers.watch(prog)
     log.info("jax.distributed from %s: process %d of %d, %d local devices (%s)", source,
              jax.process_index(), jax.process_count(), jax.local_device_count(),
              jax.local_devices()[0].platform)
