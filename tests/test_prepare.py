@@ -423,8 +423,9 @@ def test_overwrite_keeps_the_old_folder_until_the_new_one_is_complete(
                 real(task_names[:1], cache_dir, **kw)
                 raise KeyboardInterrupt
             monkeypatch.setattr(token_cache, "cache_tasks", half)
-        else:  # the new cache moving in, after the old one moved aside
-            monkeypatch.setattr(folders, "move", _interrupt_after(2)(folders.move))
+        else:  # the new cache's second task moving in, after the old tasks moved aside
+            monkeypatch.setattr(folders, "move", _interrupt_after(
+                len(os.listdir(out / prepared.CACHE_DIR)) + 2)(folders.move))
     got = errors.run_command(prepare.main, argv, prog="xlmeta_jax.data.prepare")
     err = capsys.readouterr().err.strip().splitlines()
     assert got == code and len(err) == 1 and part in err[0], err

@@ -108,8 +108,7 @@ def remove_folder(path: str) -> None:
     remove(parent, [name])
 
 
-def completed_first(names: Sequence[str]) -> list[str]:
-    """``names`` sorted with ``COMPLETED`` first: the order entries leave a folder in."""
+def _completed_first(names: Sequence[str]) -> list[str]:
     return sorted(names, key=lambda n: (n != prepared.COMPLETED, n))
 
 
@@ -129,3 +128,25 @@ def swap(outgoing: Sequence[tuple[str, str]], incoming: Sequence[tuple[str, str]
         for src, dst in reversed(done):
             move(dst, src)
         raise
+
+
+def replace(target: str, outgoing: Sequence[str], new: str, aside: str) -> None:
+    """Replaces ``outgoing`` (entries of ``target``) with every entry of the complete folder
+    ``new``, through ``aside``; ``new`` is removed in any case.
+
+    ``COMPLETED`` leaves ``target`` first (readers stop trusting the old entries) and comes
+    in last (they trust the new ones only once all are in place). On any failure, Ctrl-C
+    included, the moves are undone (:func:`swap`) and ``aside`` is removed only where the
+    undo emptied it: whatever could not be moved back stays there for the user.
+    """
+    try:
+        swap([(join(target, n), join(aside, n)) for n in _completed_first(outgoing)],
+             [(join(new, n), join(target, n))
+              for n in reversed(_completed_first(entries(new)))])
+    except BaseException:
+        if not entries(aside):
+            remove_folder(aside)
+        raise
+    finally:
+        remove_folder(new)
+    remove_folder(aside)

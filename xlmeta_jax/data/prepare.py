@@ -405,7 +405,7 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
 
     Nothing of an earlier output is lost on a failure: where ``plan.output`` holds one
     (``--overwrite``), the job writes beside it (``OUT.prepare-new``) and the new entries
-    replace the old ones only once the new folder is complete (``folders.swap``). On any
+    replace the old ones only once the new folder is complete (``folders.replace``). On any
     failure, Ctrl-C included, what the job wrote is removed (and the folder, where the
     job made it) and the old output is as it was. With ``plan.cache_only`` it writes the
     token cache only, into a folder an earlier job prepared, the same way: the new cache
@@ -413,15 +413,15 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
     """
     t0 = time.time()
     if plan.cache_only:
-        new, old = (folders.join(plan.output, name)
-                    for name in (prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR))
-        folders.remove(plan.output, [prepared.NEW_CACHE_DIR])
+        cache, new, old = (folders.join(plan.output, name) for name in (
+            prepared.CACHE_DIR, prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR))
+        folders.remove(plan.output, [prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR])
         try:
             _tokenize(plan, beam_args, new)
-            folders.swap([(folders.join(plan.output, prepared.CACHE_DIR), old)],
-                         [(new, folders.join(plan.output, prepared.CACHE_DIR))])
-        finally:
-            folders.remove(plan.output, [prepared.NEW_CACHE_DIR, prepared.OLD_CACHE_DIR])
+        except BaseException:
+            folders.remove_folder(new)
+            raise
+        folders.replace(cache, folders.entries(cache), new, old)
         return {"seconds": time.time() - t0, "seconds_text": 0.0,
                 "languages": prepared.read_stats(plan.output)["languages"]}
     replacing = [n for n in folders.entries(plan.output) if prepared.is_own_entry(n)]
@@ -443,21 +443,9 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
         folders.write_text(folders.join(job.output, prepared.COMPLETED), "")
         if job.vocab:
             _tokenize(job, beam_args, folders.join(job.output, prepared.CACHE_DIR))
-        if replacing:
-            # COMPLETED leaves first (readers stop trusting the old entries) and comes
-            # back last (they trust the new ones only once all are in place).
-            old = plan.output + prepared.OLD_SUFFIX
-            folders.swap([(folders.join(plan.output, n), folders.join(old, n))
-                          for n in folders.completed_first(replacing)],
-                         [(folders.join(job.output, n), folders.join(plan.output, n))
-                          for n in reversed(folders.completed_first(folders.entries(job.output)))])
-            folders.remove_folder(old)
     except BaseException:
         if replacing:
             folders.remove_folder(job.output)
-            old = plan.output + prepared.OLD_SUFFIX
-            if not folders.entries(old):  # emptied by the swap's undo (else left for the user)
-                folders.remove_folder(old)
         else:
             folders.remove(job.output, [n for n in folders.entries(job.output)
                                         if prepared.is_own_entry(n)])
@@ -465,7 +453,7 @@ def run(plan: Plan, beam_args: Sequence[str] = ()) -> dict:
                 os.rmdir(job.output)
         raise
     if replacing:
-        folders.remove_folder(job.output)
+        folders.replace(plan.output, replacing, job.output, plan.output + prepared.OLD_SUFFIX)
     return {"seconds": time.time() - t0, "seconds_text": seconds_text,
             "languages": prepared.read_stats(plan.output)["languages"]}
 

@@ -81,7 +81,7 @@ def check_shards(folder: str, lang: str, present: Sequence[str]) -> None:
     """
     names = {os.path.basename(p): p for p in present}
     shards = sorted(n for n in names if is_own_entry(n))
-    data = _statistics(folder, *_signature(os.path.join(folder, STATS_FILENAME)))
+    data = _statistics(*_signature(os.path.join(folder, STATS_FILENAME)))
     if not (data or {}).get(text_files.PREPARED_KEY) and not text_files.exists(
             os.path.join(folder, TEMP_DIR)):
         return  # plain CC-100 files, counted where they are read
@@ -118,7 +118,7 @@ def _signature(path: str) -> tuple[str, int, int]:
 
 
 @functools.lru_cache(maxsize=8)
-def _statistics(folder: str, path: str, size: int, mtime_ns: int) -> dict | None:
+def _statistics(path: str, size: int, mtime_ns: int) -> dict | None:
     """The statistics file, read once per version of it (a run asks per language)."""
     if size < 0:
         return None
