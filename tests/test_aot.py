@@ -106,6 +106,26 @@ def test_batch_not_divisible_by_the_slice_is_one_line(capsys):
     assert "batch_size=16" in err[-1] and "128" in err[-1]
 
 
+@pytest.mark.parametrize("gin_file, groups", [
+    # Each annealed stage masks at its own rate (30%, 15%, 5% of 512): three programs.
+    ("gin/native/annealed.gin", [(["stage1"], 0.3, 155), (["stage2"], 0.15, 78),
+                                 (["stage3"], 0.05, 27)]),
+    # meta's two phases share batch, length and the run's 15%: one program.
+    ("gin/native/meta.gin", [(["phase1", "phase2"], 0.15, 78)]),
+])
+def test_each_stage_compiles_with_its_own_masking(gin_file, groups):
+    from xlmeta_jax.cli import flags as gin_cli
+
+    gin_cli.apply_gin([gin_file], ["MODEL_DIR='/unused'", "VOCAB_PATH='/unused'",
+                                   "CC100_DIR='/unused'"], finalize=False)
+    run = aot.configured_run()
+    got = [([p.name for p in phases], phases[0].mask_rate, slots)
+           for (_, _, slots), phases in aot.shape_groups(run.phases).items()]
+    assert got == groups
+    assert all(slots == mlm.max_predictions(length, phases[0].mask_rate)
+               for (_, length, slots), phases in aot.shape_groups(run.phases).items())
+
+
 @pytest.fixture(scope="module")
 def tiny_on_v4_8():
     """gin/demo.gin (tiny encoder, 16 x 64, unrolled layers) compiled for a v4-8."""
@@ -127,7 +147,7 @@ def test_tiny_run_compiles_once_and_fits(tiny_on_v4_8):
     c = results[0].base
     assert c.fits and results[0].fitted is c
     phase = run.phases[0]
-    slots = mlm.max_predictions(phase.sequence_length, run.mask_rate)
+    slots = phase.slots
     state = aot_compile.state_bytes_per_device(run.model, phase.optimizer, devices,
                                                run.mesh_shape)
     batch = phase.batch_size // tpu.num_devices * (phase.sequence_length + 3 * slots) * 4
@@ -157,7 +177,7 @@ def test_tiny_run_flops_match_the_analytic_count(tiny_on_v4_8):
     run, tpu, results, _ = tiny_on_v4_8
     c = results[0].base
     phase = run.phases[0]
-    slots = mlm.max_predictions(phase.sequence_length, run.mask_rate)
+    slots = phase.slots
     analytic = flops.mlm_flops_per_token(run.model, phase.sequence_length, slots) * (
         phase.batch_size * phase.sequence_length / tpu.num_devices)
     assert 1.0 <= c.xla_flops / analytic <= 2.5

@@ -55,6 +55,13 @@ class PhaseShape:
     sequence_length: int
     num_steps: int
     optimizer: object
+    # The phase's masking rate (its own, else the run's): it sets the batch's prediction
+    # slots, hence the compiled shapes.
+    mask_rate: float
+
+    @property
+    def slots(self) -> int:
+        return mlm.max_predictions(self.sequence_length, self.mask_rate)
 
 
 @dataclasses.dataclass
@@ -64,7 +71,6 @@ class RunConfig:
     model: network.EncoderConfig
     phases: list[PhaseShape]
     mesh_shape: tuple[int, int, int]
-    mask_rate: float
     microbatches: int
     rng_impl: str
     # Steps the estimate of days covers, and what they are.
@@ -95,8 +101,9 @@ def configured_run() -> RunConfig:
                            "experiment (gin/experiments/*.gin)")
         phases, model, total, note = _experiment_run()
     shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
-                         p.optimizer_config()) for p in phases]
-    return RunConfig(model=model, phases=shapes, mesh_shape=mesh_shape, mask_rate=mask_rate,
+                         p.optimizer_config(),
+                         mask_rate if p.mask_rate is None else p.mask_rate) for p in phases]
+    return RunConfig(model=model, phases=shapes, mesh_shape=mesh_shape,
                      microbatches=microbatches, rng_impl=rng_impl, total_steps=total,
                      steps_note=note, trainer_phases=list(phases))
 
@@ -145,7 +152,7 @@ class Estimate:
 
 def estimate(run: RunConfig, phase: PhaseShape, c: Compiled, tpu: TpuSlice) -> Estimate:
     """Roofline step time: max(analytic FLOPs incl. recompute / peak, XLA bytes / HBM BW)."""
-    slots = mlm.max_predictions(phase.sequence_length, run.mask_rate)
+    slots = phase.slots
     tokens = phase.batch_size * phase.sequence_length
     per_device = flops.mlm_flops_per_token(run.model, phase.sequence_length, slots) * (
         tokens / tpu.num_devices)
@@ -197,6 +204,14 @@ def describe(c: Compiled, tpu: TpuSlice) -> list[str]:
     ]
 
 
+def shape_groups(phases: Sequence[PhaseShape]) -> dict[tuple[int, int, int], list[PhaseShape]]:
+    """The phases by the shapes their train step compiles for: (batch, length, slots)."""
+    groups: dict[tuple[int, int, int], list[PhaseShape]] = {}
+    for p in phases:
+        groups.setdefault((p.batch_size, p.sequence_length, p.slots), []).append(p)
+    return groups
+
+
 @dataclasses.dataclass
 class PhaseResult:
     phases: list[PhaseShape]
@@ -223,14 +238,12 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
         mesh = partitioning.mesh_shape_for(*run.mesh_shape, num_devices=n)
     except partitioning.MeshShapeError as e:
         raise AotError(f"train.mesh_shape on {tpu.name}: {e}") from None
-    groups: dict[tuple[int, int], list[PhaseShape]] = {}
     for p in run.phases:
         if p.batch_size % (mesh[0] * mesh[1] * run.microbatches):
             raise AotError(
                 f"phase {p.name!r}: batch_size={p.batch_size} is not divisible by the "
                 f"{mesh[0] * mesh[1]} data-parallel devices of {tpu.name} (mesh {mesh})"
                 + (f" x {run.microbatches} microbatches" if run.microbatches > 1 else ""))
-        groups.setdefault((p.batch_size, p.sequence_length), []).append(p)
     say(f"{tpu.name}: {tpu.chips} chips, {n} devices (libtpu topology {tpu.topology_name})")
     devices = topology_devices(tpu)
     base = Variant(run.model.remat_policy, run.microbatches, tuple(run.mesh_shape))
@@ -238,8 +251,7 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
     # "available HBM" of a refusal: less a reserve, e.g. 30.75 of a v4's 32 GiB).
     limit = [float(tpu.chip.device_hbm_bytes)]
     results = []
-    for (batch, length), phases in groups.items():
-        slots = mlm.max_predictions(length, run.mask_rate)
+    for (batch, length, slots), phases in shape_groups(run.phases).items():
         names = ", ".join(p.name for p in phases)
 
         def compile_variant(v: Variant, phases=phases, batch=batch, length=length,
@@ -280,7 +292,8 @@ def report(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult]) -> str
         p = r.phases[0]
         names = ", ".join(q.name for q in r.phases)
         same = " (same shapes: compiled once)" if len(r.phases) > 1 else ""
-        out += ["", f"{names}: batch {p.batch_size} x {p.sequence_length}{same}; remat "
+        out += ["", f"{names}: batch {p.batch_size} x {p.sequence_length}, {p.slots} prediction "
+                f"slots per sequence (masking {p.mask_rate:g}){same}; remat "
                 f"{r.base.variant.remat_policy!r}, microbatches {r.base.variant.microbatches}, "
                 f"mesh (data, fsdp, tensor) {r.base.variant.mesh_shape}"]
         out += describe(r.base, tpu)
