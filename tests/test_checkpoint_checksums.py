@@ -241,7 +241,7 @@ def test_a_record_that_lost_an_array_is_damaged(finished, tmp_path, capsys):
 def test_checksum_cost_command_times_a_whole_state(tmp_path, capsys, fast_compiles):
     """The benchmark saves and reads the trainer's whole state (parameters and both AdamW
     moments) and its record verifies; figures are printed, not asserted (timing)."""
-    from xlmeta_jax.tools import checksum_cost
+    from benchmarks import checksum_cost
 
     r = checksum_cost.main(["--gin_file=models/tiny.gin", "--repeats=1",
                             f"--work_dir={tmp_path}"])

@@ -150,10 +150,10 @@ def test_hf_export_of_corrupted_metadata(finished, tmp_path):
     ("xlmeta_jax.tools.soak", ["--kills", "(default:"]),
     ("xlmeta_jax.tools.throughput", ["python -m xlmeta_jax.tools.throughput", "--seconds"]),
     ("xlmeta_jax.tools.caching", ["python -m xlmeta_jax.tools.caching", "--task"]),
-    ("xlmeta_jax.tools.checksum_cost", ["--repeats", "models/small.gin"]),
+    ("benchmarks.checksum_cost", ["--repeats", "models/small.gin"]),
     ("xlmeta_jax.data.prepare", ["--input", "--shard_bytes", "--vocab_sample_lines", "--tokenize",
                                  "--runner", "--overwrite"]),
-    ("xlmeta_jax.tools.prepare_bench", ["--mb", "--startup_mb"]),
+    ("benchmarks.prepare_bench", ["--mb", "--startup_mb"]),
     ("xlmeta_jax.data.vocabulary", ["--prepared", "--vocab_sample_lines"]),
 ])
 def test_every_command_has_a_help(module, parts):

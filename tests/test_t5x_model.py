@@ -245,7 +245,7 @@ def test_unnamed_parameter_is_named():
 
 
 def test_step_time_command_times_both_trainers(capsys):
-    from xlmeta_jax.tools import t5x_step_time
+    from benchmarks import t5x_step_time
 
     report = t5x_step_time.main(["--size=tiny", "--batch=8", "--length=16", "--steps=1",
                                  "--rounds=1"])

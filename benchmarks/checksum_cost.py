@@ -1,6 +1,6 @@
 """What the checkpoint checksums cost: a save and a read with and without them, in one process.
 
-    python -m xlmeta_jax.tools.checksum_cost --gin_file=models/small.gin --repeats=3
+    python -m benchmarks.checksum_cost --gin_file=models/small.gin --repeats=3
 
 Builds the trainer's train state of the model (parameters, AdamW moments, step) on this
 host's devices, then times each of these ``--repeats`` times (the median is printed):
@@ -88,14 +88,14 @@ def format_report(cfg, r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Entry point of ``python -m xlmeta_jax.tools.checksum_cost``."""
+    """Entry point of ``python -m benchmarks.checksum_cost``."""
     argv = sys.argv[1:] if argv is None else list(argv)
     flags = bench._gin_cli().parse_gin_flags(argv)
     parser = errors.ArgumentParser(
-        prog="python -m xlmeta_jax.tools.checksum_cost",
+        prog="python -m benchmarks.checksum_cost",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Time a checkpoint's save and read with the checksums' share of each.",
-        epilog="example: python -m xlmeta_jax.tools.checksum_cost "
+        epilog="example: python -m benchmarks.checksum_cost "
                "--gin_file=models/small.gin --repeats=3",
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (median)")
@@ -115,4 +115,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    errors.exit_with(main, prog="xlmeta_jax.tools.checksum_cost")
+    errors.exit_with(main, prog="benchmarks.checksum_cost")

@@ -1,6 +1,6 @@
 r"""Training step time under t5x's trainer against our own: same model, batch and devices.
 
-  python -m xlmeta_jax.tools.t5x_step_time --size=small --batch=32 --length=128
+  python -m benchmarks.t5x_step_time --size=small --batch=32 --length=128
 
 Both sides train the same encoder (``network.get_config(size)``), AdamW and masked-LM
 loss on the same synthetic batch, data-parallel over every device: ours through
@@ -93,7 +93,7 @@ def measure(size: str, batch: int, length: int, steps: int, rounds: int,
 
 def main(argv=None) -> dict:
     """Command line; prints the report."""
-    parser = errors.ArgumentParser(prog="xlmeta_jax.tools.t5x_step_time",
+    parser = errors.ArgumentParser(prog="benchmarks.t5x_step_time",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="small", help="network.get_config size")
     parser.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -116,4 +116,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    errors.exit_with(main, prog="xlmeta_jax.tools.t5x_step_time")
+    errors.exit_with(main, prog="benchmarks.t5x_step_time")

@@ -1,6 +1,6 @@
 """What ``python -m xlmeta_jax.data.prepare`` costs, against today's one-process path.
 
-    python -m xlmeta_jax.tools.prepare_bench [--mb=1024] [--files=4] [--cache_mb=32] \\
+    python -m benchmarks.prepare_bench [--mb=1024] [--files=4] [--cache_mb=32] \\
         [--startup_mb=50,2000] [--work_dir=DIR]
 
 Prints, on this machine:
@@ -268,8 +268,8 @@ def bench_startup(work: str, sizes_mb: Sequence[int], pool, vocab: str) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m xlmeta_jax.tools.prepare_bench`` (see the module docstring)."""
-    parser = errors.ArgumentParser(prog="python -m xlmeta_jax.tools.prepare_bench",
+    """``python -m benchmarks.prepare_bench`` (see the module docstring)."""
+    parser = errors.ArgumentParser(prog="python -m benchmarks.prepare_bench",
                                    description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--mb", type=int, default=1024, help="MB of text for part 1")
@@ -337,4 +337,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    errors.exit_with(main, prog="xlmeta_jax.tools.prepare_bench")
+    errors.exit_with(main, prog="benchmarks.prepare_bench")

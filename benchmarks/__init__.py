@@ -1,0 +1,1 @@
+"""One-off measurements behind figures in docs/: ``python -m benchmarks.NAME`` (repo root)."""
