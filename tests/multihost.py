@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 import threading
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# How long a two-process run may take before the tests call it a hang (runs take minutes).
+WAIT_SECONDS = int(os.environ.get("XLMETA_TEST_WAIT_SECONDS", "600"))
 
 
 def env(devices: int = 8) -> dict:
@@ -19,6 +22,8 @@ def env(devices: int = 8) -> dict:
     e = dict(os.environ)
     e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     e["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    # A process the tests end for running too long prints every thread's stack (SIGABRT).
+    e["PYTHONFAULTHANDLER"] = "1"
     return e
 
 
@@ -77,8 +82,26 @@ def two_processes(cmd, port_: int | None, on_line=None, devices: int = 4, slurm_
     threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(2)]
     for t in threads:
         t.start()
-    for p in procs:
-        p.wait(timeout=600)
+    try:
+        for p in procs:
+            p.wait(timeout=WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        # Far beyond any run's time: a hang. Each process left shows where it waits.
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGABRT)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for t in threads:
+            t.join(timeout=60)
+        raise AssertionError(
+            f"still running after {WAIT_SECONDS} s; outputs (the stacks last):\n"
+            + "\n".join(f"--- process {i} ---\n{''.join(o)[-20000:]}"
+                         for i, o in enumerate(outs))) from None
     for t in threads:
         t.join(timeout=60)
     return [p.returncode for p in procs], ["".join(o) for o in outs]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import sys
 import textwrap
@@ -154,13 +156,48 @@ def _draw_here():
             for ex in ds.take(BLOCKS).as_numpy_iterator()]
 
 
-def _run_two(cmd, salt, on_line=None, expected=(0, 0)):
-    """Both processes of ``cmd``; retried once when gloo's rendezvous may have timed out."""
+def _run_two(cmd, salt, on_line=None, expected=(0, 0), fresh=None):
+    """Both processes of ``cmd``; retried once when gloo's rendezvous may have timed out.
+
+    ``on_line`` is a function making each attempt's line watcher (its own state); a retry
+    starts from an empty ``fresh`` folder (the run's MODEL_DIR), so it repeats the run
+    from its start rather than resuming the failed attempt.
+    """
     for attempt in range(2):
-        codes, outs = two_processes(cmd, port(salt + attempt), on_line)
+        if attempt and fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+        codes, outs = two_processes(cmd, port(salt + attempt), on_line and on_line())
         if tuple(codes) == expected or attempt or not gloo_timed_out(outs):
             break
     return codes, outs
+
+
+# Process 1 runs behind at the stop's collective: once its handler has taken the signal,
+# it sleeps before the next sync point, so process 0 enters that collective first with
+# its own flag unset. Both must still stop at the same step.
+BEHIND = """
+import importlib, importlib.abc, os, sys, time
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "xlmeta_jax.pretrain.trainer":
+            sys.meta_path.remove(self)
+            from xlmeta_jax.pretrain import signals
+            requested = signals.StopSignals.requested
+
+            def behind(stop, *, sync_point):
+                import jax
+                if (sync_point and stop._received and jax.process_index() == 1
+                        and not getattr(stop, "_behind", False)):
+                    stop._behind = True
+                    print("process 1 holds back before the stop's collective", flush=True)
+                    time.sleep(float(os.environ["XLMETA_TEST_BEHIND_SECONDS"]))
+                return requested(stop, sync_point=sync_point)
+            signals.StopSignals.requested = behind
+        return None
+
+sys.meta_path.insert(0, _Finder())
+"""
 
 
 @pytest.mark.slow
@@ -202,7 +239,7 @@ WARMUP_STEPS = 2
 
 
 @pytest.mark.slow
-def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path):
+def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path, monkeypatch):
     gin_path = tmp_path / "run.gin"
     gin_path.write_text(RUN_GIN)
 
@@ -220,14 +257,30 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path):
     stopped = tmp_path / "stopped"
     signalled = []
 
-    def stop_process_1_at_step_3(i, line, procs):
-        if i == 0 and not signalled and "[xlmr] step 3/8" in line:
-            signalled.append(True)
-            procs[1].send_signal(signal.SIGTERM)
+    def stop_process_1_at_step_3():
+        sent = []
 
-    codes, outs = _run_two(cmd(stopped), salt=223, on_line=stop_process_1_at_step_3,
-                           expected=(130, 130))
+        def on_line(i, line, procs):
+            if i == 0 and not sent and "[xlmr] step 3/8" in line:
+                sent.append(True)
+                signalled.append(True)
+                procs[1].send_signal(signal.SIGTERM)
+        return on_line
+
+    hook = tmp_path / "behind"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(BEHIND)
+    with monkeypatch.context() as m:
+        m.setenv("PYTHONPATH", os.fspath(hook))
+        m.setenv("XLMETA_TEST_BEHIND_SECONDS", "5")
+        codes, outs = _run_two(cmd(stopped), salt=223, on_line=stop_process_1_at_step_3,
+                               expected=(130, 130), fresh=stopped)
     assert signalled and codes == [130, 130], outs[0][-3000:] + outs[1][-3000:]
+    assert "process 1 holds back" in outs[1]
+    # Both stopped at the same step, with its checkpoint.
+    stops = [re.findall(r"stopped at step (\d+)/8", out) for out in outs]
+    assert len(stops[0]) == 1 and stops[0] == stops[1], stops
+    assert (stopped / "xlmr" / stops[0][0]).is_dir()
     codes, outs = _run_two(cmd(stopped), salt=227)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "resuming from" in outs[0]
