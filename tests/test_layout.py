@@ -111,17 +111,11 @@ def _imports(module: str):
                     out.append((target, child.lineno, in_function, lines[child.lineno - 1]))
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 visit(child, True)
-            elif isinstance(child, ast.If) and _is_type_checking(child):
-                continue  # annotations only
             else:
                 visit(child, in_function)
 
     visit(ast.parse(source), False)
     return out
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
 def _internal(target: str) -> str | None:

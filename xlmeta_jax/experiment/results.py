@@ -5,17 +5,15 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
 from xlmeta_jax import files
 from xlmeta_jax.experiment import report as experiment_report
 from xlmeta_jax.experiment.arms import phase_tokens
+from xlmeta_jax.experiment.spec import Experiment
 from xlmeta_jax.experiment.state import evaluation_done, pretraining_done
-
-if TYPE_CHECKING:
-    from xlmeta_jax.experiment.runner import Experiment
 
 
 def loss_curve(exp: Experiment, arm: str, seed: int) -> dict[str, list]:

@@ -29,8 +29,9 @@ from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
-from xlmeta_jax.experiment.arms import ALL_ARMS, ARMS, ArmError, Budget, arm_phases
+from xlmeta_jax.experiment.arms import ALL_ARMS, ARMS, ArmError, Budget
 from xlmeta_jax.experiment.results import write_results
+from xlmeta_jax.experiment.spec import Experiment
 from xlmeta_jax.experiment.state import (
     ExperimentError,
     check_model_dir,
@@ -48,63 +49,6 @@ log = logging.getLogger("xlmeta_jax.train")
 # ============================================================================
 # Configuration.
 # ============================================================================
-
-
-@dataclasses.dataclass(frozen=True)
-class Experiment:
-    """A resolved experiment (see :func:`experiment` for the fields)."""
-
-    name: str
-    model_dir: str
-    arms: tuple[str, ...]
-    seeds: tuple[int, ...]
-    budget: Budget
-    model: network.EncoderConfig
-    optimizer: OptimizerConfig
-    english_task: str
-    xling_mixture: str
-    tasks: tuple[str, ...]
-    finetune_gin_files: tuple[str, ...]
-    finetune_bindings: tuple[str, ...]
-    finetune_seeds: int
-    data_dir: str | None
-    prepare: Callable[[], Any] | None
-    # The corpora the arms' tasks are registered from (the joint arm's English share is
-    # set from the budget), and the feeder of their batches (see trainer.train).
-    corpora: Corpora = dataclasses.field(default_factory=Corpora)
-    feeder: Callable[..., Any] = feeding.make_mlm_iterator
-    # The experiment's configuration, written to MODEL_DIR/config.gin.
-    config_text: str | None = None
-    # Runs one arm x seed: trainer.train, or the command line's configured version of it
-    # (the run settings of gin/native/run.gin: mesh, checkpoints, logging).
-    train: Callable[..., dict] = trainer.train
-    # The trainer settings the plan's step measurement uses (mesh_shape, rng_impl,
-    # microbatches), as `train` applies them.
-    train_settings: dict = dataclasses.field(default_factory=dict)
-    # Each task's evaluation: its FineTuneConfig with the experiment's settings; the
-    # checkpoint, folder and seed are filled in per run (see evaluation_config).
-    finetunes: dict = dataclasses.field(default_factory=dict)
-
-    def phases(self, arm: str) -> list[trainer.Phase]:
-        return arm_phases(arm, self.budget, english_task=self.english_task,
-                          xling_mixture=self.xling_mixture, optimizer=self.optimizer,
-                          languages=self.corpora.languages)
-
-    def run_dir(self, arm: str, seed: int) -> str:
-        return os.path.join(self.model_dir, "pretrain", arm, f"seed{seed}")
-
-    def eval_dir(self, arm: str, seed: int, task: str) -> str:
-        return os.path.join(self.model_dir, "eval", arm, f"seed{seed}", task)
-
-    def fingerprint(self) -> dict:
-        """What a resumed experiment must share with the one that wrote MODEL_DIR."""
-        return {
-            "budget": dataclasses.asdict(self.budget),
-            "model": dataclasses.asdict(self.model),
-            "optimizer": dataclasses.asdict(self.optimizer),
-            "english_task": self.english_task,
-            "xling_mixture": self.xling_mixture,
-        }
 
 
 def experiment(

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
 
 from xlmeta_jax import errors, files
-
-if TYPE_CHECKING:
-    from xlmeta_jax.experiment.runner import Experiment
+from xlmeta_jax.experiment.spec import Experiment
 
 
 class ExperimentError(errors.UserError, ValueError):
