@@ -18,6 +18,7 @@ import pytest
 seqio = pytest.importorskip("seqio")
 from data_toy import TOY_LANGUAGES, TOY_LINES  # noqa: E402
 
+from xlmeta_jax import errors  # noqa: E402
 from xlmeta_jax.data import task_names as names  # noqa: E402
 from xlmeta_jax.data import tasks  # noqa: E402
 from xlmeta_jax.data.corpora import Corpora  # noqa: E402
@@ -116,18 +117,18 @@ def test_three_stages_train_log_their_data_and_resume(toy_cc100, tmp_path, caplo
     "kwargs, match",
     [
         (dict(task="xlmeta_english_text", languages=["en"]),
-         r"phase 'p': languages .* is for a multilingual mixture"),
+         r"phase 'p': .*Phase.languages: is for a multilingual mixture"),
         (dict(languages=["en", "xx"]), r"phase 'p': .*Phase.languages: .*'xx'"),
         (dict(alpha=1.5), r"phase 'p': .*Phase.alpha: alpha must be in \(0, 1\]"),
         (dict(mask_rate=1.0), r"phase 'p': .*Phase.mask_rate: masking rate must be"),
         (dict(name="stage-1", alpha=0.5), r"must be letters, digits and '_'"),
     ],
 )
-def test_own_data_is_checked_where_the_run_is_built(tmp_path, kwargs, match):
+def test_own_data_is_checked_where_the_phase_is_built(tmp_path, kwargs, match):
     phase = dict(name="p", task=names.CC100_MIXTURE, num_steps=2, batch_size=8,
                  sequence_length=LENGTH)
     phase.update(kwargs)
-    with pytest.raises(trainer.ConfigError, match=match):
+    with pytest.raises(errors.SettingError, match=match):
         trainer.train(model_dir=os.fspath(tmp_path), model=network.get_config("tiny"),
                       phases=[trainer.Phase(**phase)], mesh_shape=(8, 1, 1))
     assert not os.listdir(tmp_path)

@@ -19,6 +19,7 @@ from data_toy import (  # noqa: E402
     VOCAB_SIZE,
 )
 
+from xlmeta_jax import errors  # noqa: E402
 from xlmeta_jax.data import (  # noqa: E402
     preprocessors,
     providers,
@@ -28,7 +29,6 @@ from xlmeta_jax.data import (  # noqa: E402
     vocabulary,
 )
 from xlmeta_jax.data import task_names as names  # noqa: E402
-from xlmeta_jax.data.languages import UnknownLanguageError  # noqa: E402
 from xlmeta_jax.model import mlm  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -461,8 +461,8 @@ def _mixture_dataset():
 @pytest.mark.parametrize(
     "extra, error, message",
     [
-        ({"languages": ["en", "xx"]}, UnknownLanguageError, "'xx' is not one"),
-        ({"languages": ["en", "zu"]}, UnknownLanguageError, "'zu' is not one"),
+        ({"languages": ["en", "xx"]}, errors.SettingError, "languages: 'xx' is not one"),
+        ({"languages": ["en", "zu"]}, errors.SettingError, "languages: 'zu' is not one"),
         ({"languages": ["en", "fr"]}, text_files.CorpusError, "fr.txt"),
         ({"alpha": 0.0}, text_files.CorpusError, r"alpha must be in \(0, 1\]"),
         ({"alpha": 1.5}, text_files.CorpusError, r"alpha must be in \(0, 1\]"),

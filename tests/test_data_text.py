@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from xlmeta_jax.data import languages, rates, text_files
+from xlmeta_jax import errors
+from xlmeta_jax.data import corpora, languages, rates, text_files
 
 
 def test_language_list_is_xlmr_100():
@@ -57,8 +58,11 @@ def test_alpha_probabilities():
 
 @pytest.mark.parametrize("alpha", [0, 0.0, -0.3, 1.5, math.nan, "x", None])
 def test_alpha_outside_unit_interval_is_rejected(alpha):
+    assert rates.alpha_problem(alpha).startswith("alpha must be")
     with pytest.raises(text_files.CorpusError, match="alpha"):
-        rates.alpha_probabilities({"en": 10, "de": 5}, alpha)
+        rates.check_alpha(alpha)
+    with pytest.raises(errors.SettingError, match=r"^Corpora\.alpha: alpha must be"):
+        corpora.Corpora(alpha=alpha)
 
 
 def test_counts_must_be_positive():

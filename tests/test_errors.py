@@ -81,7 +81,7 @@ BAD_BINDINGS = [
     (["--gin.XLING_STEP=8"], ["unknown gin macro 'XLING_STEP'", "XLING_STEPS"]),
     (["--gin.META_STEPS=2.5"], ["META_STEPS = 2.5", "expected an integer"]),
     (["--gin.META_STEPS=0"], ["META_STEPS = 0", "must be an integer > 0"]),
-    (["--gin.XLING_STEPS=-3"], ["num_steps (XLING_STEPS) must be an integer > 0, got -3"]),
+    (["--gin.XLING_STEPS=-3"], ["phase 'phase2': XLING_STEPS: must be an integer > 0, got -3"]),
     (["--gin.BATCH_SIZE='sixteen'"], ["BATCH_SIZE = 'sixteen'", "expected an integer"]),
     (["--gin.xlmeta_jax.pretrain.trainer.train.seed='zero'"],
      ["train.seed = 'zero'", "expected an integer"]),
@@ -122,7 +122,7 @@ BAD_BINDINGS = [
     (["--gin.MASK_RATE='high'"], ["MASK_RATE = 'high'", "expected a number"]),
     (["--gin.xlmeta_jax.model.mlm.Masking.rate=1.0"], ["Masking.rate: masking rate", "got 1.0"]),
     (["--gin.xlmeta_jax.model.mlm.Masking.mask_token_share=0.95"],
-     ["xlmeta_jax.model.mlm.Masking: mask_token_share=0.95"]),
+     ["xlmeta_jax.model.mlm.Masking.mask_token_share: mask_token_share=0.95"]),
     (["--gin.phase1/xlmeta_jax.pretrain.trainer.Phase.task='xlmeta_other'"], ["task='synthetic'"]),
     (["--gin.MODEL_SIZE='huge'"], ["MODEL_SIZE: unknown model size 'huge'", "'base'"]),
     # Optimizer settings: the binding the user gave, not only the internal field.

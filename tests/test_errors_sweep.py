@@ -98,11 +98,21 @@ def test_vocabulary_corpus_refused_in_one_line(capsys, tmp_path, name, data, par
     ([1], "1 is not one of the 100 XLM-R/CC-100 language codes"),
 ])
 def test_cc100_languages_errors_name_the_macro(languages, part):
+    from xlmeta_jax.cli import configurables
+    from xlmeta_jax.cli import flags as gin_flags
     from xlmeta_jax.data import corpora
 
-    with pytest.raises(errors.UserError) as e:
-        corpora.Corpora(languages=languages).cc100_languages()
-    assert str(e.value).startswith(f"CC100_LANGUAGES (Corpora.languages): {part}"), e.value
+    # Refused where the settings are built; named by the field without gin ...
+    with pytest.raises(errors.SettingError) as e:
+        corpora.Corpora(languages=languages)
+    assert str(e.value).startswith(f"Corpora.languages: {part}"), e.value
+    # ... and by the macro the user set in a command's line.
+    gin_flags.apply_gin(["data/cc100.gin"], ["VOCAB_PATH = '/unused'",
+                                             f"CC100_LANGUAGES = {languages!r}"],
+                        finalize=False)
+    with pytest.raises(errors.SettingError) as e:
+        configurables.corpora_settings()
+    assert errors.user_message(e.value).startswith(f"CC100_LANGUAGES: {part}"), e.value
 
 
 @pytest.mark.parametrize("case, part", [

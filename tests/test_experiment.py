@@ -112,7 +112,7 @@ def test_joint_mixture_needs_both_corpora(toy_cc100):
     with pytest.raises(text_files.CorpusError, match="needs exactly one English corpus"):
         tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
                        languages=["de"], joint_english_share=0.25)
-    with pytest.raises(text_files.CorpusError, match="joint_english_share must be in"):
+    with pytest.raises(text_files.CorpusError, match=r"joint_english_share: must be in \(0, 1\)"):
         tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
                        languages=["de"], joint_english_share=1.0)
 

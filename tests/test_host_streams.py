@@ -224,8 +224,10 @@ include 'pretrain.gin'
 include 'native/run.gin'
 include 'data/cc100.gin'
 MODEL_DIR = %gin.REQUIRED
-xlmeta_jax.pretrain.trainer.train.mesh_shape = (-1, 1, 1)
-xlmeta_jax.pretrain.trainer.train.checkpoint_every = 2
+# The state sharded over both processes (fsdp and tensor), so the stop's checkpoint is
+# written by both; saved only at the end, so a stop's checkpoint is the one it writes.
+xlmeta_jax.pretrain.trainer.train.mesh_shape = (2, 2, 2)
+xlmeta_jax.pretrain.trainer.train.checkpoint_every = 1000
 xlmeta_jax.pretrain.trainer.train.log_every = 1
 xlmeta_jax.pretrain.trainer.train.phases = [@xlmeta_jax.pretrain.trainer.Phase()]
 xlmeta_jax.pretrain.trainer.Phase.name = 'xlmr'
@@ -277,13 +279,17 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path, monkeypat
                                expected=(130, 130), fresh=stopped)
     assert signalled and codes == [130, 130], outs[0][-3000:] + outs[1][-3000:]
     assert "process 1 holds back" in outs[1]
-    # Both stopped at the same step, with its checkpoint.
+    # Both stopped at the same step, after step 3, and wrote its checkpoint together: the
+    # only one (the interval is past the end), complete.
     stops = [re.findall(r"stopped at step (\d+)/8", out) for out in outs]
     assert len(stops[0]) == 1 and stops[0] == stops[1], stops
-    assert (stopped / "xlmr" / stops[0][0]).is_dir()
+    step = stops[0][0]
+    assert 3 <= int(step) < 8
+    assert [p.name for p in (stopped / "xlmr").iterdir() if p.name.isdigit()] == [step]
+    assert (stopped / "xlmr" / step / "commit_success.txt").exists()
     codes, outs = _run_two(cmd(stopped), salt=227)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    assert "resuming from" in outs[0]
+    assert f"resuming from {stopped / 'xlmr' / step} (step {step}/8)" in outs[0], outs[0]
     want = checkpoints.restore_params(reference / "xlmr" / "8")
     got = checkpoints.restore_params(stopped / "xlmr" / "8")
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):

@@ -348,68 +348,6 @@ def test_two_processes_match_one(tmp_path):
           f"{meta_b['metrics']['loss']}")
 
 
-MULTIHOST_STOP = textwrap.dedent("""
-    import sys
-    import jax
-    from xlmeta_jax import errors
-    from xlmeta_jax.model import network
-    from xlmeta_jax.cli import train
-    from xlmeta_jax.pretrain import trainer
-    rest = train.initialize_distributed(sys.argv[2:])
-    train.setup_logging()
-    try:
-        trainer.train(model_dir=sys.argv[1], model=network.get_config("tiny", pad_token_id=0),
-                      phases=[trainer.Phase("phase1", "synthetic", 60, 8, 32)],
-                      mesh_shape=(2, 2, 2), checkpoint_every=1000, log_every=1)
-    except errors.Interrupted as e:
-        print("STOPPED", e, flush=True)
-        sys.exit(errors.EXIT_INTERRUPTED)
-    print("FINISHED", flush=True)
-""")
-
-
-@pytest.mark.slow
-def test_a_signal_to_one_process_stops_both_at_the_same_step(tmp_path):
-    # SIGTERM reaches one host of a pod (a preempted VM, a scheduler's kill): every
-    # process must agree on the step to stop at, write that step's checkpoint together
-    # and exit; a restart of both resumes there.
-    script = tmp_path / "stop.py"
-    script.write_text(MULTIHOST_STOP)
-    model_dir = tmp_path / "run"
-    signalled = []
-
-    def signal_process_1_once_training(i, line, procs):
-        if i == 0 and not signalled and "[phase1] step 3/60" in line:
-            signalled.append(True)
-            procs[1].send_signal(signal.SIGTERM)
-
-    for attempt in range(2):
-        signalled.clear()
-        port = multihost.port(100 + 3 * attempt)
-        codes, outs = multihost.two_processes([sys.executable, script, model_dir], port,
-                                              signal_process_1_once_training)
-        # Retry a gloo rendezvous timeout (only that) once, on a clean directory.
-        if signalled or attempt or not multihost.gloo_timed_out(outs):
-            break
-        import shutil
-
-        shutil.rmtree(model_dir, ignore_errors=True)
-    assert signalled, outs[0][-3000:]
-    assert codes == [130, 130], outs[0][-3000:] + outs[1][-3000:]
-    stops = [next(ln for ln in out.splitlines() if ln.startswith("STOPPED")) for out in outs]
-    step = stops[0].split("stopped at step ")[1].split("/")[0]
-    assert f"stopped at step {step}/60" in stops[1], stops
-    assert 3 <= int(step) < 60
-    # The stop's checkpoint is the only one (checkpoint_every is past the end), complete.
-    assert [p.name for p in (model_dir / "phase1").iterdir() if p.name.isdigit()] == [step]
-    assert (model_dir / "phase1" / step / "commit_success.txt").exists()
-
-    codes, outs = multihost.two_processes([sys.executable, script, model_dir], port + 1)
-    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    assert f"resuming from {model_dir / 'phase1' / step} (step {step}/60)" in outs[0], outs[0]
-    assert loading.find_step_dir(model_dir / "phase1").name == "60"
-
-
 @pytest.fixture(scope="module")
 def phase1_run(tmp_path_factory):
     """One short phase in this process: its final step directory."""

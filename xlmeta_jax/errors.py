@@ -31,6 +31,65 @@ class UserError(Exception):
     """A bad input or a faulty run directory, reported as one line."""
 
 
+class SettingError(UserError, ValueError):
+    """A setting out of range, refused where its config object is built (its one check).
+
+    The line names the setting by its class and field (``Masking.rate: masking rate must
+    be ...``). A command that knows where the value came from (a gin macro such as
+    ``MASK_RATE``, a phase's scoped binding) names that instead (:func:`name_settings_by`),
+    so the check keeps the only copy of its words.
+    """
+
+    def __init__(self, configurable: str, field: str, value: Any, message: str, *,
+                 scope: str | None = None, context: str = ""):
+        super().__init__(message)
+        # The configurable's full name (the one gin files bind), e.g. xlmeta_jax.model.mlm.Masking.
+        self.configurable = configurable
+        self.field = field
+        self.value = value
+        self.message = message
+        # The object's own name where settings are scoped by it (a phase's), else None.
+        self.scope = scope
+        # What the line starts with, e.g. "phase 'stage1': ".
+        self.context = context
+        self.setting = f"{configurable.rpartition('.')[2]}.{field}"
+        # gin re-raises an error from a configurable's call as a proxy of it: naming the
+        # proxy's setting must reach the error its text comes from.
+        self._original = self
+
+    def name(self, setting: str) -> None:
+        """Names the setting as the user gave it (a macro, a scoped binding)."""
+        self._original.setting = setting
+
+    def key(self) -> str:
+        """The setting's binding key: ``[scope/]configurable.field``."""
+        key = f"{self.configurable}.{self.field}"
+        return f"{self.scope}/{key}" if self.scope else key
+
+    def __str__(self) -> str:
+        return f"{self.context}{self.setting}: {self.message}"
+
+    def __reduce__(self):
+        return (_rebuild_setting_error, (type(self), self.configurable, self.field, self.value,
+                                         self.message, self.scope, self.context, self.setting))
+
+
+def _rebuild_setting_error(cls, configurable, field, value, message, scope, context, setting):
+    e = cls(configurable, field, value, message, scope=scope, context=context)
+    e.setting = setting
+    return e
+
+
+# How commands that parse gin name a SettingError's setting (cli/flags.py sets it).
+_setting_namer: Callable[[SettingError], str] | None = None
+
+
+def name_settings_by(namer: Callable[[SettingError], str] | None) -> None:
+    """Has every command's one line name a bad setting by ``namer(error)``."""
+    global _setting_namer
+    _setting_namer = namer
+
+
 class Interrupted(UserError):
     """The run stopped on Ctrl-C / SIGTERM after leaving a resumable state."""
 
@@ -101,6 +160,8 @@ def is_no_space(e: BaseException) -> bool:
 
 def _user_message(e: BaseException) -> str | None:
     """The one line for a user error, or None for a bug (which keeps its traceback)."""
+    if isinstance(e, SettingError) and _setting_namer is not None:
+        e.name(_setting_namer(e))
     if isinstance(e, UserError):
         return first_line(e)
     if is_no_space(e):

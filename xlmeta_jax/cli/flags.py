@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import gin
 
+from xlmeta_jax import errors
 from xlmeta_jax.errors import UserError
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
@@ -436,6 +437,15 @@ def binding_source(key: str) -> str:
             continue
         return _macro_name(value) or key
     return key
+
+
+def setting_source(e: errors.SettingError) -> str:
+    """A bad setting as the user gave it: the macro or binding its value comes from.
+
+    For a phase's, the scoped binding (``stage1/...Phase.mask_rate``); for a value bound
+    through a macro, the macro (``MASK_RATE``); else the configurable's own key.
+    """
+    return binding_source(e.key())
 
 
 def source_of_value(parameter: str, value) -> str:

@@ -25,9 +25,9 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from xlmeta_jax import files
+from xlmeta_jax import errors, files
 from xlmeta_jax.data import prepared, rates, text_files
-from xlmeta_jax.data.languages import XLMR_LANGUAGES, check_languages, mc4_split_name
+from xlmeta_jax.data.languages import XLMR_LANGUAGES, language_problem, mc4_split_name
 from xlmeta_jax.model import mlm
 
 # Where </s> can go: after every line (fairseq) or after each document (Corpora.eos_after).
@@ -97,57 +97,60 @@ class Corpora:
         for field, setting in _PATH_SETTINGS.items():
             value = getattr(self, field)
             object.__setattr__(self, field, files.user_paths(value, setting))
+        # Every value's range, once: whatever receives a Corpora trusts it.
+        problems = {
+            "languages": self.languages is not None and language_problem(self.languages),
+            "alpha": rates.alpha_problem(self.alpha),
+            "token_sample_lines": _count_problem(self.token_sample_lines),
+            "count_unit": self.count_unit not in text_files.COUNT_UNITS and (
+                f"must be one of {text_files.COUNT_UNITS}, got {self.count_unit!r}"),
+            "max_line_bytes": _count_problem(self.max_line_bytes),
+            "eos_after": self.eos_after not in EOS_AFTER and (
+                f"must be one of {EOS_AFTER}, got {self.eos_after!r}"),
+            "shuffle_buffer_size": _count_problem(self.shuffle_buffer_size),
+            "english_tfds_name": _tfds_name_problem(self.english_tfds_name),
+            "mc4_tfds_name": _tfds_name_problem(self.mc4_tfds_name),
+            "cc100_counts": self.cc100_counts is not None and language_problem(
+                list(self.cc100_counts)),
+            "joint_english_share": self.joint_english_share is not None and not (
+                0.0 < self.joint_english_share < 1.0) and (
+                f"must be in (0, 1), got {self.joint_english_share!r}"),
+        }
+        for field, problem in problems.items():
+            if problem:
+                raise CorpusSettingError(CONFIGURABLE, field, getattr(self, field), problem)
 
     def cc100_languages(self) -> tuple[str, ...]:
-        """The CC-100 mixture's languages (checked codes)."""
-        return check_languages(
-            XLMR_LANGUAGES if self.languages is None else self.languages, what=LANGUAGES_SETTING
-        )
+        """The CC-100 mixture's languages."""
+        return XLMR_LANGUAGES if self.languages is None else tuple(self.languages)
 
     def mc4_languages(self) -> tuple[str, ...]:
-        """The mC4 mixture's languages (checked codes that mC4 has)."""
+        """The mC4 mixture's languages (those mC4 has)."""
         if self.languages is None:
             return tuple(lang for lang in XLMR_LANGUAGES if mc4_split_name(lang))
-        langs = check_languages(self.languages, what=LANGUAGES_SETTING)
+        langs = tuple(self.languages)
         missing = [lang for lang in langs if mc4_split_name(lang) is None]
         if missing:
             raise text_files.CorpusError(f"mC4 has no split for {missing}")
         return langs
 
-    def check(self) -> None:
-        """Raises CorpusError for settings that are wrong whatever the files hold."""
-        rates.check_alpha(self.alpha)
-        if int(self.token_sample_lines) <= 0:
-            raise text_files.CorpusError(
-                f"token_sample_lines must be positive, got {self.token_sample_lines}"
-            )
-        if self.count_unit not in text_files.COUNT_UNITS:
-            raise text_files.CorpusError(
-                f"count_unit must be one of {text_files.COUNT_UNITS}, got {self.count_unit!r}"
-            )
-        if int(self.max_line_bytes) <= 0:
-            raise text_files.CorpusError(
-                f"max_line_bytes must be positive, got {self.max_line_bytes}"
-            )
-        if self.eos_after not in EOS_AFTER:
-            raise text_files.CorpusError(
-                f"eos_after must be one of {EOS_AFTER}, got {self.eos_after!r}"
-            )
-        if int(self.shuffle_buffer_size) <= 0:
-            raise text_files.CorpusError(
-                f"shuffle_buffer_size must be positive, got {self.shuffle_buffer_size}"
-            )
-        for what, name in (("english_tfds_name", self.english_tfds_name),
-                           ("mc4_tfds_name", self.mc4_tfds_name)):
-            if name and ":" not in name:
-                raise text_files.CorpusError(
-                    f"{what}={name!r} needs a version, e.g. 'c4/en:3.1.0'"
-                )
-        if self.cc100_counts is not None:
-            check_languages(list(self.cc100_counts), what="cc100_counts")
-        share = self.joint_english_share
-        if share is not None and not 0.0 < share < 1.0:
-            raise text_files.CorpusError(f"joint_english_share must be in (0, 1), got {share!r}")
+
+# The name gin files bind Corpora by (errors name a bad value's setting from it).
+CONFIGURABLE = "xlmeta_jax.data.corpora.Corpora"
+
+
+class CorpusSettingError(errors.SettingError, text_files.CorpusError):
+    """A corpus setting out of range (its binding named), before any file is read."""
+
+
+def _count_problem(value) -> str | None:
+    return None if errors.is_count(value) else f"must be a positive integer, got {value!r}"
+
+
+def _tfds_name_problem(name) -> str | None:
+    if name and ":" not in name:
+        return f"{name!r} needs a version, e.g. 'c4/en:3.1.0'"
+    return None
 
 
 # The path settings, by the names errors give them (the gin macros where there is one).
@@ -161,8 +164,6 @@ _PATH_SETTINGS = {
     "stats_cache_dir": "Corpora.stats_cache_dir",
 }
 
-# How errors name Corpora.languages: by the macro the gin files bind it from.
-LANGUAGES_SETTING = "CC100_LANGUAGES (Corpora.languages)"
 
 
 def as_patterns(patterns: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -178,7 +179,6 @@ def cc100_files(folder: str, lang: str) -> list[str]:
     Files in a compression tf.data cannot read (``.xz``, ...) are ignored with a
     warning when readable files sit beside them, and are an error otherwise.
     """
-    check_languages([lang])
     if "://" not in folder and not os.path.isdir(folder):
         what = "is not a directory" if os.path.exists(folder) else "does not exist"
         raise text_files.CorpusError(f"the CC-100 folder {folder} (CC100_DIR) {what}")

@@ -161,26 +161,30 @@ def check_languages(languages: Iterable[str], *, what: str = "language") -> tupl
       UnknownLanguageError: for an empty list, a duplicate or an unknown code
         (with the closest valid codes).
     """
+    problem = language_problem(languages)
+    if problem is not None:
+        raise UnknownLanguageError(f"{what}: {problem}")
+    return tuple(languages)
+
+
+def language_problem(languages: Iterable[str]) -> str | None:
+    """What is wrong with a list of CC-100 codes (see :func:`check_languages`), or None."""
     if isinstance(languages, str):
-        raise UnknownLanguageError(
-            f"{what}: expected a list of codes, got the string {languages!r}"
-        )
+        return f"expected a list of codes, got the string {languages!r}"
     langs = tuple(languages)
     if not langs:
-        raise UnknownLanguageError(f"{what}: the language list is empty")
+        return "the language list is empty"
     seen = set()
     for lang in langs:
         if lang not in XLMR_LANGUAGE_NAMES:
             close = _suggestions(str(lang))
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise UnknownLanguageError(
-                f"{what}: {lang!r} is not one of the 100 XLM-R/CC-100 language codes{hint} "
-                f"(see xlmeta_jax/data/languages.py)"
-            )
+            return (f"{lang!r} is not one of the 100 XLM-R/CC-100 language codes{hint} "
+                    "(see xlmeta_jax/data/languages.py)")
         if lang in seen:
-            raise UnknownLanguageError(f"{what}: language {lang!r} is listed twice")
+            return f"language {lang!r} is listed twice"
         seen.add(lang)
-    return langs
+    return None
 
 
 # Codes other lists use for languages CC-100 names differently.
@@ -196,8 +200,8 @@ def _suggestions(code: str) -> list[str]:
 
 
 def mc4_split_name(lang: str) -> str | None:
-    """The TFDS ``c4/multilingual`` split holding ``lang``, or None if mC4 lacks it."""
-    check_languages([lang])
+    """The TFDS ``c4/multilingual`` split holding ``lang`` (a checked code), or None if mC4
+    lacks it."""
     if lang in _NOT_IN_MC4:
         return None
     return _MC4_RENAMES.get(lang, lang)

@@ -24,26 +24,31 @@ def given_counts(
 
 
 def check_alpha(alpha: float) -> float:
-    """Validates the sampling exponent: 0 < alpha <= 1."""
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        raise CorpusError(f"alpha must be a number in (0, 1], got {alpha!r}") from None
-    if not (0.0 < value <= 1.0) or math.isnan(value):
-        raise CorpusError(
-            f"alpha must be in (0, 1] (1 = proportional to size, XLM-R uses 0.3), got {alpha!r}"
-        )
-    return value
+    """Validates the sampling exponent: 0 < alpha <= 1 (a command's own flag)."""
+    problem = alpha_problem(alpha)
+    if problem is not None:
+        raise CorpusError(problem)
+    return float(alpha)
+
+
+def alpha_problem(alpha) -> str | None:
+    """What is wrong with a sampling exponent (it must be in (0, 1]), or None."""
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+        return f"alpha must be a number in (0, 1], got {alpha!r}"
+    if not (0.0 < alpha <= 1.0) or math.isnan(alpha):
+        return (f"alpha must be in (0, 1] (1 = proportional to size, XLM-R uses 0.3), "
+                f"got {alpha!r}")
+    return None
 
 
 def alpha_probabilities(counts: Mapping[str, float], alpha: float) -> dict[str, float]:
     """Sampling probabilities ``q_l = n_l^alpha / sum_k n_k^alpha``.
 
+    ``alpha`` is a checked setting (``Corpora``, a phase's own, a command's flag).
+
     Raises:
-      CorpusError: if alpha is outside (0, 1], the mapping is empty or a count is
-        not a positive finite number.
+      CorpusError: if the mapping is empty or a count is not a positive finite number.
     """
-    alpha = check_alpha(alpha)
     if not counts:
         raise CorpusError("no languages to mix")
     for lang, n in counts.items():

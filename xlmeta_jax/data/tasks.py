@@ -300,10 +300,8 @@ def register(
     for suffix in views:
         if not suffix or not _VIEW_SUFFIX.fullmatch(suffix):
             raise ValueError(f"tasks.register: view suffix {suffix!r} is not '.' and a word")
-    # Cheap checks first, then the files; the registry is touched only at the end.
-    c.check()
-    for view in views.values():
-        view.check()
+    # The settings were checked when built (Corpora); the files next, and the registry is
+    # touched only at the end.
     vocab = vocabulary.load_vocabulary(c.vocab_path)
     plans = [_Plan(settings_, _output_features(vocab), encode=vocab.tokenizer.encode,
                    may_count=jax.process_count() == 1, suffix=suffix)

@@ -28,6 +28,14 @@ class MaskingError(errors.UserError, ValueError):
     """A masking setting is out of range (one line naming it)."""
 
 
+class MaskingSettingError(errors.SettingError, MaskingError):
+    """A Masking field out of range, refused where the Masking is built."""
+
+
+# The name gin files bind Masking by (errors name a bad value's setting from it).
+CONFIGURABLE = "xlmeta_jax.model.mlm.Masking"
+
+
 # Every feature of a masked block, in the order above.
 FEATURES = ("inputs", "targets", "weights", "mlm_positions", "mlm_targets", "mlm_weights")
 # What the train step reads (the LM head runs at the gathered slots only); the feeder
@@ -52,10 +60,12 @@ class Masking:
     def __post_init__(self):
         rate = self.rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 < rate < 1.0:
-            raise MaskingError(f"masking rate must be a number in (0, 1), got {rate!r}")
+            raise MaskingSettingError(CONFIGURABLE, "rate", rate,
+                                      f"masking rate must be a number in (0, 1), got {rate!r}")
         shares = (self.mask_token_share, self.random_token_share)
         if min(shares) < 0.0 or sum(shares) > 1.0:
-            raise MaskingError(
+            raise MaskingSettingError(
+                CONFIGURABLE, "mask_token_share", self.mask_token_share,
                 f"mask_token_share={self.mask_token_share} and random_token_share="
                 f"{self.random_token_share} must be >= 0 and sum to at most 1"
             )

@@ -5,7 +5,6 @@ mesh shape) that is wrong."""
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Callable, Sequence
 
@@ -13,11 +12,9 @@ import jax
 import sentencepiece as spm
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.data import rates
-from xlmeta_jax.data.languages import check_languages
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import checkpoints, iterator_item, run_dir, step
-from xlmeta_jax.pretrain.phases import MONOLINGUAL, Phase
+from xlmeta_jax.pretrain.phases import Phase
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -74,13 +71,6 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
     schedule_offset = {}
     for p in phases:
         where = f"phase {p.name!r}"
-        for field in ("num_steps", "batch_size", "sequence_length"):
-            value = getattr(p, field)
-            if not errors.is_count(value):
-                source = describe(
-                    f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.{field}")
-                raise ConfigError(f"{where}: {field} ({source}) must be an integer > 0, "
-                                  f"got {value!r}")
         if p.name in seen:
             raise ConfigError(f"{where}: duplicate phase name")
         if p.init_from is not None and p.init_from not in seen:
@@ -88,8 +78,6 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"{where}: init_from={p.init_from!r} is not an earlier phase ({sorted(seen)})"
             )
         seen.add(p.name)
-        if p.has_own_data():
-            _check_own_data(p, describe)
         if p.batch_size % data_parallel or p.batch_size % jax.process_count():
             raise ConfigError(
                 f"{where}: batch_size={p.batch_size} is not divisible by the data-parallel "
@@ -166,33 +154,6 @@ def _check_predictions(p: Phase, masking: mlm.Masking, describe: Callable[[str],
             f"a block's {p.sequence_length - 2} maskable tokens (sequence_length "
             f"{p.sequence_length}, {length}): most blocks would predict nothing; raise it "
             f"to at least {0.5 / (p.sequence_length - 2):.3g}")
-
-
-def _check_own_data(p: Phase, describe: Callable[[str], str]) -> None:
-    """A phase's own languages, alpha and masking rate (see Phase)."""
-    where = f"phase {p.name!r}"
-
-    def binding(field):
-        return describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.{field}")
-
-    if not re.fullmatch(r"\w+", p.name):
-        raise ConfigError(f"{where}: a phase with languages, alpha or mask_rate of its own "
-                          "registers its data under its name, which must be letters, digits "
-                          "and '_'")
-    if p.task in MONOLINGUAL:
-        for field in ("languages", "alpha"):
-            if getattr(p, field) is not None:
-                raise ConfigError(f"{where}: {field} ({binding(field)}) is for a multilingual "
-                                  f"mixture; task {p.task!r} has none (only mask_rate applies)")
-    checks = {"languages": lambda v: check_languages(v, what="languages"),
-              "alpha": rates.check_alpha, "mask_rate": lambda v: mlm.Masking(rate=v)}
-    for field, check in checks.items():
-        value = getattr(p, field)
-        if value is not None:
-            try:
-                check(value)
-            except errors.UserError as e:
-                raise ConfigError(f"{where}: {binding(field)}: {e}") from None
 
 
 def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> None:

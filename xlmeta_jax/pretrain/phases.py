@@ -2,23 +2,38 @@
 
 Meta-pretraining is two phases (English, then 100 languages), the XLM-R baseline one,
 and a staged curriculum (gin/native/annealed.gin, in mmBERT's manner) three, each with
-its own languages, sampling temperature and masking rate. The trainer
-(:mod:`xlmeta_jax.pretrain.trainer`) runs them in order; :mod:`.checks` validates them.
+its own languages, sampling temperature and masking rate. A phase checks its own values
+when built; :mod:`.checks` checks what spans several objects (a rate against a length,
+the phases against each other); the trainer (:mod:`xlmeta_jax.pretrain.trainer`) runs them
+in order.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
+from xlmeta_jax import errors
+from xlmeta_jax.data import rates
 from xlmeta_jax.data import task_names as names
 from xlmeta_jax.data.corpora import Corpora
+from xlmeta_jax.data.languages import language_problem
+from xlmeta_jax.model import mlm
 from xlmeta_jax.model.optimizer import OptimizerConfig
 
 # Phase.task of a stream of random tokens (no corpus).
 SYNTHETIC = "synthetic"
 # Tasks with no languages or alpha to set (a phase of theirs may set its mask rate only).
 MONOLINGUAL = (names.ENGLISH_TEXT_TASK, names.ENGLISH_TFDS_TASK, SYNTHETIC)
+
+
+# The name gin files bind Phase by (errors name a bad value's setting from it).
+CONFIGURABLE = "xlmeta_jax.pretrain.trainer.Phase"
+
+
+class PhaseSettingError(errors.SettingError):
+    """A phase's own data setting out of range (its scoped binding named)."""
 
 
 @dataclasses.dataclass
@@ -60,6 +75,40 @@ class Phase:
     def __post_init__(self):
         if self.languages is not None and not isinstance(self.languages, str):
             self.languages = tuple(self.languages)
+        # The phase's values, checked once, here: the trainer, the task registration and
+        # the AOT tool trust them (checks.validate checks what spans several objects).
+        problem = self._problem()
+        if problem is not None:
+            field, message = problem
+            raise PhaseSettingError(CONFIGURABLE, field, getattr(self, field), message,
+                                    scope=self.name, context=f"phase {self.name!r}: ")
+
+    def _problem(self) -> tuple[str, str] | None:
+        """(field, what is wrong) of the phase's first bad value, or None."""
+        for field in ("num_steps", "batch_size", "sequence_length"):
+            value = getattr(self, field)
+            if not errors.is_count(value):
+                return (field, f"must be an integer > 0, got {value!r}")
+        if not self.has_own_data():
+            return None
+        if not isinstance(self.name, str) or not re.fullmatch(r"\w+", self.name):
+            return ("name", "a phase with languages, alpha or mask_rate of its own registers "
+                    "its data under its name, which must be letters, digits and '_'")
+        if self.task in MONOLINGUAL:
+            for field in ("languages", "alpha"):
+                if getattr(self, field) is not None:
+                    return (field, f"is for a multilingual mixture; task {self.task!r} has "
+                            "none (only mask_rate applies)")
+        if self.languages is not None and (problem := language_problem(self.languages)):
+            return ("languages", problem)
+        if self.alpha is not None and (problem := rates.alpha_problem(self.alpha)):
+            return ("alpha", problem)
+        if self.mask_rate is not None:
+            try:
+                mlm.Masking(rate=self.mask_rate)  # the masking rate's one check
+            except errors.SettingError as e:
+                return ("mask_rate", e.message)
+        return None
 
     def optimizer_config(self) -> OptimizerConfig:
         if self.optimizer is not None:
