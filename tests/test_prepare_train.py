@@ -102,8 +102,12 @@ def _unfinished(model_dir):
 
 
 @pytest.mark.slow
-def test_pod_start_reads_prepared_statistics_and_refuses_to_count(pod, tmp_path):
-    codes, outs = _two(_cmd(pod, tmp_path / "run2"), salt=401)
+def test_pod_start_reads_prepared_statistics_and_resumes_on_another_process_count(
+        pod, tmp_path):
+    # One test: the two-process run on the prepared folder is also the run that resumes
+    # on one process below (pytest-xdist would build a shared fixture once per worker).
+    run = tmp_path / "two_to_one"
+    codes, outs = _two(_cmd(pod, run), salt=401)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "[xlmr] step 4/4" in outs[0]
     assert not any("counting" in out for out in outs), outs[0][-3000:]
@@ -125,14 +129,8 @@ def test_pod_start_reads_prepared_statistics_and_refuses_to_count(pod, tmp_path)
                           "--gin.xlmeta_jax.pretrain.trainer.Phase.num_steps=1"))
     assert code == 0 and "counting" in out, out[-3000:]
 
-
-@pytest.mark.slow
-def test_resume_on_another_process_count(pod, tmp_path):
     reseed = "--gin.train.new_process_count='reseed'"
     # 2 -> 1.
-    run = tmp_path / "two_to_one"
-    codes, outs = _two(_cmd(pod, run), salt=421)
-    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     _unfinished(run)
     at_2 = checkpoints.restore_params(run / "xlmr" / "2")
     code, out = _one(_cmd(pod, run))
