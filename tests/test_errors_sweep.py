@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import pickle
 import random
 
 import pytest
@@ -106,6 +107,8 @@ def test_cc100_languages_errors_name_the_macro(languages, part):
     with pytest.raises(errors.SettingError) as e:
         corpora.Corpora(languages=languages)
     assert str(e.value).startswith(f"Corpora.languages: {part}"), e.value
+    # It crosses processes whole (a Beam worker, a multiprocessing pool).
+    assert str(pickle.loads(pickle.dumps(e.value))) == str(e.value)
     # ... and by the macro the user set in a command's line.
     gin_flags.apply_gin(["data/cc100.gin"], ["VOCAB_PATH = '/unused'",
                                              f"CC100_LANGUAGES = {languages!r}"],

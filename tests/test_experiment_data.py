@@ -80,7 +80,7 @@ def test_sampling_weights_follow_tokens_and_lines_stay_an_option(toy_cc100, shar
 
 def test_token_counting_settings_are_checked(toy_cc100):
     with pytest.raises(text_files.CorpusError,
-                       match=r"token_sample_lines: must be a positive integer, got 0"):
+                       match=r"token_sample_lines: must be an integer > 0, got 0"):
         tasks.register(vocab_path=toy_cc100["vocab"], cc100_dir=toy_cc100["cc_dir"],
                        languages=["de"], token_sample_lines=0)
     from xlmeta_jax.data import corpora

@@ -42,7 +42,8 @@ class SettingError(UserError, ValueError):
 
     def __init__(self, configurable: str, field: str, value: Any, message: str, *,
                  scope: str | None = None, context: str = ""):
-        super().__init__(message)
+        # The positional arguments as args: the error pickles and unpickles as it is.
+        super().__init__(configurable, field, value, message)
         # The configurable's full name (the one gin files bind), e.g. xlmeta_jax.model.mlm.Masking.
         self.configurable = configurable
         self.field = field
@@ -68,16 +69,6 @@ class SettingError(UserError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.context}{self.setting}: {self.message}"
-
-    def __reduce__(self):
-        return (_rebuild_setting_error, (type(self), self.configurable, self.field, self.value,
-                                         self.message, self.scope, self.context, self.setting))
-
-
-def _rebuild_setting_error(cls, configurable, field, value, message, scope, context, setting):
-    e = cls(configurable, field, value, message, scope=scope, context=context)
-    e.setting = setting
-    return e
 
 
 # How commands that parse gin name a SettingError's setting (cli/flags.py sets it).
@@ -117,6 +108,11 @@ def is_count(value) -> bool:
     (gin bindings, the trainer's phases, the experiment's budget).
     """
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def count_problem(value) -> str | None:
+    """What is wrong with a count setting (:func:`is_count`), or None."""
+    return None if is_count(value) else f"must be an integer > 0, got {value!r}"
 
 
 def first_line(e: BaseException) -> str:

@@ -101,13 +101,13 @@ class Corpora:
         problems = {
             "languages": self.languages is not None and language_problem(self.languages),
             "alpha": rates.alpha_problem(self.alpha),
-            "token_sample_lines": _count_problem(self.token_sample_lines),
+            "token_sample_lines": errors.count_problem(self.token_sample_lines),
             "count_unit": self.count_unit not in text_files.COUNT_UNITS and (
                 f"must be one of {text_files.COUNT_UNITS}, got {self.count_unit!r}"),
-            "max_line_bytes": _count_problem(self.max_line_bytes),
+            "max_line_bytes": errors.count_problem(self.max_line_bytes),
             "eos_after": self.eos_after not in EOS_AFTER and (
                 f"must be one of {EOS_AFTER}, got {self.eos_after!r}"),
-            "shuffle_buffer_size": _count_problem(self.shuffle_buffer_size),
+            "shuffle_buffer_size": errors.count_problem(self.shuffle_buffer_size),
             "english_tfds_name": _tfds_name_problem(self.english_tfds_name),
             "mc4_tfds_name": _tfds_name_problem(self.mc4_tfds_name),
             "cc100_counts": self.cc100_counts is not None and language_problem(
@@ -141,10 +141,6 @@ CONFIGURABLE = "xlmeta_jax.data.corpora.Corpora"
 
 class CorpusSettingError(errors.SettingError, text_files.CorpusError):
     """A corpus setting out of range (its binding named), before any file is read."""
-
-
-def _count_problem(value) -> str | None:
-    return None if errors.is_count(value) else f"must be a positive integer, got {value!r}"
 
 
 def _tfds_name_problem(name) -> str | None:

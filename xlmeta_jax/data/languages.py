@@ -161,10 +161,11 @@ def check_languages(languages: Iterable[str], *, what: str = "language") -> tupl
       UnknownLanguageError: for an empty list, a duplicate or an unknown code
         (with the closest valid codes).
     """
-    problem = language_problem(languages)
+    langs = languages if isinstance(languages, str) else tuple(languages)  # read once
+    problem = language_problem(langs)
     if problem is not None:
         raise UnknownLanguageError(f"{what}: {problem}")
-    return tuple(languages)
+    return langs
 
 
 def language_problem(languages: Iterable[str]) -> str | None:

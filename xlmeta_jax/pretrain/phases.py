@@ -86,9 +86,8 @@ class Phase:
     def _problem(self) -> tuple[str, str] | None:
         """(field, what is wrong) of the phase's first bad value, or None."""
         for field in ("num_steps", "batch_size", "sequence_length"):
-            value = getattr(self, field)
-            if not errors.is_count(value):
-                return (field, f"must be an integer > 0, got {value!r}")
+            if problem := errors.count_problem(getattr(self, field)):
+                return (field, problem)
         if not self.has_own_data():
             return None
         if not isinstance(self.name, str) or not re.fullmatch(r"\w+", self.name):
