@@ -31,7 +31,7 @@ LAYERS = (
     # Hugging Face's file formats: parameter layout, tokenizer files, weights, model card.
     ("xlmeta_jax.interop.hf.layout", 2), ("xlmeta_jax.interop.hf.tokenizer", 2),
     ("xlmeta_jax.interop.hf.weights", 2), ("xlmeta_jax.interop.hf.hf_config", 2),
-    ("xlmeta_jax.interop.hf.card", 2),
+    ("xlmeta_jax.interop.hf.card", 2), ("xlmeta_jax.interop.hf.modernbert_layout", 2),
     ("xlmeta_jax.data", 3),
     ("xlmeta_jax.pretrain", 4),
     ("xlmeta_jax.evaluation", 5),

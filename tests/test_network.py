@@ -98,7 +98,7 @@ def _cfg(impl):
 def params():
     model = XLMRForMaskedLM(_cfg("xla"))
     variables = jax.jit(model.init)(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
-    return jax.tree.map(np.asarray, network.nn.unbox(variables["params"]))
+    return jax.tree.map(np.asarray, nn.unbox(variables["params"]))
 
 
 def _batch(length=16, lengths=(16, 11, 5)):
@@ -141,7 +141,7 @@ def test_cudnn_branch_arguments_match_xla_path(params, monkeypatch):
         calls.append(implementation)
         return real(*args, implementation="xla", **kwargs)
 
-    monkeypatch.setattr(network.jax.nn, "dot_product_attention", portable)
+    monkeypatch.setattr(jax.nn, "dot_product_attention", portable)
     ids, mask = _batch()
     ours = _encode("cudnn", params, ids, mask)
     assert calls and set(calls) == {"cudnn"}

@@ -1,7 +1,7 @@
 """The (data, fsdp, tensor) mesh, logical-axis rules and every parameter's sharding.
 
 The golden tables below spell out, for mesh (2, 2, 2), the PartitionSpec of each
-parameter of the tiny model in both layouts; a changed rule or a parameter with
+parameter of the tiny model of each family in both layouts; a changed rule or a parameter with
 the wrong logical names fails here. Nothing in this file compiles a step.
 """
 
@@ -95,6 +95,42 @@ GOLDEN_SPECS_222_SCAN = {
 }
 
 
+def _modernbert_layer(prefix, lead=(), attn_norm=True):
+    """One ModernBERT layer's parameters -> specs (``lead``: the scanned layers axis)."""
+    specs = {
+        **{f"{prefix}/attention/{p}/kernel": P(*lead, "fsdp", "tensor", None)
+           for p in ("query", "key", "value")},
+        f"{prefix}/attention/out/kernel": P(*lead, "tensor", None, "fsdp"),
+        f"{prefix}/mlp_norm/scale": P(*lead, "fsdp"),
+        f"{prefix}/wi_0/kernel": P(*lead, "fsdp", "tensor"),
+        f"{prefix}/wi_1/kernel": P(*lead, "fsdp", "tensor"),
+        f"{prefix}/wo/kernel": P(*lead, "tensor", "fsdp"),
+    }
+    if attn_norm:
+        specs[f"{prefix}/attn_norm/scale"] = P(*lead, "fsdp")
+    return specs
+
+
+# The ModernBERT family (modernbert_tiny: 4 layers), bias-free. Layer 0 has no attention
+# norm and stays outside the scan; the scanned layout stacks layers 1..3.
+_MODERNBERT_OUTSIDE = {
+    "encoder/word_embeddings": P("tensor", "fsdp"),
+    "encoder/embedding_norm/scale": P("fsdp"),
+    "encoder/final_norm/scale": P("fsdp"),
+    "lm_head/dense/kernel": P("fsdp", "tensor"),
+    "lm_head/norm/scale": P("fsdp"),
+    "lm_head/bias": P("tensor"),
+    **_modernbert_layer("encoder/layers_0", attn_norm=False),
+}
+GOLDEN_SPECS_222_MODERNBERT = {
+    **_MODERNBERT_OUTSIDE,
+    **{k: v for i in (1, 2, 3) for k, v in _modernbert_layer(f"encoder/layers_{i}").items()},
+}
+GOLDEN_SPECS_222_MODERNBERT_SCAN = {
+    **_MODERNBERT_OUTSIDE, **_modernbert_layer("encoder/layers", lead=(None,)),
+}
+
+
 def _flat(tree):
     return flax.traverse_util.flatten_dict(tree, sep="/")
 
@@ -174,10 +210,14 @@ def test_logical_rules():
     assert partitioning.batch_spec(3) == P(("data", "fsdp"), None, None)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["layers", "scan"])
-def test_golden_parameter_specs_on_mesh_222(scan):
-    golden = GOLDEN_SPECS_222_SCAN if scan else GOLDEN_SPECS_222
-    cfg = network.get_config("tiny", pad_token_id=0, scan_layers=scan)
+@pytest.mark.parametrize("size, scan, golden", [
+    ("tiny", False, GOLDEN_SPECS_222),
+    ("tiny", True, GOLDEN_SPECS_222_SCAN),
+    ("modernbert_tiny", False, GOLDEN_SPECS_222_MODERNBERT),
+    ("modernbert_tiny", True, GOLDEN_SPECS_222_MODERNBERT_SCAN),
+], ids=["xlmr-layers", "xlmr-scan", "modernbert-layers", "modernbert-scan"])
+def test_golden_parameter_specs_on_mesh_222(size, scan, golden):
+    cfg = network.get_config(size, pad_token_id=0, scan_layers=scan)
     fns = step.make_step_functions(cfg, OptimizerConfig(), partitioning.create_mesh(2, 2, 2))
     got = {k: s.spec for k, s in _flat(fns.state_sharding.params).items()}
     assert set(got) == set(golden)

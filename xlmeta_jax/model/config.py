@@ -1,8 +1,10 @@
-"""The encoder's configuration: every field of the network, and the named sizes.
+"""The encoder's configuration: every field of both families, and the named sizes.
 
 :class:`EncoderConfig` holds what the network (:mod:`xlmeta_jax.model.network`) reads;
-:func:`get_config` is the one way the gin files name a model (a size plus field
-overrides). Both are importable from ``network`` too.
+its ``family`` picks the architecture (``xlmr``: XLM-R / RoBERTa; ``modernbert``:
+ModernBERT / mmBERT). :func:`get_config` is the one way the gin files name a model (a
+size, which fixes the family, plus field overrides). Both are importable from
+``network`` too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ REMAT_POLICIES = {
 }
 
 
+# The encoder families (xlmeta_jax.model.network.masked_lm builds either).
+FAMILIES = ("xlmr", "modernbert")
+
 # Random bits per dropout-mask element that ``Dropout`` supports.
 DROPOUT_MASK_BITS = (8, 16, 32)
 
@@ -42,6 +47,10 @@ class ModelConfigError(errors.UserError, ValueError):
 class EncoderConfig:
     """Sizes and numerics of the encoder. Use :func:`get_config` for named sizes."""
 
+    # Architecture: "xlmr" (post-LN, learned positions; HF XLMRobertaForMaskedLM) or
+    # "modernbert" (pre-LN, bias-free, RoPE, GeGLU, local/global attention; HF
+    # ModernBertForMaskedLM).
+    family: str = "xlmr"
     # Vocabulary size, including special tokens (XLM-R: 250002).
     vocab_size: int = 250002
     # Width of the residual stream ("embed" axis).
@@ -52,8 +61,9 @@ class EncoderConfig:
     num_heads: int = 12
     # Width of the feed-forward layer ("mlp" axis).
     mlp_dim: int = 3072
-    # Rows of the learned position table. RoBERTa reserves pad_token_id + 1 rows,
-    # so 514 rows allow sequences of 512 tokens when pad_token_id == 1.
+    # xlmr: rows of the learned position table. RoBERTa reserves pad_token_id + 1
+    # rows, so 514 rows allow sequences of 512 tokens when pad_token_id == 1.
+    # modernbert: the longest sequence (RoPE has no table; HF's config field).
     max_position_embeddings: int = 514
     # Rows of the token-type table (XLM-R has exactly one type).
     type_vocab_size: int = 1
@@ -88,8 +98,35 @@ class EncoderConfig:
     # (cudnn on a GPU in bf16/fp16, xla otherwise: fp32 evaluation of a checkpoint
     # trained with "auto" stays on XLA).
     attention_impl: str = "xla"
+    # modernbert: every n-th layer (0, n, 2n, ...) attends globally, the others within
+    # a local window (HF: global_attn_every_n_layers, 3).
+    global_attn_every_n_layers: int = 3
+    # modernbert: the local window in tokens, both sides together (HF: local_attention,
+    # 128): a token attends to those at most local_window // 2 away. Even.
+    local_window: int = 128
+    # modernbert: RoPE base of the global and of the local layers (HF rope_parameters
+    # full_attention / sliding_attention rope_theta).
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
 
     def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ModelConfigError(
+                f"EncoderConfig: unknown family={self.family!r}; expected one of "
+                f"{list(FAMILIES)}")
+        if self.family == "modernbert":
+            if self.local_window <= 0 or self.local_window % 2:
+                raise ModelConfigError(
+                    f"EncoderConfig: local_window={self.local_window} must be even and > 0 "
+                    "(a token sees local_window // 2 tokens on each side)")
+            if self.global_attn_every_n_layers < 1:
+                raise ModelConfigError(
+                    "EncoderConfig: global_attn_every_n_layers="
+                    f"{self.global_attn_every_n_layers} must be >= 1")
+            if self.head_dim % 2:
+                raise ModelConfigError(
+                    f"EncoderConfig: head_dim={self.head_dim} (hidden_size / num_heads) "
+                    "must be even for rotary positions")
         if self.hidden_size % self.num_heads:
             raise ModelConfigError(
                 f"EncoderConfig: hidden_size={self.hidden_size} is not divisible by "
@@ -123,24 +160,40 @@ class EncoderConfig:
 
     @property
     def max_length(self) -> int:
-        """Longest sequence the position table supports."""
+        """Longest sequence the model supports (xlmr: its position table)."""
+        if self.family == "modernbert":
+            return self.max_position_embeddings
         return self.max_position_embeddings - self.pad_token_id - 1
+
+    def is_global_layer(self, index: int) -> bool:
+        """modernbert: whether layer ``index`` attends globally (HF's layer_types)."""
+        return index % self.global_attn_every_n_layers == 0
 
     def replace(self, **kwargs) -> EncoderConfig:
         return dataclasses.replace(self, **kwargs)
 
 
 # Named sizes: the one table of model shapes (gin/models/*.gin name a size and read it
-# through get_config). `tiny` is for tests and the CPU demo (divisible by 8 everywhere it
-# matters, so tests can shard it on 8 devices); base/large are XLM-R's published shapes.
-_SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+# through get_config). `tiny` and `modernbert_tiny` are for tests and the CPU demos
+# (divisible by 8 everywhere it matters, so tests can shard them on 8 devices); base and
+# large are XLM-R's published shapes, mmbert_small and mmbert_base mmBERT's
+# (JHU-CLSP/mmBERT configs/*.yaml: 22 layers, GeGLU 1152, Gemma's 256k vocabulary;
+# the published checkpoints' RoPE bases, 160k global and 10k local, at 8192 tokens).
+# ModernBERT's sizes train without dropout (HF ModernBertConfig's defaults).
+_SIZE_FIELDS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
                 "max_position_embeddings")
+_MODERNBERT = {"dropout_rate": 0.0, "attention_dropout_rate": 0.0}
 _SIZES = {
-    "tiny": (1024, 64, 2, 8, 128, 130),
-    "small": (32000, 256, 4, 4, 1024, 514),
-    "base": (250002, 768, 12, 12, 3072, 514),
-    "large": (250002, 1024, 24, 16, 4096, 514),
+    "tiny": ("xlmr", 1024, 64, 2, 8, 128, 130),
+    "small": ("xlmr", 32000, 256, 4, 4, 1024, 514),
+    "base": ("xlmr", 250002, 768, 12, 12, 3072, 514),
+    "large": ("xlmr", 250002, 1024, 24, 16, 4096, 514),
+    "modernbert_tiny": ("modernbert", 1024, 64, 4, 4, 96, 8192),
+    "mmbert_small": ("modernbert", 256000, 384, 22, 6, 1152, 8192),
+    "mmbert_base": ("modernbert", 256000, 768, 22, 12, 1152, 8192),
 }
+# Fields a family's sizes set unless overridden.
+_FAMILY_DEFAULTS = {"xlmr": {}, "modernbert": _MODERNBERT}
 
 SIZES = tuple(_SIZES)
 
@@ -149,7 +202,8 @@ def get_config(size: str, **overrides) -> EncoderConfig:
     """Returns the named encoder size with any :class:`EncoderConfig` fields overridden.
 
     Args:
-      size: one of :data:`SIZES` (tiny, small, base, large).
+      size: one of :data:`SIZES` (XLM-R: tiny, small, base, large; ModernBERT:
+        modernbert_tiny, mmbert_small, mmbert_base).
       **overrides: EncoderConfig fields, e.g. ``dtype="bfloat16"``.
 
     Raises:
@@ -162,4 +216,5 @@ def get_config(size: str, **overrides) -> EncoderConfig:
     if unknown:
         raise ModelConfigError(
             f"get_config: {unknown} are not EncoderConfig fields ({sorted(fields)})")
-    return EncoderConfig(**{**dict(zip(_SIZE_FIELDS, _SIZES[size])), **overrides})
+    shape = dict(zip(_SIZE_FIELDS, _SIZES[size]))
+    return EncoderConfig(**{**_FAMILY_DEFAULTS[shape["family"]], **shape, **overrides})

@@ -1,393 +1,58 @@
-"""The XLM-R / RoBERTa masked-LM encoder as a pure Flax (linen) network.
+"""The encoder families behind one interface: :func:`masked_lm` builds the network a
+config names (``EncoderConfig.family``), so the step, the trainers and the exports never
+branch on the family.
 
-The architecture follows Hugging Face's ``XLMRobertaForMaskedLM`` exactly so that
-published weights load (see ``xlmeta_jax.hf``):
+* ``xlmr``       — XLM-R / RoBERTa (:mod:`xlmeta_jax.model.xlmr`), HF ``XLMRobertaForMaskedLM``;
+* ``modernbert`` — ModernBERT / mmBERT (:mod:`xlmeta_jax.model.modernbert`), HF
+  ``ModernBertForMaskedLM``.
 
-* word embeddings + learned absolute positions (RoBERTa's padding-index offset:
-  position ids start at ``pad_token_id + 1`` and padding tokens get ``pad_token_id``)
-  + one token-type embedding, then LayerNorm and dropout;
-* post-LN Transformer layers (``LN(x + Attn(x))``, ``LN(x + MLP(x))``), exact GELU;
-* MLM head: dense -> GELU -> LayerNorm -> decoder tied to the word embeddings + bias.
+Both are called the same way::
 
-Every parameter and the main activations carry t5x logical axis names
-(``batch, length, embed, mlp, heads, kv, vocab``, plus ``layers`` for scanned
-stacks and ``abspos`` for position tables); ``xlmeta_jax.model.partitioning`` maps them
-to mesh axes. The network never imports TensorFlow or seqio.
+    module = network.masked_lm(config)
+    logits = module.apply({"params": params}, input_ids, attention_mask)  # [b, l, vocab]
+    logits = module.apply({"params": params}, input_ids, mlm_positions=slots)  # [b, s, vocab]
+
+and ``module.encode(...)`` runs the encoder alone (fine-tuning heads, retrieval). The
+modernbert family also takes ``segment_ids=`` for packed rows. The config, the named sizes
+(:func:`get_config`) and the XLM-R modules are importable from here too.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import flax.linen as nn
-import jax
-import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
+from xlmeta_jax.model import modernbert, xlmr
 from xlmeta_jax.model.config import (  # noqa: F401 - the encoder's config, named here too
     DROPOUT_MASK_BITS,
+    FAMILIES,
     REMAT_POLICIES,
     SIZES,
     EncoderConfig,
     ModelConfigError,
     get_config,
 )
+from xlmeta_jax.model.layers import Dropout, resolve_attention_impl  # noqa: F401
+from xlmeta_jax.model.modernbert import ModernBertForMaskedLM  # noqa: F401
+from xlmeta_jax.model.xlmr import (  # noqa: F401 - XLM-R's modules, as before the families
+    Embeddings,
+    Encoder,
+    EncoderLayer,
+    MLMHead,
+    SelfAttention,
+    XLMRForMaskedLM,
+    position_ids_from_input_ids,
+)
 
-Array = jax.Array
-DType = Any
-
-def _dense_init(cfg: EncoderConfig):
-    return nn.initializers.normal(stddev=cfg.initializer_range)
-
-
-class _LogicallyPartitioned(nn.LogicallyPartitioned):
-    """Logical axis names of a parameter, constrained only at their full rank.
-
-    Flax's DenseGeneral initialises a multi-axis kernel (e.g. embed x heads x kv)
-    flat and unboxes it before reshaping; under a mesh, the flat value would be
-    constrained with more names than it has dimensions, which fails.
-    """
-
-    def unbox(self, apply_constraint=True):
-        full_rank = jnp.ndim(self.value) == len(self.names)
-        return super().unbox(apply_constraint=apply_constraint and full_rank)
+_MASKED_LM = {"xlmr": xlmr.XLMRForMaskedLM, "modernbert": modernbert.ModernBertForMaskedLM}
+_ENCODER = {"xlmr": xlmr.Encoder, "modernbert": modernbert.Encoder}
 
 
-def _param(init, names):
-    def boxed_init(*args, **kwargs):
-        return _LogicallyPartitioned(init(*args, **kwargs), names)
-
-    return boxed_init
+def masked_lm(config: EncoderConfig) -> nn.Module:
+    """The masked-LM network of ``config.family`` (parameters ``{'encoder', 'lm_head'}``)."""
+    return _MASKED_LM[config.family](config)
 
 
-def position_ids_from_input_ids(input_ids: Array, pad_token_id: int) -> Array:
-    """RoBERTa's positions: 1-based count of non-pad tokens, offset by the pad id.
-
-    Padding tokens get ``pad_token_id`` itself (a row that is never trained in HF).
-    """
-    mask = (input_ids != pad_token_id).astype(jnp.int32)
-    return jnp.cumsum(mask, axis=-1) * mask + pad_token_id
-
-
-class Embeddings(nn.Module):
-    """Word + position + token-type embeddings, LayerNorm, dropout."""
-
-    config: EncoderConfig
-
-    def setup(self):
-        cfg = self.config
-        pdt = jnp.dtype(cfg.param_dtype)
-        self.word_embeddings = self.param(
-            "word_embeddings",
-            _param(_dense_init(cfg), ("vocab", "embed")),
-            (cfg.vocab_size, cfg.hidden_size),
-            pdt,
-        )
-        self.position_embeddings = self.param(
-            "position_embeddings",
-            _param(_dense_init(cfg), ("abspos", "embed")),
-            (cfg.max_position_embeddings, cfg.hidden_size),
-            pdt,
-        )
-        self.token_type_embeddings = self.param(
-            "token_type_embeddings",
-            _param(_dense_init(cfg), ("abspos", "embed")),
-            (cfg.type_vocab_size, cfg.hidden_size),
-            pdt,
-        )
-        self.layer_norm = _layer_norm(cfg, "layer_norm")
-        self.dropout = _dropout(cfg, cfg.dropout_rate)
-
-    def __call__(self, input_ids, position_ids, token_type_ids, deterministic: bool):
-        cfg = self.config
-        dt = jnp.dtype(cfg.dtype)
-        # Look up in tables whose `embed` dimension is whole (FSDP's all-gather of
-        # the weights before use): a gather from an fsdp-sharded `embed` yields
-        # activations split on `embed`, which XLA can only turn into the
-        # batch-split layout by replicating them ("involuntary full
-        # rematerialization"), in the forward and in the scatter-add backward.
-        word = nn.with_logical_constraint(self.word_embeddings, ("vocab", None))
-        pos = nn.with_logical_constraint(self.position_embeddings, ("abspos", None))
-        types = nn.with_logical_constraint(self.token_type_embeddings, ("abspos", None))
-        x = jnp.take(word, input_ids, axis=0)
-        x = x + jnp.take(pos, position_ids, axis=0)
-        x = x + jnp.take(types, token_type_ids, axis=0)
-        x = x.astype(dt)
-        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        x = self.layer_norm(x)
-        return self.dropout(x, deterministic=deterministic)
-
-    def attend(self, x: Array) -> Array:
-        """Projects hidden states onto the (tied) word embeddings: logits without bias."""
-        dt = jnp.dtype(self.config.dtype)
-        return jnp.einsum("...e,ve->...v", x.astype(dt), self.word_embeddings.astype(dt))
-
-
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` that can draw fewer random bits per mask element.
-
-    With ``mask_bits=32`` it is ``nn.Dropout`` (same masks for the same key; the
-    class keeps that name so auto-named modules and their RNG streams are
-    unchanged). With 16 or 8 one 32-bit draw is split into 2 or 4 mask
-    elements along the last axis (which activations never shard).
-    """
-
-    mask_bits: int = 32
-
-    @nn.compact
-    def __call__(self, inputs, deterministic: bool | None = None, rng=None):
-        deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
-        per_word = 32 // self.mask_bits
-        if (deterministic or self.rate == 0.0 or per_word == 1 or self.broadcast_dims
-                or inputs.shape[-1] % per_word or self.rate == 1.0):
-            return super().__call__(inputs, deterministic=deterministic, rng=rng)
-        if rng is None:
-            rng = self.make_rng(self.rng_collection)
-        levels = 2 ** self.mask_bits
-        threshold = round((1.0 - self.rate) * levels)
-        if threshold <= 0:
-            return jnp.zeros_like(inputs)
-        if threshold >= levels:
-            return inputs
-        words = jax.random.bits(rng, inputs.shape[:-1] + (inputs.shape[-1] // per_word,),
-                                jnp.uint32)
-        small = jax.lax.bitcast_convert_type(words, jnp.dtype(f"uint{self.mask_bits}"))
-        keep = small.reshape(inputs.shape) < threshold
-        keep_prob = threshold / levels
-        return jax.lax.select(keep, inputs / jnp.asarray(keep_prob, inputs.dtype),
-                              jnp.zeros_like(inputs))
-
-
-def _dropout(cfg: EncoderConfig, rate: float, **kwargs) -> Dropout:
-    return Dropout(rate, mask_bits=cfg.dropout_mask_bits, **kwargs)
-
-
-def _layer_norm(cfg: EncoderConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(
-        epsilon=cfg.layer_norm_eps,
-        dtype=jnp.dtype(cfg.dtype),
-        param_dtype=jnp.dtype(cfg.param_dtype),
-        scale_init=_param(nn.initializers.ones, ("embed",)),
-        bias_init=_param(nn.initializers.zeros, ("embed",)),
-        name=name,
-    )
-
-
-def _dense_general(cfg, features, axis, kernel_names, bias_names, name):
-    return nn.DenseGeneral(
-        features=features,
-        axis=axis,
-        dtype=jnp.dtype(cfg.dtype),
-        param_dtype=jnp.dtype(cfg.param_dtype),
-        kernel_init=_param(_dense_init(cfg), kernel_names),
-        bias_init=_param(nn.initializers.zeros, bias_names),
-        name=name,
-    )
-
-
-def resolve_attention_impl(impl: str, dtype: str, backend: str | None = None) -> str:
-    """The kernel ``attention_impl`` stands for: "auto" is cuDNN only on a GPU and in a
-    16-bit dtype (JAX's cuDNN attention rejects fp32), XLA otherwise."""
-    if impl == "auto":
-        backend = backend or jax.default_backend()
-        sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-        return "cudnn" if backend == "gpu" and sixteen_bit else "xla"
-    return impl
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with a key padding mask (BERT/RoBERTa numerics)."""
-
-    config: EncoderConfig
-
-    @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
-        cfg = self.config
-        h, d = cfg.num_heads, cfg.head_dim
-        proj = functools.partial(
-            _dense_general, cfg, (h, d), -1, ("embed", "heads", "kv"), ("heads", "kv")
-        )
-        q = proj(name="query")(x)
-        k = proj(name="key")(x)
-        v = proj(name="value")(x)
-        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-        k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
-        v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
-        q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
-
-        impl = resolve_attention_impl(cfg.attention_impl, cfg.dtype)
-        use_dropout = not deterministic and cfg.attention_dropout_rate > 0.0
-        if impl == "cudnn" and not use_dropout:
-            # cuDNN flash attention; `mask` is [batch, kv_length] (True = attend).
-            ctx = jax.nn.dot_product_attention(
-                q, k, v, mask=mask[:, None, None, :], implementation="cudnn"
-            )
-        else:
-            # Scores and softmax in fp32 whatever the compute dtype, as HF does
-            # for fp16/bf16 via autocast's fp32 softmax.
-            scale = 1.0 / jnp.sqrt(jnp.float32(d)).astype(q.dtype)
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q * scale, k).astype(jnp.float32)
-            big_neg = jnp.finfo(jnp.float32).min
-            scores = jnp.where(mask[:, None, None, :], scores, big_neg)
-            probs = jax.nn.softmax(scores, axis=-1)
-            if use_dropout:
-                probs = _dropout(cfg, cfg.attention_dropout_rate)(probs, deterministic=False)
-            ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
-        ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
-        out = _dense_general(
-            cfg, cfg.hidden_size, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out"
-        )(ctx)
-        return checkpoint_name(out, "attn_out")
-
-
-class EncoderLayer(nn.Module):
-    """One post-LN Transformer layer: LN(x + Attn(x)) then LN(x + MLP(x))."""
-
-    config: EncoderConfig
-    # When used inside nn.scan: return (carry, per-layer output) pairs.
-    scanned: bool = False
-    # With `scanned`: emit the layer's output as the scan's stacked output.
-    collect_hidden: bool = False
-
-    @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool):
-        cfg = self.config
-        y = SelfAttention(cfg, name="attention")(x, mask, deterministic)
-        y = _dropout(cfg, cfg.dropout_rate)(y, deterministic=deterministic)
-        x = _layer_norm(cfg, "attention_layer_norm")(x + y)
-        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-
-        y = _dense_general(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi")(x)
-        y = nn.with_logical_constraint(y, ("batch", "length", "mlp"))
-        y = nn.gelu(y, approximate=False)
-        y = _dense_general(cfg, cfg.hidden_size, -1, ("mlp", "embed"), ("embed",), "wo")(y)
-        y = checkpoint_name(y, "mlp_out")
-        y = _dropout(cfg, cfg.dropout_rate)(y, deterministic=deterministic)
-        x = _layer_norm(cfg, "output_layer_norm")(x + y)
-        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        if self.scanned:
-            return x, (x if self.collect_hidden else None)
-        return x
-
-
-class Encoder(nn.Module):
-    """Embeddings and the stack of layers; returns the final hidden states.
-
-    With ``output_hidden_states`` it also returns a tuple of ``num_layers + 1``
-    hidden states (embedding output first), as Hugging Face does.
-    """
-
-    config: EncoderConfig
-
-    def setup(self):
-        self.embeddings = Embeddings(self.config, name="embeddings")
-
-    @nn.compact
-    def __call__(
-        self,
-        input_ids: Array,
-        attention_mask: Array | None = None,
-        token_type_ids: Array | None = None,
-        deterministic: bool = True,
-        output_hidden_states: bool = False,
-    ):
-        cfg = self.config
-        if attention_mask is None:
-            attention_mask = input_ids != cfg.pad_token_id
-        attention_mask = attention_mask.astype(bool)
-        if token_type_ids is None:
-            token_type_ids = jnp.zeros_like(input_ids)
-        position_ids = position_ids_from_input_ids(input_ids, cfg.pad_token_id)
-        x = self.embeddings(input_ids, position_ids, token_type_ids, deterministic)
-
-        layer_cls = EncoderLayer
-        if cfg.remat_policy != "none":
-            layer_cls = nn.remat(
-                EncoderLayer,
-                policy=REMAT_POLICIES[cfg.remat_policy],
-                prevent_cse=not cfg.scan_layers,
-                static_argnums=(3,),
-            )
-        hidden = [x]
-        if cfg.scan_layers:
-            stack = nn.scan(
-                layer_cls,
-                variable_axes={"params": 0},
-                split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, nn.broadcast),
-                length=cfg.num_layers,
-                metadata_params={nn.PARTITION_NAME: "layers"},
-            )(cfg, scanned=True, collect_hidden=output_hidden_states, name="layers")
-            x, stacked = stack(x, attention_mask, deterministic)
-            if output_hidden_states:
-                hidden.extend(stacked[i] for i in range(cfg.num_layers))
-        else:
-            for i in range(cfg.num_layers):
-                x = layer_cls(cfg, name=f"layers_{i}")(x, attention_mask, deterministic)
-                hidden.append(x)
-        if output_hidden_states:
-            return x, tuple(hidden)
-        return x
-
-    def attend(self, x: Array) -> Array:
-        return self.embeddings.attend(x)
-
-
-class MLMHead(nn.Module):
-    """dense -> GELU -> LayerNorm -> tied decoder + bias (RoBERTa's lm_head)."""
-
-    config: EncoderConfig
-
-    @nn.compact
-    def __call__(self, x: Array, attend_fn) -> Array:
-        cfg = self.config
-        x = _dense_general(cfg, cfg.hidden_size, -1, ("embed", "mlp"), ("mlp",), "dense")(x)
-        x = nn.gelu(x, approximate=False)
-        x = _layer_norm(cfg, "layer_norm")(x)
-        logits = attend_fn(x)
-        bias = self.param(
-            "bias",
-            _param(nn.initializers.zeros, ("vocab",)),
-            (cfg.vocab_size,),
-            jnp.dtype(cfg.param_dtype),
-        )
-        logits = logits + bias.astype(logits.dtype)
-        return logits
-
-
-class XLMRForMaskedLM(nn.Module):
-    """Encoder + MLM head. Parameters: ``{'encoder': ..., 'lm_head': ...}``.
-
-    Call with ``mlm_positions`` ([batch, slots] int) to apply the LM head only at
-    those positions (the masked-head trick: the vocabulary projection is most of
-    the compute when applied at every position); without it, logits are computed
-    for every position.
-    """
-
-    config: EncoderConfig
-
-    def setup(self):
-        self.encoder = Encoder(self.config, name="encoder")
-        self.lm_head = MLMHead(self.config, name="lm_head")
-
-    def __call__(
-        self,
-        input_ids: Array,
-        attention_mask: Array | None = None,
-        token_type_ids: Array | None = None,
-        mlm_positions: Array | None = None,
-        deterministic: bool = True,
-    ) -> Array:
-        x = self.encoder(input_ids, attention_mask, token_type_ids, deterministic)
-        if mlm_positions is not None:
-            x = jnp.take_along_axis(x, mlm_positions[..., None].astype(jnp.int32), axis=1)
-        logits = self.lm_head(x, self.encoder.attend)
-        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
-
-    def encode(self, input_ids, attention_mask=None, token_type_ids=None,
-               deterministic=True, output_hidden_states=False):
-        """Runs only the encoder (for fine-tuning heads and retrieval)."""
-        return self.encoder(
-            input_ids, attention_mask, token_type_ids, deterministic, output_hidden_states
-        )
+def encoder(config: EncoderConfig, **kwargs) -> nn.Module:
+    """The encoder alone of ``config.family`` (the ``encoder`` subtree of
+    :func:`masked_lm`'s parameters); ``kwargs`` are module arguments such as ``name``."""
+    return _ENCODER[config.family](config, **kwargs)

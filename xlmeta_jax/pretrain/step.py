@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from xlmeta_jax.model import losses, mlm, partitioning
-from xlmeta_jax.model.network import EncoderConfig, XLMRForMaskedLM
+from xlmeta_jax.model import losses, mlm, network, partitioning
+from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.model.optimizer import (
     OptimizerConfig,
     global_norm,
@@ -47,7 +47,8 @@ class StepFunctions:
     """Compiled-on-first-call functions bound to one mesh and model."""
 
     mesh: Mesh
-    model: XLMRForMaskedLM
+    # The masked-LM network of the config's family (network.masked_lm).
+    model: nn.Module
     tx: optax.GradientTransformation
     # Sharding pytree of TrainState (NamedShardings).
     state_sharding: Any
@@ -74,7 +75,7 @@ def _dummy_inputs(cfg: EncoderConfig):
     return ids
 
 
-def param_logical_specs(model: XLMRForMaskedLM):
+def param_logical_specs(model: nn.Module):
     """Logical PartitionSpecs of every parameter, from the abstract init."""
     cfg = model.config
     abstract = jax.eval_shape(
@@ -130,7 +131,7 @@ def make_step_functions(
     # rng_impl and microbatches are checked where a run's config is built
     # (pretrain/checks.py, the trainer); here they are used as given.
     microbatches = int(microbatches)
-    model = XLMRForMaskedLM(model_cfg)
+    model = network.masked_lm(model_cfg)
     tx = make_optimizer(opt_cfg)
     schedule = learning_rate_schedule(opt_cfg)
 

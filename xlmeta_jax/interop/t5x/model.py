@@ -1,7 +1,7 @@
 r"""Our encoder and masked-LM loss as a t5x model, for ``python -m t5x.train``.
 
 t5x's trainer, partitioner and checkpointer drive the same network
-(:class:`xlmeta_jax.model.network.XLMRForMaskedLM`), loss (:mod:`xlmeta_jax.model.losses`),
+(``xlmeta_jax.model.network.masked_lm``: either family), loss (:mod:`xlmeta_jax.model.losses`),
 optimizer (:mod:`xlmeta_jax.model.optimizer`) and seqio tasks (``tasks``) as our own
 trainer; gin/meta.gin and gin/xlmr.gin wire them up:
 
@@ -163,7 +163,7 @@ def params_axes(boxed_params) -> dict:
 
 
 class MaskedLMModel(t5x_models.BaseModel):
-    """``network.XLMRForMaskedLM`` trained with ``losses.mlm_loss_and_metrics``.
+    """``network.masked_lm(config)`` (either family) trained with ``losses.mlm_loss_and_metrics``.
 
     ``loss_fn`` is our trainer's loss: the mean cross-entropy over the batch's
     selected positions (LM head applied only there). That mean is per batch, so
@@ -197,7 +197,7 @@ class MaskedLMModel(t5x_models.BaseModel):
         # t5x builds its converter from this attribute, as its own models set it per instance.
         self.FEATURE_CONVERTER_CLS = functools.partial(MLMFeatureConverter, masking=masking)
         self.config = config
-        self.module = network.XLMRForMaskedLM(config)
+        self.module = network.masked_lm(config)
         self.mask_id = int(mask_id)
 
     # ------------------------------------------------------------------ init
