@@ -32,6 +32,7 @@ LAYERS = (
     ("xlmeta_jax.interop.hf.layout", 2), ("xlmeta_jax.interop.hf.tokenizer", 2),
     ("xlmeta_jax.interop.hf.weights", 2), ("xlmeta_jax.interop.hf.hf_config", 2),
     ("xlmeta_jax.interop.hf.card", 2), ("xlmeta_jax.interop.hf.modernbert_layout", 2),
+    ("xlmeta_jax.interop.hf.parity", 2),
     ("xlmeta_jax.data", 3),
     ("xlmeta_jax.pretrain", 4),
     ("xlmeta_jax.evaluation", 5),

@@ -1,9 +1,10 @@
 """``python -m xlmeta_jax.hf``: Hugging Face weights to and from our checkpoints.
 
-``to_hf`` writes a ``transformers`` XLM-R folder (config.json, model.safetensors,
-the tokenizer) from a pretraining checkpoint; ``to_flax`` reads one (safetensors, or
-a PyTorch pickle with ``--allow_pickle``) into a parameters checkpoint that
-fine-tuning and pretraining take as ``init``. The conversion itself:
+``to_hf`` writes a ``transformers`` folder of either family (XLM-R or ModernBERT:
+config.json, model.safetensors, the tokenizer) from a pretraining checkpoint; ``to_flax``
+reads one (safetensors, or a PyTorch pickle with ``--allow_pickle``) into a parameters
+checkpoint that fine-tuning and pretraining take as ``init``. Both print the parity line
+of the two networks on the converted weights. The conversion itself:
 :mod:`xlmeta_jax.interop.hf.convert`.
 """
 
@@ -65,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m xlmeta_jax.hf``."""
     args = _parser().parse_args(argv)
     if args.command == "to_flax":
-        out = to_flax(args.hf_path, args.output, scan_layers=args.scan_layers,
+        out = to_flax(args.hf_path, args.output, scan_layers=args.scan_layers, report=print,
                       allow_pickle=args.allow_pickle)
     else:
         # A MODEL_DIR or phase names no step: say which one is exported.
         print(f"exporting {loading.find_step_dir(args.checkpoint)}")
-        out = to_hf(args.checkpoint, args.output, vocab_path=args.vocab_path)
+        out = to_hf(args.checkpoint, args.output, vocab_path=args.vocab_path, report=print)
     print(f"wrote {out}")
     return 0
 

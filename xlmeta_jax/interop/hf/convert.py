@@ -1,4 +1,4 @@
-"""Our checkpoints <-> Hugging Face XLM-R directories (``python -m xlmeta_jax.hf``).
+"""Our checkpoints <-> Hugging Face directories of either family (``python -m xlmeta_jax.hf``).
 
 ``to_flax`` writes a checkpoint in the trainer's own format (a phase directory with one
 step, :func:`xlmeta_jax.pretrain.checkpoints.save_params`), which
@@ -32,7 +32,7 @@ from xlmeta_jax.pretrain import checkpoints, loading
 
 
 def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
-            allow_pickle: bool = False) -> pathlib.Path:
+            allow_pickle: bool = False, report=None) -> pathlib.Path:
     """HF ``save_pretrained`` dir -> a checkpoint in the trainer's format (+ ``spm.model``).
 
     ``output`` becomes a phase directory with one step (``output/0/state`` holding the
@@ -42,8 +42,11 @@ def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
     ``output/spm.model`` is our SentencePiece model again; any other model keeps
     XLM-R's ids and its ``sentencepiece.bpe.model`` is copied there.
 
+    ``report`` (e.g. ``print``) receives the parity line of :mod:`xlmeta_jax.interop.hf.parity`:
+    both networks on the converted weights, refused above its tolerance.
+
     Raises:
-      ConversionError: ``output`` exists and is not empty.
+      ConversionError: ``output`` exists and is not empty, or the parity check fails.
     """
     out = pathlib.Path(checkpoints.absolute(output))
     _check_output(out)
@@ -55,7 +58,7 @@ def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
     seqio = config_path.is_file() and (
         hf_tokenizer.CONFIG_KEY in read_json(config_path, "HF config"))
     cfg, params = load_hf(hf_path, allow_pickle=allow_pickle, seqio_ids=seqio,
-                          scan_layers=scan_layers)
+                          parity_report=report, scan_layers=scan_layers)
     vocab_path = None
     if (src_dir / hf_tokenizer.SPM_NAME).is_file():
         vocab = (hf_tokenizer.seqio_vocabulary_bytes(src_dir) if seqio
@@ -68,7 +71,8 @@ def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
     return out
 
 
-def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None) -> pathlib.Path:
+def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None,
+          report=None) -> pathlib.Path:
     """Our checkpoint -> HF directory with weights, config and tokenizer (:func:`save_hf`).
 
     Args:
@@ -77,6 +81,7 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None) -> pat
         directory, read with ``xlmeta_jax.pretrain.loading.load_pretrained``.
       output: output directory.
       vocab_path: the model's SentencePiece file; default: the one the checkpoint records.
+      report: receives the parity line (``print`` in the command); None skips the check.
     """
     _check_output(pathlib.Path(output))
     existing = [n for n in (CONFIG_NAME, SAFE_WEIGHTS_NAME) if (pathlib.Path(output) / n).exists()]
@@ -85,7 +90,7 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None) -> pat
     if vocab_path is not None and not os.path.isfile(vocab_path):
         raise FileNotFoundError(f"vocabulary {vocab_path} does not exist")
     cfg, params, recorded = loading.load_pretrained(checkpoint)
-    return save_hf(output, cfg, params, vocab_path=vocab_path or recorded)
+    return save_hf(output, cfg, params, vocab_path=vocab_path or recorded, parity_report=report)
 
 
 def _check_output(out: pathlib.Path) -> None:

@@ -273,7 +273,7 @@ def params_from_hf_state_dict(
                     f"HF weight {tied!r} differs from {source!r}; our LM head ties them"
                 )
 
-    pdt = np.dtype(_np_dtype(cfg.param_dtype))
+    pdt = np.dtype(np_dtype(cfg.param_dtype))
 
     def convert(rule: _Rule, key: str) -> np.ndarray:
         arr = arrays[key]
@@ -293,7 +293,8 @@ def params_from_hf_state_dict(
     return params
 
 
-def _np_dtype(name: str):
+def np_dtype(name: str):
+    """The numpy dtype of an EncoderConfig dtype name (bfloat16: ml_dtypes')."""
     if name == "bfloat16":
 
         return ml_dtypes.bfloat16

@@ -1,11 +1,13 @@
-"""Hugging Face XLM-R weights: ``save_pretrained`` directories <-> our parameters.
+"""Hugging Face weights of either family: ``save_pretrained`` directories <-> our parameters.
 
 Reads and writes ``save_pretrained`` directories (safetensors, sharded or not;
-``pytorch_model.bin`` only on request) through the layout mapping of
-:mod:`xlmeta_jax.interop.hf.layout`, whose public names this module re-exports::
+``pytorch_model.bin`` only on request) of ``XLMRobertaForMaskedLM`` (layout mapping:
+:mod:`xlmeta_jax.interop.hf.layout`, whose public names this module re-exports) and of
+``ModernBertForMaskedLM`` (:mod:`xlmeta_jax.interop.hf.modernbert_layout`); the family
+comes from ``config.json``'s ``model_type`` on the way in, from the config on the way out::
 
-    cfg, params = weights.load_hf("path/to/xlm-roberta-base")        # save_pretrained dir
-    weights.save_hf("out_dir", cfg, params)  # XLMRobertaForMaskedLM.from_pretrained("out_dir")
+    cfg, params = weights.load_hf("path/to/xlm-roberta-base")   # or an mmBERT folder
+    weights.save_hf("out_dir", cfg, params, vocab_path=...)  # AutoModelForMaskedLM loads it
 
 Our checkpoints to and from such directories: :mod:`xlmeta_jax.interop.hf.convert`.
 Only numpy and safetensors are needed; torch is imported only to read
@@ -26,13 +28,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from xlmeta_jax import files
-from xlmeta_jax.interop.hf import card
+from xlmeta_jax.interop.hf import card, modernbert_layout, parity
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
 from xlmeta_jax.interop.hf.hf_config import config_from_hf, hf_config_from_config
+from xlmeta_jax.interop.hf.hf_config import special_ids as hf_special_ids
 from xlmeta_jax.interop.hf.layout import (
     ConversionError,
     hf_state_dict_from_params,
     normalise_keys,
+    np_dtype,
     params_from_hf_state_dict,
     to_numpy,
 )
@@ -150,13 +154,39 @@ def read_hf_state_dict(path: str | os.PathLike, *, allow_pickle: bool = False) -
 
 
 _POSITIONS_KEY = "roberta.embeddings.position_embeddings.weight"
+# Each family's weights with a row per vocabulary id (embeddings, output bias, tied decoder).
+_VOCAB_KEYS = {
+    "xlmr": ("roberta.embeddings.word_embeddings.weight", "lm_head.bias",
+             "lm_head.decoder.weight", "lm_head.decoder.bias"),
+    "modernbert": ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias"),
+}
+# config.json's model_type -> our family.
+_MODEL_TYPES = {"xlm-roberta": "xlmr", "roberta": "xlmr",
+                modernbert_layout.MODEL_TYPE: "modernbert"}
 
 
-def _permute_vocab_rows(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+def family_of(hf_config: Mapping[str, Any], where: os.PathLike | str) -> str:
+    """Our family of an HF ``config.json`` dict (XLM-R when it names no model_type).
+
+    Raises:
+      ConversionError: naming the architecture of any other model.
+    """
+    model_type = hf_config.get("model_type")
+    if model_type is None:
+        return "xlmr"
+    if model_type not in _MODEL_TYPES:
+        raise ConversionError(
+            f"{where}: model_type={model_type!r} (architectures "
+            f"{hf_config.get('architectures')}) is neither XLM-R ('xlm-roberta', 'roberta') "
+            f"nor ModernBERT ('{modernbert_layout.MODEL_TYPE}'), the two families we train")
+    return _MODEL_TYPES[model_type]
+
+
+def _permute_vocab_rows(state: dict[str, Any], rows: np.ndarray,
+                        family: str = "xlmr") -> dict[str, Any]:
     """``state`` with the vocabulary rows of the embedding and output bias reordered."""
     out = dict(state)
-    for key in ("roberta.embeddings.word_embeddings.weight", "lm_head.bias",
-                "lm_head.decoder.weight", "lm_head.decoder.bias"):
+    for key in _VOCAB_KEYS[family]:
         if key in out:
             arr = to_numpy(out[key])
             if arr.shape[0] != rows.shape[0]:
@@ -197,9 +227,10 @@ def _from_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
 
 def load_hf(
     path: str | os.PathLike, *, allow_pickle: bool = False, seqio_ids: bool = False,
-    **config_overrides,
+    parity_report: Callable[[str], None] | None = None, **config_overrides,
 ) -> tuple[EncoderConfig, dict[str, Any]]:
-    """Loads a Hugging Face ``XLMRobertaForMaskedLM`` as (config, our params).
+    """Loads a Hugging Face ``XLMRobertaForMaskedLM`` or ``ModernBertForMaskedLM`` (the
+    family from ``config.json``'s ``model_type``) as (config, our params).
 
     Args:
       path: a ``save_pretrained`` directory (``config.json`` + weights) or a weights
@@ -209,6 +240,8 @@ def load_hf(
         vocabulary (``config.json`` records it under ``hf_tokenizer.CONFIG_KEY``): the
         result uses our ids again (pad 0), as before the export. False keeps the HF
         ids (pad 1), which the directory's ``sentencepiece.bpe.model`` encodes.
+      parity_report: when given, our network and transformers' run the converted weights
+        and this receives the one-line result (:mod:`xlmeta_jax.interop.hf.parity`).
       **config_overrides: :class:`EncoderConfig` fields to set (``scan_layers`` picks
         the params layout; ``dtype``, ``remat_policy`` ... only affect the network).
 
@@ -216,7 +249,8 @@ def load_hf(
       ``(cfg, params)`` with params as host numpy arrays.
 
     Raises:
-      ConversionError: ``seqio_ids`` for a model that was not exported from our ids.
+      ConversionError: ``seqio_ids`` for a model that was not exported from our ids, an
+        architecture of neither family, or logits that differ beyond the parity tolerance.
     """
     path = pathlib.Path(path)
     if not path.exists():  # else the message would name <parent>/config.json
@@ -225,19 +259,39 @@ def load_hf(
     if not config_path.is_file():
         raise FileNotFoundError(f"HF config {config_path} does not exist")
     hf_config = read_json(config_path, "HF config")
+    family = family_of(hf_config, config_path)
     state = read_hf_state_dict(path, allow_pickle=allow_pickle)
-    if seqio_ids:
-        pieces = hf_config.get(hf_tokenizer.CONFIG_KEY)
-        if pieces is None:
-            raise ConversionError(
-                f"{config_path} has no {hf_tokenizer.CONFIG_KEY!r}: the model was not exported "
-                "from our vocabulary, its ids are XLM-R's"
-            )
-        rows = hf_tokenizer.hf_rows(int(pieces), int(hf_config["vocab_size"]))
-        state = _from_xlmr_ids(normalise_keys(state), rows)
-        config_overrides = {"pad_token_id": 0, **config_overrides}
-    cfg = config_from_hf(hf_config, **config_overrides)
+    if family == "xlmr":
+        state = normalise_keys(state)
+    rows = _seqio_rows(hf_config, config_path) if seqio_ids else None
+    cfg, params = _convert(family, hf_config, state, config_overrides)
+    if parity_report is not None:  # in the stored ids, before any renumbering
+        parity.check(hf_config, {k: to_numpy(v) for k, v in state.items()}, cfg, params,
+                     report=parity_report)
+    if rows is None:
+        return cfg, params
+    state = (_from_xlmr_ids(state, rows) if family == "xlmr"
+             else _permute_vocab_rows(state, np.argsort(rows), family))
+    return _convert(family, hf_config, state, {"pad_token_id": 0, **config_overrides})
+
+
+def _convert(family, hf_config, state, overrides):
+    if family == "modernbert":
+        cfg = modernbert_layout.config_from_hf(hf_config, **overrides)
+        return cfg, modernbert_layout.params_from_hf_state_dict(
+            state, cfg, to_numpy=to_numpy, dtype=np.dtype(np_dtype(cfg.param_dtype)))
+    cfg = config_from_hf(hf_config, **overrides)
     return cfg, params_from_hf_state_dict(state, cfg)
+
+
+def _seqio_rows(hf_config: Mapping[str, Any], config_path: pathlib.Path) -> np.ndarray:
+    """The renumbering an export from our ids recorded in ``config.json``."""
+    pieces = hf_config.get(hf_tokenizer.CONFIG_KEY)
+    if pieces is None:
+        raise ConversionError(
+            f"{config_path} has no {hf_tokenizer.CONFIG_KEY!r}: the model was not exported "
+            "from our vocabulary, its ids are its own")
+    return hf_tokenizer.hf_rows(int(pieces), int(hf_config["vocab_size"]))
 
 
 def write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
@@ -255,6 +309,7 @@ def write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
 
 def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, Any],
             *, vocab_path: str | os.PathLike | None = None,
+            parity_report: Callable[[str], None] | None = None,
             **config_kwargs) -> pathlib.Path:
     """Writes a directory that transformers loads as is: weights, config, tokenizer, and a
     model card (``README.md``, :mod:`xlmeta_jax.interop.hf.card`) that says how to load it.
@@ -271,8 +326,9 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
       vocab_path: the model's SentencePiece file: ours (seqio ids) or an XLM-R
         ``sentencepiece.bpe.model``. Required for a model with our ids; without it
         a model in XLM-R's ids is written without tokenizer files.
-      **config_kwargs: passed to :func:`hf_config_from_config` (``bos_token_id``,
-        ``eos_token_id``).
+      parity_report: when given, transformers' model and ours run the exported weights
+        before anything is written; this receives the one-line result.
+      **config_kwargs: ``bos_token_id`` and ``eos_token_id`` of the written config.
 
     Returns:
       The output directory.
@@ -291,10 +347,12 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
         )
     if vocab_path is not None:
         try:
-            # XLM-R's shapes: max_position_embeddings - 2 tokens whatever the pad id.
+            # XLM-R's shapes: max_position_embeddings - 2 tokens whatever the pad id;
+            # ModernBERT: max_position_embeddings itself (RoPE has no table).
+            max_tokens = (cfg.max_length if cfg.family == "modernbert"
+                          else cfg.max_position_embeddings - 2)
             files, seqio_pieces = hf_tokenizer.tokenizer_files(
-                vocab_path, cfg.vocab_size, cfg.max_position_embeddings - 2
-            )
+                vocab_path, cfg.vocab_size, max_tokens)
             if seqio_pieces is not None:
                 rows = hf_tokenizer.hf_rows(seqio_pieces, cfg.vocab_size)
         except hf_tokenizer.VocabularyLayoutError as e:
@@ -309,13 +367,28 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
     existing = [n for n in names if (path / n).exists()]
     if existing:
         raise ConversionError(f"{path} already holds {existing}; export into a new directory")
-    state = hf_state_dict_from_params(params, cfg, include_tied=False)
-    if rows is not None:
-        state = _to_xlmr_ids(state, rows)
-        cfg = cfg.replace(pad_token_id=1)
-    hf_config = hf_config_from_config(cfg, **config_kwargs)
+    if cfg.family == "modernbert":
+        state = modernbert_layout.hf_state_dict_from_params(params, cfg, include_tied=False,
+                                                            to_numpy=to_numpy)
+        if rows is not None:
+            state = _permute_vocab_rows(state, rows, "modernbert")
+            cfg = cfg.replace(pad_token_id=1)
+        bos, eos = hf_special_ids(cfg)
+        bos, eos = config_kwargs.get("bos_token_id", bos), config_kwargs.get("eos_token_id", eos)
+        hf_config = modernbert_layout.hf_config_from_config(cfg, special={
+            "bos_token_id": bos, "eos_token_id": eos, "cls_token_id": bos, "sep_token_id": eos})
+    else:
+        state = hf_state_dict_from_params(params, cfg, include_tied=False)
+        if rows is not None:
+            state = _to_xlmr_ids(state, rows)
+            cfg = cfg.replace(pad_token_id=1)
+        hf_config = hf_config_from_config(cfg, **config_kwargs)
     if rows is not None:
         hf_config[hf_tokenizer.CONFIG_KEY] = seqio_pieces
+    if parity_report is not None:  # before anything is written
+        family = "modernbert" if cfg.family == "modernbert" else "xlmr"
+        parity.check(hf_config, state, *_convert(family, hf_config, state, {}),
+                     report=parity_report)
     tokenizer_config = files.get(hf_tokenizer.TOKENIZER_CONFIG_NAME)
     files[card.README_NAME] = card.model_card(
         hf_config, tokenizer_config and json.loads(tokenizer_config)["tokenizer_class"],
