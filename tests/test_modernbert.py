@@ -238,3 +238,33 @@ def test_named_sizes_are_mmbert_published_shapes():
             r, jnp.zeros((1, 8), jnp.int32)), jax.random.key(0))
         count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes_tree)))
         assert count // 10**6 == millions, (size, count)
+
+
+@pytest.mark.parametrize("kind, hf_class", [
+    ("classification", "ModernBertForSequenceClassification"),
+    ("tagging", "ModernBertForTokenClassification"),
+])
+def test_fine_tuning_heads_are_hf_heads(kind, hf_class):
+    """Fine-tuning a ModernBERT uses HF's task heads: the pretrained encoder plus prediction
+    head and classifier of transformers' model give its logits (classification on [CLS])."""
+    from xlmeta_jax.evaluation.models import FineTuneModel
+
+    torch.manual_seed(3)
+    hf = getattr(transformers, hf_class)(
+        transformers.ModernBertConfig(**HF_CONFIG, num_labels=3)).eval()
+    state = {k: to_numpy(v) for k, v in hf.state_dict().items()}
+    cfg = layout.config_from_hf(HF_CONFIG)
+    converted = layout.params_from_hf_state_dict(
+        {**{k: v for k, v in state.items() if k.startswith(("model.", "head."))},
+         "decoder.bias": np.zeros(cfg.vocab_size, np.float32)}, cfg)
+    params = {"encoder": converted["encoder"], "head": {
+        "head": {"dense": {"kernel": state["head.dense.weight"].T},
+                 "norm": {"scale": state["head.norm.weight"]}},
+        "classifier": {"kernel": state["classifier.weight"].T,
+                       "bias": state["classifier.bias"]}}}
+    ids, _ = _padded_batch()
+    ids = ids[:1]  # fine-tuning rows are unpadded here: HF's pooling reads [CLS] either way
+    got = FineTuneModel(cfg, kind, 3).apply({"params": params}, jnp.asarray(ids))
+    with torch.no_grad():
+        want = hf(input_ids=torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+    np.testing.assert_allclose(np.asarray(got), want, atol=HF_ATOL, rtol=0)

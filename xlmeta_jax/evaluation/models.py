@@ -1,4 +1,4 @@
-"""Fine-tuning heads on :class:`xlmeta_jax.model.network.Encoder`.
+"""Fine-tuning heads on either encoder family (``xlmeta_jax.model.network.encoder``).
 
 Parameters are ``{"encoder": <the pretrained encoder's params>, "head": {...}}``, so a
 pretraining checkpoint (``{"encoder", "lm_head"}``) or a converted Hugging Face model
@@ -13,6 +13,11 @@ loads by replacing ``"encoder"``.
   start and end cross-entropies over the non-padding positions;
 * ``"tagging"`` — dropout and a dense layer giving tag logits per token; cross-entropy
   on each word's first sub-token only (label -1 elsewhere).
+
+The ModernBERT family's heads are Hugging Face's (``ModernBertFor{SequenceClassification,
+QuestionAnswering,TokenClassification}``): its prediction head (bias-free dense, GELU,
+bias-free LayerNorm) on the ``[CLS]`` state (classification, ``classifier_pooling='cls'``)
+or on every token, dropout, then the projection with bias.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from xlmeta_jax.model.network import Encoder, EncoderConfig
+from xlmeta_jax.model import layers, network
+from xlmeta_jax.model.network import EncoderConfig
 
 
 def _dense(cfg: EncoderConfig, features: int, name: str) -> nn.Dense:
@@ -35,8 +41,27 @@ def _dense(cfg: EncoderConfig, features: int, name: str) -> nn.Dense:
     )
 
 
+class PredictionHead(nn.Module):
+    """ModernBERT's head before each task's projection: dense, GELU, LayerNorm, no biases."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        x = nn.Dense(cfg.hidden_size, use_bias=False, dtype=jnp.dtype(cfg.dtype),
+                     param_dtype=jnp.dtype(cfg.param_dtype),
+                     kernel_init=nn.initializers.normal(stddev=cfg.initializer_range),
+                     name="dense")(x)
+        return layers.layer_norm(cfg, "norm", use_bias=False)(nn.gelu(x, approximate=False))
+
+
+def _modernbert(cfg: EncoderConfig) -> bool:
+    return cfg.family == "modernbert"
+
+
 class ClassificationHead(nn.Module):
-    """Logits [B, num_outputs] from the ``<s>`` state."""
+    """Logits [B, num_outputs] from the ``<s>`` (``[CLS]``) state."""
 
     config: EncoderConfig
     num_outputs: int
@@ -45,6 +70,9 @@ class ClassificationHead(nn.Module):
     def __call__(self, hidden, deterministic: bool):
         cfg = self.config
         drop = nn.Dropout(cfg.dropout_rate)
+        if _modernbert(cfg):
+            x = drop(PredictionHead(cfg, name="head")(hidden[:, 0]), deterministic=deterministic)
+            return _dense(cfg, self.num_outputs, "classifier")(x)
         x = drop(hidden[:, 0], deterministic=deterministic)
         x = jnp.tanh(_dense(cfg, cfg.hidden_size, "dense")(x))
         x = drop(x, deterministic=deterministic)
@@ -64,6 +92,9 @@ class QAHead(nn.Module):
 
     @nn.compact
     def __call__(self, hidden, deterministic: bool):
+        if _modernbert(self.config):
+            hidden = nn.Dropout(self.config.dropout_rate)(
+                PredictionHead(self.config, name="head")(hidden), deterministic=deterministic)
         out = _dense(self.config, 2, "qa_outputs")(hidden)
         return out[..., 0], out[..., 1]
 
@@ -86,6 +117,8 @@ class TaggingHead(nn.Module):
 
     @nn.compact
     def __call__(self, hidden, deterministic: bool):
+        if _modernbert(self.config):
+            hidden = PredictionHead(self.config, name="head")(hidden)
         x = nn.Dropout(self.config.dropout_rate)(hidden, deterministic=deterministic)
         return _dense(self.config, self.num_outputs, "classifier")(x)
 
@@ -116,7 +149,7 @@ class FineTuneModel(nn.Module):
     def setup(self):
         if self.kind not in HEADS:
             raise ValueError(f"unknown head kind {self.kind!r}; expected one of {sorted(HEADS)}")
-        self.encoder = Encoder(self.config, name="encoder")
+        self.encoder = network.encoder(self.config, name="encoder")
         self.head = HEADS[self.kind](self.config, self.num_labels, name="head")
 
     def __call__(self, input_ids, deterministic: bool = True):

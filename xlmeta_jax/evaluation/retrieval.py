@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from xlmeta_jax.evaluation.tokenization import Tokenizer
-from xlmeta_jax.model.network import Encoder, EncoderConfig
+from xlmeta_jax.model import network
+from xlmeta_jax.model.network import EncoderConfig
 
 POOLINGS = ("mean", "cls")
 
@@ -43,7 +44,7 @@ class SentenceEmbedder:
             )
         self.cfg, self.tokenizer = cfg, tokenizer
         self.max_seq_length, self.batch_size = max_seq_length, batch_size
-        encoder = Encoder(cfg)
+        encoder = network.encoder(cfg)
         self.params = params
 
         def embed(params, ids):
@@ -79,7 +80,8 @@ class SentenceEmbedder:
 def fresh_params(cfg: EncoderConfig, seed: int):
     """Randomly initialised encoder params (an ``init:`` encoder: the chance baseline)."""
     dummy = jnp.full((1, 8), cfg.pad_token_id + 1, jnp.int32)
-    return jax.device_get(nn.unbox(Encoder(cfg).init(jax.random.key(seed), dummy)["params"]))
+    params = network.encoder(cfg).init(jax.random.key(seed), dummy)["params"]
+    return jax.device_get(nn.unbox(params))
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
