@@ -64,3 +64,33 @@ def test_a_demo_whose_data_paths_are_all_overridden_builds_nothing(tmp_path):
                  [os.fspath(tmp_path / "en" / "*.txt")]]
     assert demo_corpus.prepare_demo(os.fspath(tmp_path / "run"), paths=elsewhere) is None
     assert not (tmp_path / "run").exists()
+
+
+def test_modernbert_demo_runs_both_phases_and_exports(tmp_path):
+    """gin/demo_modernbert.gin: both phases with the ModernBERT family, then its HF export,
+    which transformers' Auto classes load as a ModernBertForMaskedLM with its tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    from xlmeta_jax.interop.hf import convert
+
+    model_dir = tmp_path / "demo_modernbert"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               JAX_DISABLE_MOST_OPTIMIZATIONS="true")
+    cmd = [
+        sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo_modernbert.gin",
+        f"--gin.MODEL_DIR='{model_dir}'", "--gin.META_STEPS=4", "--gin.XLING_STEPS=4",
+        "--gin.WARMUP_STEPS=2", "--gin.xlmeta_jax.pretrain.trainer.train.log_every=2",
+    ]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "[phase1] step 4/4" in out.stdout and "[phase2] step 4/4" in out.stdout
+    assert f"[phase2] initialised from {model_dir}/phase1/4" in out.stdout
+    cfg, _, _ = loading.load_pretrained(model_dir)
+    assert (cfg.family, cfg.num_layers, cfg.vocab_size) == ("modernbert", 4, 2000)
+
+    said = []
+    folder = convert.to_hf(os.fspath(model_dir), os.fspath(tmp_path / "hf"), report=said.append)
+    assert len(said) == 1 and said[0].startswith("parity: max |logits - transformers'"), said
+    model = transformers.AutoModelForMaskedLM.from_pretrained(folder)
+    assert type(model).__name__ == "ModernBertForMaskedLM"
+    fill = transformers.pipeline("fill-mask", model=os.fspath(folder), top_k=3)
+    assert len(fill("All human beings are born <mask> and equal.")) == 3
