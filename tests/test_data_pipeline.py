@@ -230,6 +230,42 @@ def test_packing_is_lossless_full_length_and_starts_with_bos(toy, eos_after):
     assert sum(int((b["targets"] == eos).sum()) for b in blocks) >= expected - 2 * length
 
 
+def test_documents_pack_whole_with_their_segments(toy):
+    """Corpora.packing='documents': each row holds whole documents in order, each from
+    ``<s>`` with its own segment id and positions from 0, cut into pieces of L - 1 tokens
+    only where a document is longer; padding only at a row's end; no special id masked."""
+    _register_toy(toy, eos_after="document", packing="documents")
+    length = 48
+    task = seqio.get_mixture_or_task(names.cc100_task("de"))
+    rows = _take(task.get_dataset({"inputs": length, "targets": length}, shuffle=False,
+                                  num_epochs=1), 10_000)
+    vocab = seqio.SentencePieceVocabulary(toy["vocab"])
+    eos, body = vocabulary.EOS_ID, length - 1
+    pieces = []  # what each segment must hold: documents, long ones cut every L - 1
+    for doc in toy["docs"]["de"]:
+        ids = [i for line in vocab.encode_tf(tf.constant(doc)).to_list() for i in line] + [eos]
+        pieces += [ids[i:i + body] for i in range(0, len(ids), body)]
+    assert any(len(p) == body for p in pieces) and any(len(p) < body // 2 for p in pieces)
+    got = []
+    for row in rows:
+        seg, pos, targets = row["segment_ids"], row["positions"], row["targets"]
+        used = int((seg > 0).sum())
+        assert (seg[:used] > 0).all() and (seg[used:] == 0).all()  # padding at the end only
+        assert (targets[used:] == vocabulary.PAD_ID).all()
+        assert list(np.unique(seg[:used])) == list(range(1, seg.max() + 1))
+        for s in range(1, seg.max() + 1):
+            where = np.flatnonzero(seg == s)
+            assert (np.diff(where) == 1).all() and (pos[where] == np.arange(where.size)).all()
+            assert targets[where[0]] == vocabulary.BOS_ID
+            got.append(targets[where[1:]].tolist())
+        # Masking picks text only: never <s>, </s>, padding or another special id.
+        slots = row["mlm_positions"][row["mlm_weights"] > 0]
+        assert (targets[slots] >= vocabulary.NUM_SPECIAL_TOKENS).all()
+        assert set(np.flatnonzero(row["weights"])) == set(slots)
+    # Every document, in order; the packer may leave out at most the stream's last pieces.
+    assert got == pieces[:len(got)] and len(got) >= len(pieces) - 2
+
+
 # ----------------------------------------------------------------------------- mixing, masking
 
 MIX_LENGTH = 32
@@ -469,6 +505,11 @@ def _mixture_dataset():
         ({"cc100_dir": "/nonexistent/cc100"}, text_files.CorpusError,
          r"/nonexistent/cc100 \(CC100_DIR\) does not exist"),
         ({"count_unit": "words"}, text_files.CorpusError, "count_unit"),
+        ({"packing": "rows"}, errors.SettingError,
+         r"packing: must be one of \('blocks', 'documents'\), got 'rows'"),
+        ({"packing": "documents"}, errors.SettingError,
+         "packing: 'documents' finds a document's end by its one </s>: it needs "
+         "eos_after='document', got eos_after='line'"),
     ],
 )
 def test_bad_mixture_configuration_fails_before_reading(toy, extra, error, message):

@@ -67,8 +67,9 @@ def test_a_demo_whose_data_paths_are_all_overridden_builds_nothing(tmp_path):
 
 
 def test_modernbert_demo_runs_both_phases_and_exports(tmp_path):
-    """gin/demo_modernbert.gin: both phases with the ModernBERT family, then its HF export,
-    which transformers' Auto classes load as a ModernBertForMaskedLM with its tokenizer."""
+    """gin/demo_modernbert.gin: both phases with the ModernBERT family on rows packed from
+    whole documents, then its HF export, which transformers' Auto classes load as a
+    ModernBertForMaskedLM with its tokenizer."""
     transformers = pytest.importorskip("transformers")
     from xlmeta_jax.interop.hf import convert
 
@@ -84,6 +85,9 @@ def test_modernbert_demo_runs_both_phases_and_exports(tmp_path):
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert "[phase1] step 4/4" in out.stdout and "[phase2] step 4/4" in out.stdout
     assert f"[phase2] initialised from {model_dir}/phase1/4" in out.stdout
+    # Rows packed from whole documents, the padding share logged per phase.
+    for phase in ("phase1", "phase2"):
+        assert f"[{phase}] packing: " in out.stdout and "% of tokens are text" in out.stdout
     cfg, _, _ = loading.load_pretrained(model_dir)
     assert (cfg.family, cfg.num_layers, cfg.vocab_size) == ("modernbert", 4, 2000)
 

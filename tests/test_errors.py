@@ -424,6 +424,18 @@ def test_schedule_must_cover_carried_step_count(tmp_path):
     train.validate(os.fspath(tmp_path), _tiny(), [p1, p2], (8, 1, 1), 8)
 
 
+def test_packed_documents_need_a_family_that_reads_segments(tmp_path):
+    from xlmeta_jax.model import network
+
+    p1 = train.Phase("phase1", "synthetic", 4, 8, 32)
+    with pytest.raises(train.ConfigError) as err:
+        train.validate(os.fspath(tmp_path), _tiny(), [p1], (8, 1, 1), 8, packing="documents")
+    assert "Corpora.packing='documents'" in str(err.value) and "use packing='blocks'" in str(
+        err.value)
+    modern = network.get_config("modernbert_tiny", pad_token_id=0)
+    train.validate(os.fspath(tmp_path), modern, [p1], (8, 1, 1), 8, packing="documents")
+
+
 # ---------------------------------------------------------------------------
 # Disk full while writing a checkpoint.
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import seqio
+import tensorflow as tf
 from t5x_toy import register_corpus, require_t5x, write_corpus
 
 require_t5x()
@@ -104,6 +105,13 @@ def test_feature_converter_keeps_every_selected_position_in_the_loss(corpus):
     assert (batch["inputs"] == MASK_ID).sum() == (~unmasked).sum()
     with pytest.raises(ValueError, match="DatasetConfig.pack = False"):
         t5x_model.MLMFeatureConverter(pack=True)
+    # Rows packed from whole documents carry segment ids that t5x's model would drop.
+    packed = tf.data.Dataset.from_tensors(
+        {**{k: tf.zeros([LENGTH], tf.int32) for k in ("inputs", "targets", *mlm.PACKED_FEATURES)},
+         **{k: tf.zeros([slots], tf.int32) for k in ("mlm_positions", "mlm_targets")},
+         "mlm_weights": tf.zeros([slots])})
+    with pytest.raises(t5x_model.PackedRowsError, match="python -m xlmeta_jax.train"):
+        t5x_model.MLMFeatureConverter()(packed, {"inputs": LENGTH, "targets": LENGTH})
 
 
 def test_t5x_trainer_steps_equal_our_trainer_steps(corpus):

@@ -32,6 +32,9 @@ from xlmeta_jax.model import mlm
 
 # Where </s> can go: after every line (fairseq) or after each document (Corpora.eos_after).
 EOS_AFTER = ("line", "document")
+# How rows are built (Corpora.packing): fairseq's full blocks cut anywhere, or whole
+# documents packed with their segment ids.
+PACKING = ("blocks", "documents")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,12 @@ class Corpora:
     # document's end (fairseq's binarised text, so RoBERTa and XLM-R); 'document' only
     # after each document.
     eos_after: str = "line"
+    # How rows are built: 'blocks' (fairseq, XLM-R: the token stream cut every L - 1
+    # tokens, across documents) or 'documents' (ModernBERT, mmBERT: whole documents
+    # packed into rows with segment ids, attention and positions per document, padding
+    # only at a row's end; a document longer than L - 1 tokens is cut into pieces of
+    # L - 1, each its own segment). 'documents' needs eos_after='document'.
+    packing: str = "blocks"
     # How blocks are masked; the number of prediction slots follows from it.
     masking: mlm.Masking = mlm.DEFAULT_MASKING
     # Share of the joint mixture's tokens (xlmeta_joint) from the English task, the rest
@@ -107,6 +116,11 @@ class Corpora:
             "max_line_bytes": errors.count_problem(self.max_line_bytes),
             "eos_after": self.eos_after not in EOS_AFTER and (
                 f"must be one of {EOS_AFTER}, got {self.eos_after!r}"),
+            "packing": (self.packing not in PACKING and (
+                f"must be one of {PACKING}, got {self.packing!r}")) or (
+                self.packing == "documents" and self.eos_after != "document" and (
+                    "'documents' finds a document's end by its one </s>: it needs "
+                    f"eos_after='document', got eos_after={self.eos_after!r}")),
             "shuffle_buffer_size": errors.count_problem(self.shuffle_buffer_size),
             "english_tfds_name": _tfds_name_problem(self.english_tfds_name),
             "mc4_tfds_name": _tfds_name_problem(self.mc4_tfds_name),

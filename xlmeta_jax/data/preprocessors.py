@@ -5,6 +5,7 @@ The pretraining tasks run, in order::
   tokenize_documents        {"text", "ends_document"} -> {"tokens"}  (eos after each line)
   seqio.CacheDatasetPlaceholder()                      (offline cache of tokens, optional)
   pack_blocks               {"tokens"} -> {"targets": [L]}  contiguous full blocks
+   or pack_documents        {"tokens"} -> + {"segment_ids", "positions"}  whole documents
   mlm_mask                  {"targets"} -> the MLM batch format (xlmeta_jax.model.mlm)
   add_language              + {"language": string}  (tasks of a language mixture)
 
@@ -165,6 +166,49 @@ def pack_blocks(
     )
 
 
+def pack_documents(
+    dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
+) -> tf.data.Dataset:
+    """Packs whole documents into rows: ``targets``, ``segment_ids``, ``positions`` [L].
+
+    The token stream (one ``</s>`` ending each document: ``eos_after='document'``) is
+    split at document ends; each document becomes ``[<s>, its tokens, </s>]`` and
+    seqio's packer (``seqio.utils.trim_and_pack_dataset``) fills rows with whole
+    documents, each its own segment (1, 2, ...), positions counting from 0 in each, and
+    pads the rest of a row with 0 (segment 0). A document longer than ``L - 1`` tokens
+    is cut into pieces of ``L - 1`` tokens, each with its own ``<s>`` and segment: no
+    text is dropped, the pieces do not see each other.
+    """
+    length = block_length(sequence_length)
+    body = length - 1
+    ds = dataset.map(lambda ex: ex["tokens"]).ragged_batch(_PACK_BATCH)
+    ds = ds.map(lambda r: r.flat_values)
+
+    @_no_autograph
+    def split(carry, chunk):
+        buf = tf.concat([carry, chunk], axis=0)
+        ends = tf.cast(tf.where(tf.equal(buf, EOS_ID))[:, 0], tf.int32)
+        done = tf.reduce_max(tf.concat([[-1], ends], 0)) + 1  # tokens of whole documents
+        starts = tf.concat([[0], ends[:-1] + 1], 0)[: tf.size(ends)]
+        docs = tf.RaggedTensor.from_row_lengths(buf[:done], ends + 1 - starts)
+        # Pieces of at most `body` tokens: a long document's cut into several.
+        sizes = docs.row_lengths()
+        pieces = (sizes + body - 1) // body
+        offsets = tf.ragged.range(pieces) * body
+        piece_sizes = tf.minimum(body, tf.repeat(sizes, pieces) - offsets.flat_values)
+        return buf[done:], tf.RaggedTensor.from_row_lengths(docs.flat_values, piece_sizes)
+
+    ds = ds.scan(tf.zeros([0], tf.int32), split)
+    ds = ds.flat_map(tf.data.Dataset.from_tensor_slices)
+    ds = ds.map(lambda piece: {"targets": tf.concat([[BOS_ID], piece], 0)},
+                num_parallel_calls=tf.data.AUTOTUNE)
+    packed = seqio.utils.trim_and_pack_dataset(ds, {"targets": length})
+    return packed.map(lambda ex: {"targets": ex["targets"],
+                                  "segment_ids": ex["targets_segment_ids"],
+                                  "positions": ex["targets_positions"]},
+                      num_parallel_calls=tf.data.AUTOTUNE)
+
+
 def task_salt(name: str) -> int:
     """A stable int32 per task, folded into its masking seeds.
 
@@ -247,10 +291,14 @@ def mlm_mask(
     if vocab_size <= NUM_SPECIAL_TOKENS:
         raise ValueError(f"vocabulary of {vocab_size} ids has no non-special token")
 
+    packed = tuple(k for k in mlm.PACKED_FEATURES if k in dataset.element_spec)
+
     @seqio.map_over_dataset(num_seeds=1)
     def mask(ex, seed):
         seed = tf.random.experimental.stateless_fold_in(tf.stack(seed), salt)
-        return mask_block(ex["targets"], seed, vocab_size=vocab_size, masking=masking)
+        # Padding (0) and the other special ids are never candidates.
+        return {**mask_block(ex["targets"], seed, vocab_size=vocab_size, masking=masking),
+                **{k: ex[k] for k in packed}}
 
     return mask(dataset)
 

@@ -28,6 +28,7 @@ from xlmeta_jax.data import corpora as corpora_lib
 from xlmeta_jax.data import prepared, preprocessors, providers, rates, text_files, vocabulary
 from xlmeta_jax.data import task_names as names
 from xlmeta_jax.data.languages import mc4_split_name
+from xlmeta_jax.model import mlm
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,13 @@ _registered: tuple[tuple, dict[str, seqio.Task | seqio.Mixture]] | None = None
 _VIEW_SUFFIX = re.compile(r"\.\w+")
 
 
-def _output_features(vocab) -> dict[str, seqio.Feature]:
+def _output_features(vocab, packing: str = "blocks") -> dict[str, seqio.Feature]:
     # Non-token features still need a vocabulary object in seqio.
     aux = seqio.PassThroughVocabulary(size=0)
+    packed = {name: seqio.Feature(aux, add_eos=False, dtype=tf.int32)
+              for name in mlm.PACKED_FEATURES} if packing == "documents" else {}
     return {
+        **packed,
         "inputs": seqio.Feature(vocab, add_eos=False, dtype=tf.int32),
         "targets": seqio.Feature(vocab, add_eos=False, dtype=tf.int32),
         "weights": seqio.Feature(aux, add_eos=False, dtype=tf.float32),
@@ -80,7 +84,8 @@ class _Plan:
                               eos_after=self.corpora.eos_after),
             # Offline caches (xlmeta_jax.tools.caching or seqio's cache_tasks_main) hold tokens.
             seqio.CacheDatasetPlaceholder(),
-            preprocessors.pack_blocks,
+            (preprocessors.pack_documents if self.corpora.packing == "documents"
+             else preprocessors.pack_blocks),
             functools.partial(
                 preprocessors.mlm_mask,
                 salt=preprocessors.task_salt(name),
@@ -303,7 +308,8 @@ def register(
     # The settings were checked when built (Corpora); the files next, and the registry is
     # touched only at the end.
     vocab = vocabulary.load_vocabulary(c.vocab_path)
-    plans = [_Plan(settings_, _output_features(vocab), encode=vocab.tokenizer.encode,
+    plans = [_Plan(settings_, _output_features(vocab, settings_.packing),
+                   encode=vocab.tokenizer.encode,
                    may_count=jax.process_count() == 1, suffix=suffix)
              for suffix, settings_ in (("", c), *views.items())]
     for plan in plans:

@@ -3,13 +3,16 @@
 Batches are dicts of [batch, ...] arrays in the format of :mod:`xlmeta_jax.model.mlm`,
 from the data pipeline (``xlmeta_jax.data``) or :mod:`xlmeta_jax.pretrain.synthetic`; the
 loss reads ``mlm.STEP_FEATURES`` (``inputs`` and the gathered ``mlm_*`` slots), or
-``mlm.FULL_HEAD_FEATURES`` with the full-vocabulary head.
+``mlm.FULL_HEAD_FEATURES`` with the full-vocabulary head, and ``mlm.PACKED_FEATURES``
+where the batch holds them (rows packed from whole documents).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from xlmeta_jax.model import mlm
 
 
 def weighted_cross_entropy(logits, targets, weights):
@@ -73,10 +76,13 @@ def mlm_sums(module, params, batch, *, rngs=None, deterministic=True, full_head=
     else:
         positions = batch["mlm_positions"]
         targets, weights = batch["mlm_targets"], batch["mlm_weights"]
+    # Rows packed from whole documents: each document attends to itself alone.
+    packed = {k: batch[k] for k in mlm.PACKED_FEATURES if k in batch}
     logits = module.apply(
         {"params": params},
         batch["inputs"],
         mlm_positions=positions,
+        **packed,
         deterministic=deterministic,
         rngs=rngs,
     )

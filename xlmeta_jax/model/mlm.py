@@ -11,9 +11,11 @@ becomes these features:
 * ``mlm_targets``   [P] int32 — the original ids there, then 0;
 * ``mlm_weights``   [P] float32 — 1 for used slots, 0 for unused ones;
 
-with ``P = max_predictions(L, masking.rate)`` slots. The masking rate is set in
-one place: :class:`Masking` (gin: ``MASK_RATE`` in gin/pretrain.gin), and every
-slot count derives from it. Nothing here imports TensorFlow, seqio or gin.
+with ``P = max_predictions(L, masking.rate)`` slots; rows packed from whole documents
+also carry ``segment_ids`` and ``positions`` [L] int32 (:data:`PACKED_FEATURES`).
+The masking rate is set in one place: :class:`Masking` (gin: ``MASK_RATE``
+in gin/pretrain.gin), and every slot count derives from it. Nothing here imports
+TensorFlow, seqio or gin.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ FEATURES = ("inputs", "targets", "weights", "mlm_positions", "mlm_targets", "mlm
 STEP_FEATURES = ("inputs", "mlm_positions", "mlm_targets", "mlm_weights")
 # What the full-vocabulary head (every position; benchmarks, references) reads.
 FULL_HEAD_FEATURES = ("inputs", "targets", "weights")
+# Rows packed from whole documents (Corpora.packing='documents') add, and the step reads:
+# each token's document in the row (1, 2, ...; 0 = padding) and its index in that document.
+PACKED_FEATURES = ("segment_ids", "positions")
+
+
+def step_features(packed: bool) -> tuple[str, ...]:
+    """What the train step reads: :data:`STEP_FEATURES`, plus :data:`PACKED_FEATURES`
+    for rows packed from whole documents."""
+    return STEP_FEATURES + PACKED_FEATURES if packed else STEP_FEATURES
 
 
 @dataclasses.dataclass(frozen=True)

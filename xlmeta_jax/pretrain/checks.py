@@ -39,7 +39,8 @@ def check_model_dir(model_dir: str) -> None:
 def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], mesh_shape,
              num_devices: int, microbatches: int = 1, *,
              describe: Callable[[str], str] = str,
-             masking: mlm.Masking = mlm.DEFAULT_MASKING) -> tuple[int, int, int]:
+             masking: mlm.Masking = mlm.DEFAULT_MASKING,
+             packing: str = "blocks") -> tuple[int, int, int]:
     """Checks a run's settings; returns the mesh shape.
 
     Args:
@@ -47,6 +48,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
       num_devices: the devices the mesh spans.
       describe: names where a setting (a gin name) was given, for the messages.
       masking: the run's masking (``Corpora.masking``); a phase may set its own rate.
+      packing: the run's ``Corpora.packing``.
 
     Raises:
       ConfigError: naming the first bad setting.
@@ -57,6 +59,12 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
         raise ConfigError(f"train.model must be an EncoderConfig, got {type(model).__name__}")
     if not phases:
         raise ConfigError("train.phases is empty")
+    if packing == "documents" and model.family == "xlmr":
+        raise ConfigError(
+            f"Corpora.packing='documents' ({describe('xlmeta_jax.data.corpora.Corpora.packing')})"
+            " packs documents that attend only to themselves, which the xlmr family does not "
+            "(it reads fairseq's blocks): use packing='blocks', or a ModernBERT size "
+            "(gin/models/modernbert_tiny.gin, mmbert_small.gin, mmbert_base.gin)")
     try:
         shape = partitioning.mesh_shape_for(*mesh_shape, num_devices=num_devices)
     except partitioning.MeshShapeError as e:

@@ -94,6 +94,7 @@ def make_step_functions(
     full_head: bool = False,
     rng_impl: str = "threefry2x32",
     microbatches: int = 1,
+    packed: bool = False,
 ) -> StepFunctions:
     """Builds the sharded init / train / eval functions for one mesh.
 
@@ -116,6 +117,8 @@ def make_step_functions(
         gradients are normalised over the masked tokens of the whole batch, exactly as
         with one microbatch; microbatch ``i`` takes rows ``i, i + k, ...`` (every device
         keeps its share of each) and draws dropout from ``fold_in(step key, i)``.
+      packed: batches of rows packed from whole documents (``Corpora.packing``): the
+        step also reads their ``mlm.PACKED_FEATURES``.
 
     Returns:
       A :class:`StepFunctions`. ``init``, ``train_step`` and ``eval_step`` are jitted
@@ -193,6 +196,8 @@ def make_step_functions(
         metrics["grad_norm"] = global_norm(grads)
         metrics["param_norm"] = global_norm(params)
         metrics["learning_rate"] = schedule(state.step)
+        if packed:  # the share of the rows that is text, not end-of-row padding
+            metrics["text_share"] = jnp.mean(batch["segment_ids"] > 0, dtype=jnp.float32)
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 
@@ -202,7 +207,7 @@ def make_step_functions(
         )
         return metrics
 
-    features = mlm.FULL_HEAD_FEATURES if full_head else mlm.STEP_FEATURES
+    features = mlm.FULL_HEAD_FEATURES if full_head else mlm.step_features(packed)
     batch_shardings = {k: batch_sharding for k in features}
     train_step = jax.jit(
         _with_rules(train_step_fn),

@@ -60,8 +60,12 @@ def mlm_batch(
         "mlm_positions": positions,
         "mlm_targets": mlm_targets,
         "mlm_weights": mlm_weights,
+        # One document per row (what packed rows hold when no document ends in them).
+        "segment_ids": np.ones((batch_size, length), np.int32),
+        "positions": np.broadcast_to(np.arange(length, dtype=np.int32),
+                                     (batch_size, length)).copy(),
     }
-    return {k: batch[k] for k in mlm.FEATURES}
+    return {k: batch[k] for k in (*mlm.FEATURES, *mlm.PACKED_FEATURES)}
 
 
 class SyntheticMLMIterator:

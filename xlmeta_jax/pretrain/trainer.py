@@ -29,7 +29,7 @@ import jax
 from xlmeta_jax import errors, files
 from xlmeta_jax.data import feeding, seeds
 from xlmeta_jax.data.corpora import Corpora
-from xlmeta_jax.model import network, partitioning
+from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import (
     checkpoints,
     flops,
@@ -164,7 +164,8 @@ def train(
                                               "INITIAL_CHECKPOINT_PATH")
     corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
-                          microbatches, describe=describe, masking=corpora.masking)
+                          microbatches, describe=describe, masking=corpora.masking,
+                          packing=corpora.packing)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
@@ -262,6 +263,7 @@ def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
             vocab_size=cfg.model.vocab_size,
             # The masking setting (gin: MASK_RATE, or the phase's) shapes synthetic batches too.
             masking=phase.corpora(cfg.corpora).masking,
+            features=mlm.step_features(cfg.corpora.packing == "documents"),
         )
     # Registers the corpora's seqio tasks, and each phase with data of its own once more
     # under its own names, then reads the phase's task or mixture.
@@ -273,7 +275,8 @@ def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
     tasks.check_registered(phase.source(), registered)
     cached = {} if phase.use_cached is None else {"use_cached": phase.use_cached}
     return cfg.feeder(phase.source(), sequence_length=phase.sequence_length,
-                      global_batch_size=phase.batch_size, mesh=mesh, seed=seed, **cached)
+                      global_batch_size=phase.batch_size, mesh=mesh, seed=seed,
+                      features=mlm.step_features(cfg.corpora.packing == "documents"), **cached)
 
 
 def _stream_seed(cfg: _RunConfig, index: int, phase: Phase) -> tuple[int, bool]:
@@ -395,6 +398,7 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     fns = step.make_step_functions(
         cfg.model, phase.optimizer_config(), mesh, seed=cfg.phase_seeds[index],
         rng_impl=cfg.rng_impl, microbatches=cfg.microbatches,
+        packed=cfg.corpora.packing == "documents",
     )
     ckpt = checkpoints.PhaseCheckpoints(
         os.path.join(cfg.model_dir, phase.name),
@@ -419,6 +423,8 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     pending = None  # (phase_step, device metrics) not yet read
     # Tokens predicted since the last progress line, and that window's first step.
     predictions, window_first = 0.0, phase_step + 1
+    # Packed rows: the text share of the steps run now (the rest is end-of-row padding).
+    text_shares = []
 
     if start.phase_step == 0:
         log.info("[%s] compiling the train step and reading the first batch", phase.name)
@@ -443,6 +449,8 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
         for pstep, device_metrics in to_read:
             last_metrics = _host_metrics(phase, pstep, device_metrics, start.step_offset, ckpt)
             predictions += last_metrics["num_predictions"]
+            if "text_share" in last_metrics:
+                text_shares.append(last_metrics["text_share"])
         if log_now:
             if predictions == 0:
                 ckpt.wait()  # as for a non-finite loss: no save left half-written
@@ -489,6 +497,11 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
             )
 
     # --------------------------------------------------------- phase end
+    if text_shares:
+        log.info("[%s] packing: %.1f%% of tokens are text (whole documents in %d-token rows, "
+                 "the rest padding at their ends; %d steps)", phase.name,
+                 100 * sum(text_shares) / len(text_shares), phase.sequence_length,
+                 len(text_shares))
     ckpt.wait()
     final_step = ckpt.latest_step()
     ckpt.close()

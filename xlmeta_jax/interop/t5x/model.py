@@ -45,6 +45,7 @@ from t5x import optimizers as t5x_optimizers
 from t5x import partitioning as t5x_partitioning
 from t5x import trainer as t5x_trainer
 
+from xlmeta_jax import errors
 from xlmeta_jax.data.vocabulary import MASK_ID
 from xlmeta_jax.model import losses, mlm, network, optimizer, partitioning
 from xlmeta_jax.pretrain import step
@@ -56,6 +57,10 @@ ADDITIONAL_LOGICAL_AXIS_RULES = (("abspos", None),)
 # ============================================================================
 # Feature converter.
 # ============================================================================
+
+
+class PackedRowsError(errors.UserError, ValueError):
+    """A task of rows packed from whole documents, which t5x's trainer does not read."""
 
 
 class MLMFeatureConverter(seqio.FeatureConverter):
@@ -97,6 +102,13 @@ class MLMFeatureConverter(seqio.FeatureConverter):
     def _convert_features(
         self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
     ) -> tf.data.Dataset:
+        packed = [k for k in mlm.PACKED_FEATURES if k in ds.element_spec]
+        if packed:
+            raise PackedRowsError(
+                "t5x's MaskedLMModel reads fairseq blocks, but the task's rows are packed from "
+                "whole documents (Corpora.packing='documents', features "
+                f"{packed}): train them with python -m xlmeta_jax.train, or set "
+                "packing='blocks'")
         missing = [k for k in self.MODEL_FEATURES if k not in ds.element_spec]
         if missing:
             raise ValueError(
