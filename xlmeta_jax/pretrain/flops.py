@@ -10,14 +10,17 @@ from __future__ import annotations
 def mlm_flops_per_token(cfg, length: int, slots: int, *, masked_head: bool = True) -> float:
     """Training FLOPs per input token (forward + backward = 3x forward matmuls).
 
-    Counts matmuls only: QKV/out projections, attention scores and context, MLP,
-    and the LM head (dense + vocabulary projection) applied at ``slots`` of every
+    Counts matmuls only: QKV/out projections, attention scores and context, MLP (GeGLU:
+    three matrices), and the LM head (dense + vocabulary projection) applied at ``slots`` of every
     ``length`` positions when ``masked_head`` (else at every position). ``slots``
     is the batch's prediction slots (``batch["mlm_positions"].shape[1]``, i.e.
     ``mlm.max_predictions(length, masking rate)``).
     """
     h, f, v, n = cfg.hidden_size, cfg.mlp_dim, cfg.vocab_size, cfg.num_layers
-    per_layer = 2 * (4 * h * h + 2 * h * f) + 2 * (2 * length * h)
+    # ModernBERT's GeGLU has two input projections (Wi is 2 x mlp_dim wide); its attention
+    # is counted over the whole row as the dense kernels compute it (local layers too).
+    mlp_matrices = 3 if getattr(cfg, "family", "xlmr") == "modernbert" else 2
+    per_layer = 2 * (4 * h * h + mlp_matrices * h * f) + 2 * (2 * length * h)
     head_frac = slots / length if masked_head else 1.0
     head = 2 * (h * h + h * v) * head_frac
     return 3.0 * (n * per_layer + head)

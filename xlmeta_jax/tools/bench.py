@@ -5,8 +5,9 @@ Times the real sharded train step of :func:`xlmeta_jax.pretrain.step.make_step_f
 call (trace + compile + one step) is reported separately, then ``--warmup`` steps
 are run and ``--steps`` steps are timed together, ending with
 ``jax.block_until_ready``. With torch and transformers importable it also times
-Hugging Face's ``XLMRobertaForMaskedLM`` training step (:mod:`.bench_hf`) in the
-same process and prints the ratio of tokens/s, ours over HF.
+Hugging Face's training step of the same family (``XLMRobertaForMaskedLM`` or
+``ModernBertForMaskedLM``, :mod:`.bench_hf`) in the same process and prints the ratio
+of tokens/s, ours over HF.
 
 The model is the trainer's: a model file of ``gin/models/`` and any ``--gin.``
 override of :class:`xlmeta_jax.model.network.EncoderConfig`'s fields (through
@@ -16,6 +17,9 @@ override of :class:`xlmeta_jax.model.network.EncoderConfig`'s fields (through
         --gin.xlmeta_jax.model.network.get_config.dtype="'float32'" --batch=8 --length=128
     python -m xlmeta_jax.tools.bench --gin_file=models/base.gin --batch=32 --length=512 \
         --json_out=/tmp/bench_base.json
+    # The ModernBERT family against transformers' ModernBertForMaskedLM (eager attention):
+    python -m xlmeta_jax.tools.bench --gin_file=models/modernbert_tiny.gin --batch=8 \
+        --length=256 --hf_attn=eager
     # Several variants in one process (EncoderConfig or bench fields), ratios against
     # the first:
     python -m xlmeta_jax.tools.bench --gin_file=models/small.gin --hf=off \

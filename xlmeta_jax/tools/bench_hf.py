@@ -1,4 +1,5 @@
-"""The benchmark's reference: Hugging Face's XLMRobertaForMaskedLM training step.
+"""The benchmark's reference: Hugging Face's training step of the same family
+(``XLMRobertaForMaskedLM`` or ``ModernBertForMaskedLM``).
 
 Same encoder configuration, batch and masked positions as our step (labels -100
 elsewhere); AdamW with RoBERTa's betas/eps/decay and no decay on biases and
@@ -15,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from xlmeta_jax.interop.hf import modernbert_layout
 from xlmeta_jax.interop.hf import weights as hf
+from xlmeta_jax.interop.hf.hf_config import special_ids
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import flops, synthetic
 from xlmeta_jax.tools import timing
@@ -47,13 +50,21 @@ class HFRun(timing.TimedRun):
         self.device = device = "cuda" if torch.cuda.is_available() else "cpu"
         self.autocast = cfg.dtype == "bfloat16"
         torch.manual_seed(seed)
-        hf_cfg = transformers.XLMRobertaConfig(**hf.hf_config_from_config(cfg))
-        model = transformers.XLMRobertaForMaskedLM._from_config(
+        if cfg.family == "modernbert":
+            bos, eos = special_ids(cfg)
+            hf_cfg = transformers.ModernBertConfig(**modernbert_layout.hf_config_from_config(
+                cfg, special={"bos_token_id": bos, "eos_token_id": eos, "cls_token_id": bos,
+                              "sep_token_id": eos}))
+            model_class = transformers.ModernBertForMaskedLM
+        else:
+            hf_cfg = transformers.XLMRobertaConfig(**hf.hf_config_from_config(cfg))
+            model_class = transformers.XLMRobertaForMaskedLM
+        model = model_class._from_config(
             hf_cfg, attn_implementation=attn_implementation
         ).to(device).train()
         decay, no_decay = [], []
         for name, p in model.named_parameters():
-            if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
+            if name.endswith("bias") or "norm" in name.lower():
                 no_decay.append(p)
             else:
                 decay.append(p)
