@@ -427,7 +427,7 @@ def _parser() -> argparse.ArgumentParser:
                         "EncoderConfig or bench fields, timed in one process "
                         "(e.g. 'default;full_head=true;scan_layers=false')")
     p.add_argument("--hf", default="auto", choices=("auto", "on", "off"),
-                   help="also time HF XLMRobertaForMaskedLM (auto: when importable)")
+                   help="also time HF's model of the same family (auto: when importable)")
     p.add_argument("--hf_compile", action="store_true", help="torch.compile the HF model")
     p.add_argument("--hf_attn", default="sdpa", choices=("sdpa", "eager"))
     p.add_argument("--profile_dir", default="",

@@ -118,6 +118,7 @@ class HFRun(timing.TimedRun):
         )
         return {
             "framework": self.framework,
+            "model_class": type(self.model).__name__,
             "device": self.device,
             "compile": self.compile,
             "attn_implementation": self.attn,

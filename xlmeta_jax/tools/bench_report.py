@@ -47,7 +47,7 @@ def format_report(report: dict[str, Any]) -> str:
     h = report.get("hf")
     if h:
         rows.append((
-            "HF XLMRobertaForMaskedLM", f"{h['tokens_per_s']:,.0f}",
+            f"HF {h.get('model_class', 'XLMRobertaForMaskedLM')}", f"{h['tokens_per_s']:,.0f}",
             f"{1e3 * h['step_time_s']:.1f}", f"{1e3 * h['step_time_best_s']:.1f}", "-",
             f"{h['model_tflops_per_s']:.4g}", "-",
             _gib(h["peak_memory_bytes"]), "-", "1.00",
