@@ -424,16 +424,36 @@ def test_schedule_must_cover_carried_step_count(tmp_path):
     train.validate(os.fspath(tmp_path), _tiny(), [p1, p2], (8, 1, 1), 8)
 
 
-def test_packed_documents_need_a_family_that_reads_segments(tmp_path):
+@pytest.mark.parametrize("family, overrides, packing, message", [
+    ("tiny", {}, "documents", "Corpora.packing='documents' (xlmeta_jax.data.corpora.Corpora."
+     "packing) packs documents that attend only to themselves, which the xlmr family does not"),
+    ("tiny", {"attention_impl": "cudnn"}, "blocks", "attention_impl='cudnn' (xlmeta_jax.model."
+     "network.get_config.attention_impl) is cuDNN's kernel, on NVIDIA GPUs only; this run's "
+     "backend is 'cpu'"),
+    ("modernbert_tiny", {"local_window": 32}, "blocks", "phase 'phase1': local_window=32 "
+     "(xlmeta_jax.model.network.get_config.local_window) must be shorter than "
+     "sequence_length=32"),
+    ("modernbert_tiny", {"local_window": 16}, "documents", None),
+    ("modernbert_tiny", {"local_window": 16, "attention_impl": "auto"}, "blocks", None),
+])
+def test_family_settings_are_checked_against_the_run(tmp_path, family, overrides, packing,
+                                                     message):
+    """Settings the model's config cannot check alone: packed rows for the family, the
+    attention kernel for the backend, the local window for the row length."""
     from xlmeta_jax.model import network
 
+    model = network.get_config(family, pad_token_id=0, **overrides)
     p1 = train.Phase("phase1", "synthetic", 4, 8, 32)
+
+    def check():
+        train.validate(os.fspath(tmp_path), model, [p1], (8, 1, 1), 8, packing=packing)
+
+    if message is None:
+        check()
+        return
     with pytest.raises(train.ConfigError) as err:
-        train.validate(os.fspath(tmp_path), _tiny(), [p1], (8, 1, 1), 8, packing="documents")
-    assert "Corpora.packing='documents'" in str(err.value) and "use packing='blocks'" in str(
-        err.value)
-    modern = network.get_config("modernbert_tiny", pad_token_id=0)
-    train.validate(os.fspath(tmp_path), modern, [p1], (8, 1, 1), 8, packing="documents")
+        check()
+    assert message in str(err.value), str(err.value)
 
 
 # ---------------------------------------------------------------------------

@@ -197,3 +197,30 @@ def test_unknown_architectures_and_nan_weights_are_refused(hf_folder, tmp_path):
         assert code == errors.EXIT_USER_ERROR and len(lines) == 1, out
         assert lines[0].startswith("xlmeta_jax.hf: error: ") and part in lines[0], lines
         assert not (tmp_path / "out").exists()
+
+
+def test_a_transformers_folder_is_an_initial_checkpoint(hf_folder):
+    """INITIAL_CHECKPOINT_PATH=<a ModernBERT folder>: pretraining starts from its weights
+    when the gin model is of its family and shape; fine-tuning asks for the vocabulary its
+    ids come from, which the folder does not hold (transformers' own tokenizer files)."""
+    from xlmeta_jax.evaluation import encoders
+    from xlmeta_jax.pretrain import handoff
+
+    cfg = network.get_config("modernbert_tiny", vocab_size=120, hidden_size=32, num_heads=4,
+                             mlp_dim=48, local_window=8)
+    params = handoff.initial_params(str(hf_folder), cfg)
+    ids, mask = parity.batch(cfg)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(hf_folder).eval()
+    with torch.no_grad():
+        ref = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
+                    attention_mask=torch.from_numpy(mask)).logits.numpy()
+    got = np.asarray(network.masked_lm(cfg).apply({"params": params}, ids, mask))
+    np.testing.assert_allclose(got[mask == 1], ref[mask == 1], atol=1e-4, rtol=0)
+    xlmr = network.get_config("tiny", vocab_size=120, hidden_size=32, num_heads=4, mlp_dim=48,
+                              num_layers=4)
+    with pytest.raises(errors.UserError, match="its encoder is of the 'modernbert' family, the "
+                       "configured model of the 'xlmr' family"):
+        handoff.initial_params(str(hf_folder), xlmr)
+    with pytest.raises(FileNotFoundError, match="has no sentencepiece.bpe.model; pass "
+                       "vocab_path"):
+        encoders.load_encoder(str(hf_folder))

@@ -59,6 +59,13 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
         raise ConfigError(f"train.model must be an EncoderConfig, got {type(model).__name__}")
     if not phases:
         raise ConfigError("train.phases is empty")
+    backend = jax.default_backend()
+    if network.resolve_attention_impl(model.attention_impl, model.dtype, backend) == "cudnn" and (
+            backend != "gpu"):
+        source = describe("xlmeta_jax.model.network.get_config.attention_impl")
+        raise ConfigError(
+            f"attention_impl='cudnn' ({source}) is cuDNN's kernel, on NVIDIA GPUs only; this "
+            f"run's backend is {backend!r}: use 'auto' (cuDNN on a GPU, XLA elsewhere) or 'xla'")
     if packing == "documents" and model.family == "xlmr":
         raise ConfigError(
             f"Corpora.packing='documents' ({describe('xlmeta_jax.data.corpora.Corpora.packing')})"
@@ -101,6 +108,12 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
             p.sequence_length, model, where=f"{where}: sequence_length",
             source=describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.sequence_length"))
         _check_predictions(p, masking, describe)
+        if model.family == "modernbert" and model.local_window >= p.sequence_length:
+            source = describe("xlmeta_jax.model.network.get_config.local_window")
+            raise ConfigError(
+                f"{where}: local_window={model.local_window} ({source}) must be shorter than "
+                f"sequence_length={p.sequence_length}: the local layers would attend to the "
+                "whole row, as the global ones do")
         # With reset_schedule=False a phase continues its init_from phase's step count,
         # so its schedule must reach that offset plus its own steps.
         offset = 0

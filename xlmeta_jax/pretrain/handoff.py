@@ -80,6 +80,11 @@ def initial_params(path: str, model: network.EncoderConfig):
     else:
         cfg, params, _ = loading.load_pretrained(path)
     shape_of = lambda c: (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.mlp_dim)
+    if cfg.family != model.family:
+        raise ConfigError(
+            f"INITIAL_CHECKPOINT_PATH {path}: its encoder is of the {cfg.family!r} family, the "
+            f"configured model of the {model.family!r} family (the gin model file: "
+            "gin/models/*.gin)")
     if shape_of(cfg) != shape_of(model):
         raise ConfigError(
             f"INITIAL_CHECKPOINT_PATH {path}: its encoder {shape_of(cfg)} (vocab, hidden, layers, "
