@@ -60,12 +60,16 @@ def mlm_batch(
         "mlm_positions": positions,
         "mlm_targets": mlm_targets,
         "mlm_weights": mlm_weights,
-        # One document per row (what packed rows hold when no document ends in them).
-        "segment_ids": np.ones((batch_size, length), np.int32),
-        "positions": np.broadcast_to(np.arange(length, dtype=np.int32),
-                                     (batch_size, length)).copy(),
     }
-    return {k: batch[k] for k in (*mlm.FEATURES, *mlm.PACKED_FEATURES)}
+    return {k: batch[k] for k in mlm.FEATURES}
+
+
+def packed_features(batch_size: int, length: int) -> dict[str, np.ndarray]:
+    """``mlm.PACKED_FEATURES`` of rows that each hold one document (what packed rows hold
+    where no document ends), for synthetic streams of a run with packed rows."""
+    return {"segment_ids": np.ones((batch_size, length), np.int32),
+            "positions": np.broadcast_to(np.arange(length, dtype=np.int32),
+                                         (batch_size, length)).copy()}
 
 
 class SyntheticMLMIterator:
@@ -111,6 +115,8 @@ class SyntheticMLMIterator:
     def _global_numpy(self, index: int):
         rng = np.random.default_rng([self._seed, index])
         batch = mlm_batch(rng, self._batch, self._length, self._vocab, masking=self._masking)
+        if set(mlm.PACKED_FEATURES) & set(self._features):
+            batch.update(packed_features(self._batch, self._length))
         return {k: batch[k] for k in self._features}
 
     def __next__(self):
