@@ -424,19 +424,19 @@ def test_schedule_must_cover_carried_step_count(tmp_path):
     train.validate(os.fspath(tmp_path), _tiny(), [p1, p2], (8, 1, 1), 8)
 
 
-@pytest.mark.parametrize("family, overrides, packing, message", [
-    ("tiny", {}, "documents", "Corpora.packing='documents' (xlmeta_jax.data.corpora.Corpora."
+@pytest.mark.parametrize("family, overrides, packed, message", [
+    ("tiny", {}, True, "Corpora.packing='documents' (xlmeta_jax.data.corpora.Corpora."
      "packing) packs documents that attend only to themselves, which the xlmr family does not"),
-    ("tiny", {"attention_impl": "cudnn"}, "blocks", "attention_impl='cudnn' (xlmeta_jax.model."
+    ("tiny", {"attention_impl": "cudnn"}, False, "attention_impl='cudnn' (xlmeta_jax.model."
      "network.get_config.attention_impl) is cuDNN's kernel, on NVIDIA GPUs only; this run's "
      "backend is 'cpu'"),
-    ("modernbert_tiny", {"local_window": 32}, "blocks", "phase 'phase1': local_window=32 "
+    ("modernbert_tiny", {"local_window": 32}, False, "phase 'phase1': local_window=32 "
      "(xlmeta_jax.model.network.get_config.local_window) must be shorter than "
      "sequence_length=32"),
-    ("modernbert_tiny", {"local_window": 16}, "documents", None),
-    ("modernbert_tiny", {"local_window": 16, "attention_impl": "auto"}, "blocks", None),
+    ("modernbert_tiny", {"local_window": 16}, True, None),
+    ("modernbert_tiny", {"local_window": 16, "attention_impl": "auto"}, False, None),
 ])
-def test_family_settings_are_checked_against_the_run(tmp_path, family, overrides, packing,
+def test_family_settings_are_checked_against_the_run(tmp_path, family, overrides, packed,
                                                      message):
     """Settings the model's config cannot check alone: packed rows for the family, the
     attention kernel for the backend, the local window for the row length."""
@@ -446,7 +446,7 @@ def test_family_settings_are_checked_against_the_run(tmp_path, family, overrides
     p1 = train.Phase("phase1", "synthetic", 4, 8, 32)
 
     def check():
-        train.validate(os.fspath(tmp_path), model, [p1], (8, 1, 1), 8, packing=packing)
+        train.validate(os.fspath(tmp_path), model, [p1], (8, 1, 1), 8, packed=packed)
 
     if message is None:
         check()

@@ -155,6 +155,17 @@ def hf_folder(tmp_path_factory):
     return folder
 
 
+def _assert_gives_the_folders_logits(folder, cfg, params):
+    """Our network with ``params`` computes what transformers' model in ``folder`` does."""
+    ids, mask = parity.batch(cfg)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        ref = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
+                    attention_mask=torch.from_numpy(mask)).logits.numpy()
+    got = np.asarray(network.masked_lm(cfg).apply({"params": params}, ids, mask))
+    np.testing.assert_allclose(got[mask == 1], ref[mask == 1], atol=1e-4, rtol=0)
+
+
 def test_a_transformers_folder_imports_as_a_checkpoint(hf_folder, tmp_path):
     code, out = _cli(["to_flax", f"--hf_path={hf_folder}", f"--output={tmp_path / 'flax'}",
                       "--scan_layers"])
@@ -163,13 +174,7 @@ def test_a_transformers_folder_imports_as_a_checkpoint(hf_folder, tmp_path):
     assert (cfg.family, cfg.num_layers, cfg.local_window, cfg.scan_layers) == (
         "modernbert", 4, 8, True)
     assert vocab is None  # nothing to tokenise with: the folder has no SentencePiece model
-    ids, mask = parity.batch(cfg)
-    model = transformers.AutoModelForMaskedLM.from_pretrained(hf_folder).eval()
-    with torch.no_grad():
-        ref = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
-                    attention_mask=torch.from_numpy(mask)).logits.numpy()
-    got = np.asarray(network.masked_lm(cfg).apply({"params": params}, ids, mask))
-    np.testing.assert_allclose(got[mask == 1], ref[mask == 1], atol=1e-4, rtol=0)
+    _assert_gives_the_folders_logits(hf_folder, cfg, params)
 
 
 def test_unknown_architectures_and_nan_weights_are_refused(hf_folder, tmp_path):
@@ -209,13 +214,7 @@ def test_a_transformers_folder_is_an_initial_checkpoint(hf_folder):
     cfg = network.get_config("modernbert_tiny", vocab_size=120, hidden_size=32, num_heads=4,
                              mlp_dim=48, local_window=8)
     params = handoff.initial_params(str(hf_folder), cfg)
-    ids, mask = parity.batch(cfg)
-    model = transformers.AutoModelForMaskedLM.from_pretrained(hf_folder).eval()
-    with torch.no_grad():
-        ref = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
-                    attention_mask=torch.from_numpy(mask)).logits.numpy()
-    got = np.asarray(network.masked_lm(cfg).apply({"params": params}, ids, mask))
-    np.testing.assert_allclose(got[mask == 1], ref[mask == 1], atol=1e-4, rtol=0)
+    _assert_gives_the_folders_logits(hf_folder, cfg, params)
     xlmr = network.get_config("tiny", vocab_size=120, hidden_size=32, num_heads=4, mlp_dim=48,
                               num_layers=4)
     with pytest.raises(errors.UserError, match="its encoder is of the 'modernbert' family, the "

@@ -134,6 +134,11 @@ class Corpora:
             if problem:
                 raise CorpusSettingError(CONFIGURABLE, field, getattr(self, field), problem)
 
+    @property
+    def packed(self) -> bool:
+        """Rows packed from whole documents: batches carry ``mlm.PACKED_FEATURES``."""
+        return self.packing == "documents"
+
     def cc100_languages(self) -> tuple[str, ...]:
         """The CC-100 mixture's languages."""
         return XLMR_LANGUAGES if self.languages is None else tuple(self.languages)

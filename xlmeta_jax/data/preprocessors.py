@@ -136,6 +136,20 @@ def _document_lines(ex):
     }
 
 
+def _cut_stream(dataset: tf.data.Dataset, cut) -> tf.data.Dataset:
+    """The token stream of ``dataset``'s runs, cut by ``cut(buffer) -> (rest, pieces)``:
+    each step appends the next runs to what the last left and yields its pieces."""
+    # Several runs per step: cached documents can be short.
+    ds = dataset.map(lambda ex: ex["tokens"]).ragged_batch(_PACK_BATCH)
+    ds = ds.map(lambda r: r.flat_values)
+
+    @_no_autograph
+    def step(carry, chunk):
+        return cut(tf.concat([carry, chunk], axis=0))
+
+    return ds.scan(tf.zeros([0], tf.int32), step)
+
+
 def pack_blocks(
     dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
 ) -> tf.data.Dataset:
@@ -147,19 +161,11 @@ def pack_blocks(
     length = block_length(sequence_length)
     body = length - 1
 
-    # Several runs per step: cached documents can be short.
-    ds = dataset.map(lambda ex: ex["tokens"]).ragged_batch(_PACK_BATCH)
-    ds = ds.map(lambda r: r.flat_values)
-
-    @_no_autograph
-    def step(carry, chunk):
-        buf = tf.concat([carry, chunk], axis=0)
+    def step(buf):
         n = tf.shape(buf)[0] // body
-        blocks = tf.reshape(buf[: n * body], [n, body])
-        return buf[n * body :], blocks
+        return buf[n * body :], tf.reshape(buf[: n * body], [n, body])
 
-    ds = ds.scan(tf.zeros([0], tf.int32), step)
-    ds = ds.unbatch()
+    ds = _cut_stream(dataset, step).unbatch()
     return ds.map(
         lambda b: {"targets": tf.ensure_shape(tf.concat([[BOS_ID], b], 0), [length])},
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -181,12 +187,8 @@ def pack_documents(
     """
     length = block_length(sequence_length)
     body = length - 1
-    ds = dataset.map(lambda ex: ex["tokens"]).ragged_batch(_PACK_BATCH)
-    ds = ds.map(lambda r: r.flat_values)
 
-    @_no_autograph
-    def split(carry, chunk):
-        buf = tf.concat([carry, chunk], axis=0)
+    def split(buf):
         ends = tf.cast(tf.where(tf.equal(buf, EOS_ID))[:, 0], tf.int32)
         done = tf.reduce_max(tf.concat([[-1], ends], 0)) + 1  # tokens of whole documents
         starts = tf.concat([[0], ends[:-1] + 1], 0)[: tf.size(ends)]
@@ -198,8 +200,7 @@ def pack_documents(
         piece_sizes = tf.minimum(body, tf.repeat(sizes, pieces) - offsets.flat_values)
         return buf[done:], tf.RaggedTensor.from_row_lengths(docs.flat_values, piece_sizes)
 
-    ds = ds.scan(tf.zeros([0], tf.int32), split)
-    ds = ds.flat_map(tf.data.Dataset.from_tensor_slices)
+    ds = _cut_stream(dataset, split).flat_map(tf.data.Dataset.from_tensor_slices)
     ds = ds.map(lambda piece: {"targets": tf.concat([[BOS_ID], piece], 0)},
                 num_parallel_calls=tf.data.AUTOTUNE)
     packed = seqio.utils.trim_and_pack_dataset(ds, {"targets": length})

@@ -39,11 +39,11 @@ _registered: tuple[tuple, dict[str, seqio.Task | seqio.Mixture]] | None = None
 _VIEW_SUFFIX = re.compile(r"\.\w+")
 
 
-def _output_features(vocab, packing: str = "blocks") -> dict[str, seqio.Feature]:
+def _output_features(vocab, packed: bool = False) -> dict[str, seqio.Feature]:
     # Non-token features still need a vocabulary object in seqio.
     aux = seqio.PassThroughVocabulary(size=0)
     packed = {name: seqio.Feature(aux, add_eos=False, dtype=tf.int32)
-              for name in mlm.PACKED_FEATURES} if packing == "documents" else {}
+              for name in mlm.PACKED_FEATURES} if packed else {}
     return {
         **packed,
         "inputs": seqio.Feature(vocab, add_eos=False, dtype=tf.int32),
@@ -84,7 +84,7 @@ class _Plan:
                               eos_after=self.corpora.eos_after),
             # Offline caches (xlmeta_jax.tools.caching or seqio's cache_tasks_main) hold tokens.
             seqio.CacheDatasetPlaceholder(),
-            (preprocessors.pack_documents if self.corpora.packing == "documents"
+            (preprocessors.pack_documents if self.corpora.packed
              else preprocessors.pack_blocks),
             functools.partial(
                 preprocessors.mlm_mask,
@@ -308,7 +308,7 @@ def register(
     # The settings were checked when built (Corpora); the files next, and the registry is
     # touched only at the end.
     vocab = vocabulary.load_vocabulary(c.vocab_path)
-    plans = [_Plan(settings_, _output_features(vocab, settings_.packing),
+    plans = [_Plan(settings_, _output_features(vocab, settings_.packed),
                    encode=vocab.tokenizer.encode,
                    may_count=jax.process_count() == 1, suffix=suffix)
              for suffix, settings_ in (("", c), *views.items())]

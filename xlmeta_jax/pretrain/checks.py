@@ -40,7 +40,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
              num_devices: int, microbatches: int = 1, *,
              describe: Callable[[str], str] = str,
              masking: mlm.Masking = mlm.DEFAULT_MASKING,
-             packing: str = "blocks") -> tuple[int, int, int]:
+             packed: bool = False) -> tuple[int, int, int]:
     """Checks a run's settings; returns the mesh shape.
 
     Args:
@@ -48,7 +48,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
       num_devices: the devices the mesh spans.
       describe: names where a setting (a gin name) was given, for the messages.
       masking: the run's masking (``Corpora.masking``); a phase may set its own rate.
-      packing: the run's ``Corpora.packing``.
+      packed: whether the run's rows are packed from whole documents (``Corpora.packed``).
 
     Raises:
       ConfigError: naming the first bad setting.
@@ -66,7 +66,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
         raise ConfigError(
             f"attention_impl='cudnn' ({source}) is cuDNN's kernel, on NVIDIA GPUs only; this "
             f"run's backend is {backend!r}: use 'auto' (cuDNN on a GPU, XLA elsewhere) or 'xla'")
-    if packing == "documents" and model.family == "xlmr":
+    if packed and model.family == "xlmr":
         raise ConfigError(
             f"Corpora.packing='documents' ({describe('xlmeta_jax.data.corpora.Corpora.packing')})"
             " packs documents that attend only to themselves, which the xlmr family does not "

@@ -165,7 +165,7 @@ def train(
     corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
                           microbatches, describe=describe, masking=corpora.masking,
-                          packing=corpora.packing)
+                          packed=corpora.packed)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
@@ -263,7 +263,7 @@ def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
             vocab_size=cfg.model.vocab_size,
             # The masking setting (gin: MASK_RATE, or the phase's) shapes synthetic batches too.
             masking=phase.corpora(cfg.corpora).masking,
-            features=mlm.step_features(cfg.corpora.packing == "documents"),
+            features=mlm.step_features(cfg.corpora.packed),
         )
     # Registers the corpora's seqio tasks, and each phase with data of its own once more
     # under its own names, then reads the phase's task or mixture.
@@ -276,7 +276,7 @@ def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
     cached = {} if phase.use_cached is None else {"use_cached": phase.use_cached}
     return cfg.feeder(phase.source(), sequence_length=phase.sequence_length,
                       global_batch_size=phase.batch_size, mesh=mesh, seed=seed,
-                      features=mlm.step_features(cfg.corpora.packing == "documents"), **cached)
+                      features=mlm.step_features(cfg.corpora.packed), **cached)
 
 
 def _stream_seed(cfg: _RunConfig, index: int, phase: Phase) -> tuple[int, bool]:
@@ -398,7 +398,7 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     fns = step.make_step_functions(
         cfg.model, phase.optimizer_config(), mesh, seed=cfg.phase_seeds[index],
         rng_impl=cfg.rng_impl, microbatches=cfg.microbatches,
-        packed=cfg.corpora.packing == "documents",
+        packed=cfg.corpora.packed,
     )
     ckpt = checkpoints.PhaseCheckpoints(
         os.path.join(cfg.model_dir, phase.name),

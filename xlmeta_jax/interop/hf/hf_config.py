@@ -14,7 +14,8 @@ class ConversionError(UserError, ValueError):
 
 
 
-def _get(hf_config: Any, name: str, default: Any = None) -> Any:
+def config_value(hf_config: Any, name: str, default: Any = None) -> Any:
+    """A field of an HF config object or of its ``config.json`` dict."""
     if isinstance(hf_config, Mapping):
         return hf_config.get(name, default)
     return getattr(hf_config, name, default)
@@ -36,48 +37,48 @@ def config_from_hf(hf_config: Any, **overrides) -> EncoderConfig:
       ConversionError: if the HF config describes an architecture our network does
         not implement (activation, relative positions, untied decoder, decoder model).
     """
-    model_type = _get(hf_config, "model_type")
+    model_type = config_value(hf_config, "model_type")
     if model_type not in (None, "xlm-roberta", "roberta"):
         raise ConversionError(
             f"HF config model_type={model_type!r}: expected 'xlm-roberta' or 'roberta'"
         )
-    act = _get(hf_config, "hidden_act", "gelu")
+    act = config_value(hf_config, "hidden_act", "gelu")
     if act != "gelu":
         raise ConversionError(
             f"HF config hidden_act={act!r}: only 'gelu' (exact erf GELU) is implemented"
         )
-    pos_type = _get(hf_config, "position_embedding_type", "absolute")
+    pos_type = config_value(hf_config, "position_embedding_type", "absolute")
     if pos_type not in (None, "absolute"):
         raise ConversionError(
             f"HF config position_embedding_type={pos_type!r}: only 'absolute' is implemented"
         )
-    if not _get(hf_config, "tie_word_embeddings", True):
+    if not config_value(hf_config, "tie_word_embeddings", True):
         raise ConversionError(
             "HF config tie_word_embeddings=False: our LM head always ties the decoder to "
             "the word embeddings"
         )
-    if _get(hf_config, "is_decoder", False):
+    if config_value(hf_config, "is_decoder", False):
         raise ConversionError("HF config is_decoder=True: only the bidirectional encoder exists")
     required = (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "intermediate_size", "max_position_embeddings", "pad_token_id",
     )
-    missing = [k for k in required if _get(hf_config, k) is None]
+    missing = [k for k in required if config_value(hf_config, k) is None]
     if missing:
         raise ConversionError(f"HF config lacks required fields {missing}")
     fields = dict(
-        vocab_size=int(_get(hf_config, "vocab_size")),
-        hidden_size=int(_get(hf_config, "hidden_size")),
-        num_layers=int(_get(hf_config, "num_hidden_layers")),
-        num_heads=int(_get(hf_config, "num_attention_heads")),
-        mlp_dim=int(_get(hf_config, "intermediate_size")),
-        max_position_embeddings=int(_get(hf_config, "max_position_embeddings")),
-        type_vocab_size=int(_get(hf_config, "type_vocab_size", 2)),
-        pad_token_id=int(_get(hf_config, "pad_token_id")),
-        layer_norm_eps=float(_get(hf_config, "layer_norm_eps", 1e-12)),
-        dropout_rate=float(_get(hf_config, "hidden_dropout_prob", 0.1)),
-        attention_dropout_rate=float(_get(hf_config, "attention_probs_dropout_prob", 0.1)),
-        initializer_range=float(_get(hf_config, "initializer_range", 0.02)),
+        vocab_size=int(config_value(hf_config, "vocab_size")),
+        hidden_size=int(config_value(hf_config, "hidden_size")),
+        num_layers=int(config_value(hf_config, "num_hidden_layers")),
+        num_heads=int(config_value(hf_config, "num_attention_heads")),
+        mlp_dim=int(config_value(hf_config, "intermediate_size")),
+        max_position_embeddings=int(config_value(hf_config, "max_position_embeddings")),
+        type_vocab_size=int(config_value(hf_config, "type_vocab_size", 2)),
+        pad_token_id=int(config_value(hf_config, "pad_token_id")),
+        layer_norm_eps=float(config_value(hf_config, "layer_norm_eps", 1e-12)),
+        dropout_rate=float(config_value(hf_config, "hidden_dropout_prob", 0.1)),
+        attention_dropout_rate=float(config_value(hf_config, "attention_probs_dropout_prob", 0.1)),
+        initializer_range=float(config_value(hf_config, "initializer_range", 0.02)),
     )
     fields.update(overrides)
     return EncoderConfig(**fields)

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
+import jax
 import numpy as np
 
-from xlmeta_jax.interop.hf.hf_config import ConversionError
+from xlmeta_jax.interop.hf.hf_config import ConversionError, config_value
 from xlmeta_jax.model.config import EncoderConfig
 
 MODEL_TYPE = "modernbert"
@@ -31,12 +32,6 @@ _FIXED = {
     "attention_bias": False, "mlp_bias": False, "decoder_bias": True,
     "classifier_bias": False, "tie_word_embeddings": True,
 }
-
-
-def _get(hf_config: Any, name: str, default: Any = None) -> Any:
-    if isinstance(hf_config, Mapping):
-        return hf_config.get(name, default)
-    return getattr(hf_config, name, default)
 
 
 def _every_n(layer_types: list[str]) -> int:
@@ -53,12 +48,12 @@ def _every_n(layer_types: list[str]) -> int:
 
 
 def _theta(hf_config: Any, layer_type: str, legacy: str, default: float) -> float:
-    rope = (_get(hf_config, "rope_parameters") or {}).get(layer_type) or {}
+    rope = (config_value(hf_config, "rope_parameters") or {}).get(layer_type) or {}
     if rope.get("rope_type", "default") != "default":
         raise ConversionError(
             f"HF config rope_parameters[{layer_type!r}].rope_type={rope['rope_type']!r}: only "
             "'default' rotary positions are implemented")
-    return float(rope.get("rope_theta", _get(hf_config, legacy, default)))
+    return float(rope.get("rope_theta", config_value(hf_config, legacy, default)))
 
 
 def config_from_hf(hf_config: Any, **overrides) -> EncoderConfig:
@@ -74,11 +69,11 @@ def config_from_hf(hf_config: Any, **overrides) -> EncoderConfig:
       ConversionError: naming a setting our network does not implement.
     """
     for field, value in _FIXED.items():
-        got = _get(hf_config, field, value)
+        got = config_value(hf_config, field, value)
         if got != value:
             raise ConversionError(
                 f"HF config {field}={got!r}: our ModernBERT implements {field}={value!r}")
-    embedding_dropout, mlp_dropout = (float(_get(hf_config, k, 0.0))
+    embedding_dropout, mlp_dropout = (float(config_value(hf_config, k, 0.0))
                                       for k in ("embedding_dropout", "mlp_dropout"))
     if embedding_dropout != mlp_dropout:
         raise ConversionError(
@@ -86,28 +81,28 @@ def config_from_hf(hf_config: Any, **overrides) -> EncoderConfig:
             "differ: our dropout_rate is both")
     required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "max_position_embeddings", "pad_token_id")
-    missing = [k for k in required if _get(hf_config, k) is None]
+    missing = [k for k in required if config_value(hf_config, k) is None]
     if missing:
         raise ConversionError(f"HF config lacks required fields {missing}")
-    num_layers = int(_get(hf_config, "num_hidden_layers"))
-    layer_types = _get(hf_config, "layer_types")
+    num_layers = int(config_value(hf_config, "num_hidden_layers"))
+    layer_types = config_value(hf_config, "layer_types")
     every_n = (_every_n(list(layer_types)) if layer_types
-               else int(_get(hf_config, "global_attn_every_n_layers", 3)))
+               else int(config_value(hf_config, "global_attn_every_n_layers", 3)))
     fields = dict(
         family="modernbert",
-        vocab_size=int(_get(hf_config, "vocab_size")),
-        hidden_size=int(_get(hf_config, "hidden_size")),
+        vocab_size=int(config_value(hf_config, "vocab_size")),
+        hidden_size=int(config_value(hf_config, "hidden_size")),
         num_layers=num_layers,
-        num_heads=int(_get(hf_config, "num_attention_heads")),
-        mlp_dim=int(_get(hf_config, "intermediate_size")),
-        max_position_embeddings=int(_get(hf_config, "max_position_embeddings")),
-        pad_token_id=int(_get(hf_config, "pad_token_id")),
-        layer_norm_eps=float(_get(hf_config, "norm_eps", 1e-5)),
+        num_heads=int(config_value(hf_config, "num_attention_heads")),
+        mlp_dim=int(config_value(hf_config, "intermediate_size")),
+        max_position_embeddings=int(config_value(hf_config, "max_position_embeddings")),
+        pad_token_id=int(config_value(hf_config, "pad_token_id")),
+        layer_norm_eps=float(config_value(hf_config, "norm_eps", 1e-5)),
         dropout_rate=mlp_dropout,
-        attention_dropout_rate=float(_get(hf_config, "attention_dropout", 0.0)),
-        initializer_range=float(_get(hf_config, "initializer_range", 0.02)),
+        attention_dropout_rate=float(config_value(hf_config, "attention_dropout", 0.0)),
+        initializer_range=float(config_value(hf_config, "initializer_range", 0.02)),
         global_attn_every_n_layers=every_n,
-        local_window=int(_get(hf_config, "local_attention", 128)),
+        local_window=int(config_value(hf_config, "local_attention", 128)),
         global_rope_theta=_theta(hf_config, "full_attention", "global_rope_theta", 160000.0),
         local_rope_theta=_theta(hf_config, "sliding_attention", "local_rope_theta", 10000.0),
     )
@@ -259,7 +254,8 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], cfg: EncoderConfig,
               "lm_head": {"dense": {"kernel": sd["head.dense.weight"].T},
                           "norm": {"scale": sd["head.norm.weight"]},
                           "bias": sd["decoder.bias"]}}
-    return _map(lambda x: np.ascontiguousarray(x).astype(dtype or x.dtype, copy=False), params)
+    return jax.tree.map(
+        lambda x: np.ascontiguousarray(x).astype(dtype or x.dtype, copy=False), params)
 
 
 def hf_state_dict_from_params(params: Mapping[str, Any], cfg: EncoderConfig, *,
@@ -271,7 +267,7 @@ def hf_state_dict_from_params(params: Mapping[str, Any], cfg: EncoderConfig, *,
     Raises:
       ConversionError: a parameter is missing or has the wrong shape.
     """
-    params = _map(to_numpy, nn.unbox(params))
+    params = jax.tree.map(to_numpy, nn.unbox(params))
     scan = cfg.scan_layers if scan_layers is None else scan_layers
     encoder = params.get("encoder", {})
     try:
@@ -304,23 +300,13 @@ def hf_state_dict_from_params(params: Mapping[str, Any], cfg: EncoderConfig, *,
     return out
 
 
-def _map(fn, tree):
-    if isinstance(tree, Mapping):
-        return {k: _map(fn, v) for k, v in tree.items()}
-    return fn(tree)
-
-
 def _stack(trees: list) -> Any:
-    if isinstance(trees[0], Mapping):
-        return {k: _stack([t[k] for t in trees]) for k in trees[0]}
-    return np.stack(trees)
+    return jax.tree.map(lambda *xs: np.stack(xs), *trees)
 
 
 def _unstack(tree: Any, count: int) -> list:
-    if isinstance(tree, Mapping):
-        parts = {k: _unstack(v, count) for k, v in tree.items()}
-        return [{k: parts[k][n] for k in parts} for n in range(count)]
-    if tree.shape[0] != count:
-        raise ConversionError(f"the scanned layers hold {tree.shape[0]} layers, the config "
+    sizes = {x.shape[0] for x in jax.tree.leaves(tree)}
+    if sizes != {count}:
+        raise ConversionError(f"the scanned layers hold {sorted(sizes)} layers, the config "
                               f"{count} after layer 0")
-    return list(tree)
+    return [jax.tree.map(lambda x, n=n: x[n], tree) for n in range(count)]

@@ -260,14 +260,14 @@ def load_hf(
         raise FileNotFoundError(f"HF config {config_path} does not exist")
     hf_config = read_json(config_path, "HF config")
     family = family_of(hf_config, config_path)
-    state = read_hf_state_dict(path, allow_pickle=allow_pickle)
+    # numpy once (a pickle's torch tensors), for the conversion and the parity check.
+    state = {k: to_numpy(v) for k, v in read_hf_state_dict(path, allow_pickle=allow_pickle).items()}
     if family == "xlmr":
         state = normalise_keys(state)
     rows = _seqio_rows(hf_config, config_path) if seqio_ids else None
     cfg, params = _convert(family, hf_config, state, config_overrides)
     if parity_report is not None:  # in the stored ids, before any renumbering
-        parity.check(hf_config, {k: to_numpy(v) for k, v in state.items()}, cfg, params,
-                     report=parity_report)
+        parity.check(hf_config, state, cfg, params, report=parity_report)
     if rows is None:
         return cfg, params
     state = (_from_xlmr_ids(state, rows) if family == "xlmr"
@@ -386,8 +386,7 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
     if rows is not None:
         hf_config[hf_tokenizer.CONFIG_KEY] = seqio_pieces
     if parity_report is not None:  # before anything is written
-        family = "modernbert" if cfg.family == "modernbert" else "xlmr"
-        parity.check(hf_config, state, *_convert(family, hf_config, state, {}),
+        parity.check(hf_config, state, *_convert(cfg.family, hf_config, state, {}),
                      report=parity_report)
     tokenizer_config = files.get(hf_tokenizer.TOKENIZER_CONFIG_NAME)
     files[card.README_NAME] = card.model_card(
