@@ -423,8 +423,9 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     pending = None  # (phase_step, device metrics) not yet read
     # Tokens predicted since the last progress line, and that window's first step.
     predictions, window_first = 0.0, phase_step + 1
-    # Packed rows: the text share of the steps run now (the rest is end-of-row padding).
-    text_shares = []
+    # Packed rows: the summed text share of the steps run now, and their count (the rest of
+    # a row is end-of-row padding).
+    text_share, text_steps = 0.0, 0
 
     if start.phase_step == 0:
         log.info("[%s] compiling the train step and reading the first batch", phase.name)
@@ -450,7 +451,7 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
             last_metrics = _host_metrics(phase, pstep, device_metrics, start.step_offset, ckpt)
             predictions += last_metrics["num_predictions"]
             if "text_share" in last_metrics:
-                text_shares.append(last_metrics["text_share"])
+                text_share, text_steps = text_share + last_metrics["text_share"], text_steps + 1
         if log_now:
             if predictions == 0:
                 ckpt.wait()  # as for a non-finite loss: no save left half-written
@@ -497,11 +498,10 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
             )
 
     # --------------------------------------------------------- phase end
-    if text_shares:
+    if text_steps:
         log.info("[%s] packing: %.1f%% of tokens are text (whole documents in %d-token rows, "
                  "the rest padding at their ends; %d steps)", phase.name,
-                 100 * sum(text_shares) / len(text_shares), phase.sequence_length,
-                 len(text_shares))
+                 100 * text_share / text_steps, phase.sequence_length, text_steps)
     ckpt.wait()
     final_step = ckpt.latest_step()
     ckpt.close()
