@@ -186,3 +186,25 @@ def test_tiny_run_flops_match_the_analytic_count(tiny_on_v4_8):
     assert 0 < est.mfu <= 1.0
     text = aot.report(run, tpu, results)
     assert "fits" in text and "XLA's cost analysis" in text and "run: phase1 120" in text
+
+
+@needs_libtpu
+def test_packed_modernbert_compiles_with_the_splash_kernel():
+    """A packed ModernBERT run (128-token rows, global and local layers, scanned) for a
+    v4-8: 'auto' is splash on a TPU, and the compiled step holds its Mosaic kernels."""
+    from xlmeta_jax.model import optimizer, partitioning
+    from xlmeta_jax.pretrain import step
+
+    model = network.get_config("modernbert_tiny", local_window=32, scan_layers=True,
+                               pad_token_id=0, attention_impl="auto")
+    assert network.resolve_attention_impl(model.attention_impl, model.dtype, "tpu", 128) == (
+        "splash")
+    devices = aot_compile.topology_devices(hardware.tpu_slice("v4-8"))
+    mesh = partitioning.create_mesh(-1, 1, 1, devices=devices)
+    fns = step.make_step_functions(model.replace(attention_impl="splash"),
+                                   optimizer.OptimizerConfig(total_steps=10, warmup_steps=1), mesh,
+                                   packed=True)
+    batch = aot_compile.abstract_batch(8, 128, 20, fns.batch_sharding, packed=True)
+    lowered = fns.train_step_jit.lower(fns.abstract_state, batch)
+    assert "tpu_custom_call" in lowered.as_text()
+    assert lowered.compile().memory_analysis().temp_size_in_bytes > 0

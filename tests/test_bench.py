@@ -73,6 +73,16 @@ def test_flops_per_token_hand_checked():
     )
 
 
+def test_modernbert_flops_count_the_local_window():
+    # modernbert_tiny at 256 tokens, window 32: layers 0 and 3 attend to the row, 1 and 2
+    # to 33 keys; GeGLU's three matrices (h=64, f=96, V=1024).
+    cfg = get_config("modernbert_tiny", local_window=32)
+    dense = 2 * (4 * 64 * 64 + 3 * 64 * 96)
+    layers = 4 * dense + 2 * 2 * 64 * (256 + 33 + 33 + 256)
+    head = 2 * (64 * 64 + 64 * 1024)
+    assert flops.mlm_flops_per_token(cfg, 256, 40) == 3 * (layers + head * 40 / 256)
+
+
 def test_variants_and_bad_options():
     cfg, base = get_config("tiny"), bench.BenchOptions()
     variants = bench.parse_variants(

@@ -424,29 +424,39 @@ def test_schedule_must_cover_carried_step_count(tmp_path):
     train.validate(os.fspath(tmp_path), _tiny(), [p1, p2], (8, 1, 1), 8)
 
 
-@pytest.mark.parametrize("family, overrides, packed, message", [
-    ("tiny", {}, True, "Corpora.packing='documents' (xlmeta_jax.data.corpora.Corpora."
+@pytest.mark.parametrize("family, overrides, packed, backend, message", [
+    ("tiny", {}, True, None, "Corpora.packing='documents' (xlmeta_jax.data.corpora.Corpora."
      "packing) packs documents that attend only to themselves, which the xlmr family does not"),
-    ("tiny", {"attention_impl": "cudnn"}, False, "attention_impl='cudnn' (xlmeta_jax.model."
-     "network.get_config.attention_impl) is cuDNN's kernel, on NVIDIA GPUs only; this run's "
-     "backend is 'cpu'"),
-    ("modernbert_tiny", {"local_window": 32}, False, "phase 'phase1': local_window=32 "
+    ("tiny", {"attention_impl": "cudnn"}, False, None, "attention_impl='cudnn' (xlmeta_jax."
+     "model.network.get_config.attention_impl) is cuDNN's kernel, on NVIDIA GPUs only; this "
+     "run's backend is 'cpu'"),
+    ("modernbert_tiny", {"attention_impl": "splash"}, True, None, "attention_impl='splash' "
+     "(xlmeta_jax.model.network.get_config.attention_impl) is Pallas' TPU kernel, on TPUs "
+     "only; this run's backend is 'cpu'"),
+    ("modernbert_tiny", {"attention_impl": "splash", "local_window": 16}, True, "tpu",
+     "phase 'phase1': sequence_length=32 is not a multiple of 128, which "
+     "attention_impl='splash' (xlmeta_jax.model.network.get_config.attention_impl) needs"),
+    ("modernbert_tiny", {"local_window": 32}, False, None, "phase 'phase1': local_window=32 "
      "(xlmeta_jax.model.network.get_config.local_window) must be shorter than "
      "sequence_length=32"),
-    ("modernbert_tiny", {"local_window": 16}, True, None),
-    ("modernbert_tiny", {"local_window": 16, "attention_impl": "auto"}, False, None),
+    ("modernbert_tiny", {"local_window": 16}, True, None, None),
+    ("modernbert_tiny", {"local_window": 16, "attention_impl": "auto"}, False, None, None),
+    # 'auto' on a TPU: splash where the rows allow it, XLA for 32-token rows.
+    ("modernbert_tiny", {"local_window": 16, "attention_impl": "auto"}, True, "tpu", None),
 ])
 def test_family_settings_are_checked_against_the_run(tmp_path, family, overrides, packed,
-                                                     message):
+                                                     backend, message):
     """Settings the model's config cannot check alone: packed rows for the family, the
-    attention kernel for the backend, the local window for the row length."""
+    attention kernel for the backend and the row length, the local window for the row
+    length."""
     from xlmeta_jax.model import network
 
     model = network.get_config(family, pad_token_id=0, **overrides)
     p1 = train.Phase("phase1", "synthetic", 4, 8, 32)
 
     def check():
-        train.validate(os.fspath(tmp_path), model, [p1], (8, 1, 1), 8, packed=packed)
+        train.validate(os.fspath(tmp_path), model, [p1], (8, 1, 1), 8, packed=packed,
+                       backend=backend)
 
     if message is None:
         check()

@@ -170,6 +170,49 @@ def test_cudnn_branch_arguments_match_xla_path(hf_model, monkeypatch):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("size, overrides, gradients", [
+    # Layers global, local, local, global: layer 0 alone, layers 1-3 scanned, each picking
+    # the global or the local kernel by its traced flag (lax.cond).
+    ("modernbert_tiny", dict(local_window=32, scan_layers=True), True),
+    # XLM-R's key padding mask as segments (the kernel's backward pass is the same).
+    ("tiny", dict(dropout_rate=0.0, attention_dropout_rate=0.0), False),
+], ids=["modernbert", "xlmr"])
+def test_splash_kernel_matches_xla_path(size, overrides, gradients, fast_compiles):
+    """attention_impl='splash', Pallas' TPU kernel (run in its interpret mode on CPU): the
+    logits (and gradients) of the 'xla' path, on 128-token rows with padding and, for
+    ModernBERT, three documents in a row and windows cut at segment edges."""
+    cfg = network.get_config(size, dtype="float32", pad_token_id=0, **overrides)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(5, cfg.vocab_size, size=(2, 128)).astype(np.int32)
+    segments = np.ones_like(ids)
+    segments[1, 90:] = 0
+    if cfg.family == "modernbert":
+        segments[0, 40:], segments[0, 70:], segments[0, 120:] = 2, 3, 0
+    ids[segments == 0] = 0
+    text = segments != 0
+    packed = {"segment_ids": jnp.asarray(segments)} if cfg.family == "modernbert" else {}
+    params = nn.unbox(network.masked_lm(cfg).init(jax.random.key(0), jnp.asarray(ids))["params"])
+
+    def logits(params, impl):
+        module = network.masked_lm(cfg.replace(attention_impl=impl))
+        return module.apply({"params": params}, jnp.asarray(ids), jnp.asarray(text), **packed)
+
+    def loss(params, impl):
+        return jnp.sum(jnp.where(text[..., None], logits(params, impl), 0.0) ** 2)
+
+    # The kernel runs (rows of 128 tokens: no fallback to XLA). ModernBERT's local layers
+    # cut rows the global ones do not, so a wrong window in either kernel changes logits.
+    assert "pallas_call[" in str(jax.make_jaxpr(logits, static_argnums=1)(params, "splash"))
+    want, got = logits(params, "xla"), logits(params, "splash")
+    assert np.abs(np.asarray(got - want))[text].max() < 1e-5
+    if not gradients:
+        return
+    grads = [jax.grad(loss)(params, impl) for impl in ("xla", "splash")]
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[0]))
+    for a, b in zip(*map(jax.tree.leaves, grads)):
+        np.testing.assert_allclose(b, a, atol=1e-6 * scale, rtol=0)
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(hidden_activation="silu"), "hidden_activation='silu'"),
     (dict(norm_bias=True), "norm_bias=True"),

@@ -94,9 +94,11 @@ class EncoderConfig:
     # "dots_no_batch" or "save_named".
     remat_policy: str = "none"
     # Attention kernel: "xla" (portable einsum + softmax), "cudnn" (flash attention
-    # through jax.nn.dot_product_attention on NVIDIA GPUs, bf16/fp16 only) or "auto"
-    # (cudnn on a GPU in bf16/fp16, xla otherwise: fp32 evaluation of a checkpoint
-    # trained with "auto" stays on XLA).
+    # through jax.nn.dot_product_attention on NVIDIA GPUs, bf16/fp16 only), "splash"
+    # (Pallas' sparse flash attention on TPU: segments and the local window skip whole
+    # tiles) or "auto" (cudnn on a GPU in bf16/fp16, splash on a TPU, xla otherwise: fp32
+    # evaluation of a checkpoint trained with "auto" on a GPU stays on XLA). Attention
+    # dropout, when on, runs on XLA's path whatever the kernel.
     attention_impl: str = "xla"
     # modernbert: every n-th layer (0, n, 2n, ...) attends globally, the others within
     # a local window (HF: global_attn_every_n_layers, 3).
@@ -142,10 +144,10 @@ class EncoderConfig:
                 f"EncoderConfig: dropout_mask_bits={self.dropout_mask_bits} must be 8, 16 "
                 "or 32"
             )
-        if self.attention_impl not in ("xla", "cudnn", "auto"):
+        if self.attention_impl not in ("xla", "cudnn", "splash", "auto"):
             raise ModelConfigError(
                 f"EncoderConfig: unknown attention_impl={self.attention_impl!r}; "
-                "expected 'xla', 'cudnn' or 'auto'"
+                "expected 'xla', 'cudnn', 'splash' or 'auto'"
             )
         for field in ("dtype", "param_dtype"):
             try:

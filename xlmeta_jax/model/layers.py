@@ -110,13 +110,87 @@ def dense_general(cfg, features, axis, kernel_names, bias_names, name, use_bias=
     )
 
 
-def resolve_attention_impl(impl: str, dtype: str, backend: str | None = None) -> str:
-    """The kernel ``attention_impl`` stands for: "auto" is cuDNN only on a GPU and in a
-    16-bit dtype (JAX's cuDNN attention rejects fp32), XLA otherwise."""
+# Splash's tiles along the sequence (at most; a shorter row is one tile). The kernel
+# needs rows of a multiple of 128 tokens (pretrain/checks.py refuses other lengths).
+SPLASH_BLOCK = 512
+SPLASH_ALIGN = 128
+
+
+def resolve_attention_impl(impl: str, dtype: str, backend: str | None = None,
+                           length: int | None = None) -> str:
+    """The kernel ``attention_impl`` stands for: "auto" is cuDNN on a GPU in a 16-bit
+    dtype (JAX's cuDNN attention rejects fp32), splash on a TPU, XLA otherwise.
+
+    Splash takes rows of a multiple of 128 tokens only: other rows (``length``; None:
+    any) run on XLA, such as the 8-token row parameters are initialised with. A training
+    run that names 'splash' for such rows is refused (``pretrain/checks.py``).
+    """
     if impl == "auto":
         backend = backend or jax.default_backend()
         sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-        return "cudnn" if backend == "gpu" and sixteen_bit else "xla"
+        if backend == "tpu":
+            impl = "splash"
+        else:
+            impl = "cudnn" if backend == "gpu" and sixteen_bit else "xla"
+    if impl == "splash" and length is not None and length % SPLASH_ALIGN:
+        return "xla"
     return impl
+
+
+def splash_attention(q: Array, k: Array, v: Array, segment_ids: Array,
+                     local_window: int | None = None) -> Array:
+    """Pallas' splash attention (TPU), the scores' mask never materialised.
+
+    Args:
+      q, k, v: [batch, length, heads, head_dim]; ``q`` already scaled.
+      segment_ids: [batch, length] int: a token attends to keys of its own id only
+        (padding, id 0, attends to padding: its output is never read).
+      local_window: attend only within ``local_window // 2`` tokens either side (HF
+        ModernBERT's sliding window); None: the whole row.
+
+    Returns:
+      The attention output, [batch, length, heads, head_dim], in ``v``'s dtype.
+
+    Under a mesh the kernel runs per shard (``shard_map``: batch over the data axes,
+    heads over ``tensor``, as the logical rules say). Lowered for another platform than
+    TPU it runs in Pallas' interpret mode (tests compare it with the XLA path on CPU).
+    """
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash  # Pallas: on use
+
+    def kernel(q, k, v, segment_ids, interpret=False):
+        heads, length = q.shape[1], q.shape[2]
+        shape = (length, length)
+        if local_window is None:
+            mask = splash.FullMask(shape)
+        else:
+            half = local_window // 2
+            mask = splash.LocalMask(shape, window_size=(half, half), offset=0)
+        block = min(SPLASH_BLOCK, length)
+        sizes = splash.BlockSizes(
+            block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+        fn = splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), head_shards=1,
+                                    q_seq_shards=1, block_sizes=sizes, interpret=interpret)
+        segments = splash.SegmentIds(q=segment_ids, kv=segment_ids)
+        return jax.vmap(fn)(q, k, v, segment_ids=segments)
+
+    def per_platform(*args):
+        # Mosaic's kernel where the program is lowered for a TPU (also ahead of time from a
+        # CPU host); elsewhere the same kernel interpreted.
+        return jax.lax.platform_dependent(
+            *args, tpu=kernel, default=lambda *a: kernel(*a, interpret=True))
+
+    # The kernel's layout: [batch, heads, length, head_dim].
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
+    segment_ids = segment_ids.astype(jnp.int32)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        out = per_platform(q, k, v, segment_ids)
+    else:
+        spec = nn.logical_to_mesh_axes(("batch", "heads", "length", "kv"))
+        rows = nn.logical_to_mesh_axes(("batch", "length"))
+        out = jax.shard_map(per_platform, mesh=mesh, in_specs=(spec, spec, spec, rows),
+                            out_specs=spec, check_vma=False)(q, k, v, segment_ids)
+    return jnp.swapaxes(out, 1, 2).astype(v.dtype)
 
 

@@ -91,7 +91,11 @@ class Attention(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: Array, cos: Array, sin: Array, mask: Array, deterministic: bool):
+    def __call__(self, x: Array, cos: Array, sin: Array, mask: Array, is_global,
+                 deterministic: bool):
+        """``mask``: the boolean [batch, 1, q, k] mask, or for splash the segment ids
+        [batch, length] (the kernel applies the window of a local layer itself);
+        ``is_global``: a Python bool, or the scanned stack's traced per-layer flag."""
         cfg = self.config
         h, d = cfg.num_heads, cfg.head_dim
         proj = functools.partial(_dense, cfg, (h, d), -1, ("embed", "heads", "kv"))
@@ -100,8 +104,18 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
         use_dropout = not deterministic and cfg.attention_dropout_rate > 0.0
-        impl = layers.resolve_attention_impl(cfg.attention_impl, cfg.dtype)
-        if impl == "cudnn" and not use_dropout:
+        impl = layers.resolve_attention_impl(cfg.attention_impl, cfg.dtype, length=x.shape[1])
+        if impl == "splash" and not use_dropout:
+            def splash(window):
+                return lambda q, k, v: layers.splash_attention(q, k, v, mask, window)
+
+            q = q * jnp.asarray(d ** -0.5, q.dtype)
+            if isinstance(is_global, bool):
+                ctx = splash(None if is_global else cfg.local_window)(q, k, v)
+            else:
+                # Two static masks, one traced flag: each layer runs one of the kernels.
+                ctx = jax.lax.cond(is_global, splash(None), splash(cfg.local_window), q, k, v)
+        elif impl == "cudnn" and not use_dropout:
             # cuDNN's sliding window is one-sided (causal) only: the local window, the
             # segments and the padding all reach it as the boolean mask itself.
             ctx = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5,
@@ -145,7 +159,7 @@ class EncoderLayer(nn.Module):
         cos, sin = (pick(g, loc) for g, loc in zip(rope_global, rope_local))
         mask = pick(mask_global, mask_local)
         h = x if self.first else _norm(cfg, "attn_norm")(x)
-        x = x + Attention(cfg, name="attention")(h, cos, sin, mask, deterministic)
+        x = x + Attention(cfg, name="attention")(h, cos, sin, mask, is_global, deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
         h = _norm(cfg, "mlp_norm")(x)
@@ -203,7 +217,13 @@ class Encoder(nn.Module):
 
         rope_global = rope_tables(positions, cfg.head_dim, cfg.global_rope_theta)
         rope_local = rope_tables(positions, cfg.head_dim, cfg.local_rope_theta)
-        mask_global, mask_local = attention_masks(segment_ids, cfg.local_window)
+        impl = layers.resolve_attention_impl(cfg.attention_impl, cfg.dtype,
+                                             length=input_ids.shape[-1])
+        if impl == "splash" and (deterministic or cfg.attention_dropout_rate == 0.0):
+            # The kernel masks tile by tile from the segment ids: no [q, k] mask is built.
+            mask_global = mask_local = segment_ids
+        else:
+            mask_global, mask_local = attention_masks(segment_ids, cfg.local_window)
         shared = (rope_global, rope_local, mask_global, mask_local)
 
         def remat(static_argnums):

@@ -113,9 +113,14 @@ class SelfAttention(nn.Module):
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
         q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
 
-        impl = layers.resolve_attention_impl(cfg.attention_impl, cfg.dtype)
+        impl = layers.resolve_attention_impl(cfg.attention_impl, cfg.dtype,
+                                             length=x.shape[1])
         use_dropout = not deterministic and cfg.attention_dropout_rate > 0.0
-        if impl == "cudnn" and not use_dropout:
+        if impl == "splash" and not use_dropout:
+            # The key padding mask as segments: text (1) attends to text only.
+            scale = 1.0 / jnp.sqrt(jnp.float32(d)).astype(q.dtype)
+            ctx = layers.splash_attention(q * scale, k, v, mask.astype(jnp.int32))
+        elif impl == "cudnn" and not use_dropout:
             # cuDNN flash attention; `mask` is [batch, kv_length] (True = attend).
             ctx = jax.nn.dot_product_attention(
                 q, k, v, mask=mask[:, None, None, :], implementation="cudnn"

@@ -12,7 +12,7 @@ import jax
 import sentencepiece as spm
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.model import mlm, network, partitioning
+from xlmeta_jax.model import layers, mlm, network, partitioning
 from xlmeta_jax.pretrain import checkpoints, iterator_item, run_dir, step
 from xlmeta_jax.pretrain.phases import Phase
 
@@ -40,7 +40,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
              num_devices: int, microbatches: int = 1, *,
              describe: Callable[[str], str] = str,
              masking: mlm.Masking = mlm.DEFAULT_MASKING,
-             packed: bool = False) -> tuple[int, int, int]:
+             packed: bool = False, backend: str | None = None) -> tuple[int, int, int]:
     """Checks a run's settings; returns the mesh shape.
 
     Args:
@@ -49,6 +49,8 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
       describe: names where a setting (a gin name) was given, for the messages.
       masking: the run's masking (``Corpora.masking``); a phase may set its own rate.
       packed: whether the run's rows are packed from whole documents (``Corpora.packed``).
+      backend: the platform the run compiles for (default: JAX's; the TPU compile tool
+        says ``'tpu'``).
 
     Raises:
       ConfigError: naming the first bad setting.
@@ -59,13 +61,17 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
         raise ConfigError(f"train.model must be an EncoderConfig, got {type(model).__name__}")
     if not phases:
         raise ConfigError("train.phases is empty")
-    backend = jax.default_backend()
-    if network.resolve_attention_impl(model.attention_impl, model.dtype, backend) == "cudnn" and (
-            backend != "gpu"):
+    backend = backend or jax.default_backend()
+    kernel = network.resolve_attention_impl(model.attention_impl, model.dtype, backend)
+    if (kernel, backend) in (("cudnn", "cpu"), ("cudnn", "tpu"), ("splash", "cpu"),
+                             ("splash", "gpu")):
         source = describe("xlmeta_jax.model.network.get_config.attention_impl")
+        where = {"cudnn": "cuDNN's kernel, on NVIDIA GPUs only",
+                 "splash": "Pallas' TPU kernel, on TPUs only"}[kernel]
         raise ConfigError(
-            f"attention_impl='cudnn' ({source}) is cuDNN's kernel, on NVIDIA GPUs only; this "
-            f"run's backend is {backend!r}: use 'auto' (cuDNN on a GPU, XLA elsewhere) or 'xla'")
+            f"attention_impl={kernel!r} ({source}) is {where}; this run's backend is "
+            f"{backend!r}: use 'auto' (cuDNN on a GPU, splash on a TPU, XLA elsewhere) or "
+            "'xla'")
     if packed and model.family == "xlmr":
         raise ConfigError(
             f"Corpora.packing='documents' ({describe('xlmeta_jax.data.corpora.Corpora.packing')})"
@@ -108,6 +114,12 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
             p.sequence_length, model, where=f"{where}: sequence_length",
             source=describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.sequence_length"))
         _check_predictions(p, masking, describe)
+        if model.attention_impl == "splash" and p.sequence_length % layers.SPLASH_ALIGN:
+            source = describe("xlmeta_jax.model.network.get_config.attention_impl")
+            raise ConfigError(
+                f"{where}: sequence_length={p.sequence_length} is not a multiple of "
+                f"{layers.SPLASH_ALIGN}, which attention_impl='splash' ({source}) needs: "
+                f"use a length of {layers.SPLASH_ALIGN}·k, or 'auto' (XLA for such rows)")
         if model.family == "modernbert" and model.local_window >= p.sequence_length:
             source = describe("xlmeta_jax.model.network.get_config.local_window")
             raise ConfigError(

@@ -78,6 +78,8 @@ class RunConfig:
     steps_note: str
     # The trainer's Phase objects, for the trainer's own checks of the configuration.
     trainer_phases: list = dataclasses.field(default_factory=list)
+    # Rows packed from whole documents (Corpora.packing='documents'): segment ids in the batch.
+    packed: bool = False
 
 
 def configured_run() -> RunConfig:
@@ -86,6 +88,7 @@ def configured_run() -> RunConfig:
     rng_impl = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.rng_impl", "threefry2x32")
     mesh_shape = tuple(gin_cli.bound("xlmeta_jax.pretrain.trainer.train.mesh_shape", (-1, 1, 1)))
     microbatches = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.microbatches", 1)
+    packed = gin_cli.bound("xlmeta_jax.data.corpora.Corpora.packing", "blocks") == "documents"
     phases = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
     if phases is not None:
         model = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.model", None)
@@ -105,7 +108,7 @@ def configured_run() -> RunConfig:
                          mask_rate if p.mask_rate is None else p.mask_rate) for p in phases]
     return RunConfig(model=model, phases=shapes, mesh_shape=mesh_shape,
                      microbatches=microbatches, rng_impl=rng_impl, total_steps=total,
-                     steps_note=note, trainer_phases=list(phases))
+                     steps_note=note, trainer_phases=list(phases), packed=packed)
 
 
 def _experiment_run():
@@ -231,7 +234,8 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
     if run.trainer_phases:
         # The trainer's checks (sequence length vs positions, schedule, mesh) for this slice.
         try:
-            checks.validate("unused", run.model, run.trainer_phases, run.mesh_shape, n)
+            checks.validate("unused", run.model, run.trainer_phases, run.mesh_shape, n,
+                            packed=run.packed, backend="tpu")
         except checks.ConfigError as e:
             raise AotError(f"on {tpu.name}: {errors.first_line(e)}") from None
     try:
@@ -260,7 +264,8 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
                 f"({n} devices): remat {v.remat_policy!r}, microbatches {v.microbatches}, "
                 f"mesh {v.mesh_shape} ...")
             c = compile_step(run.model, phases[0].optimizer, devices, v, batch_size=batch,
-                             length=length, slots=slots, rng_impl=run.rng_impl)
+                             length=length, slots=slots, rng_impl=run.rng_impl,
+                             packed=run.packed)
             if c.available_bytes:
                 limit[0] = c.available_bytes
             check_footprint(c, limit[0])

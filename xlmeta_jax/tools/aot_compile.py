@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental.compilation_cache import compilation_cache
 
 from xlmeta_jax import errors
-from xlmeta_jax.model import mlm, partitioning
+from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import step
 from xlmeta_jax.pretrain.hardware import TpuSlice
 
@@ -156,16 +156,20 @@ def supports_microbatches() -> bool:
     return "microbatches" in inspect.signature(step.make_step_functions).parameters
 
 
-def abstract_batch(batch_size: int, length: int, slots: int, sharding) -> dict:
-    """ShapeDtypeStructs of the step's features (``mlm.STEP_FEATURES``)."""
+def abstract_batch(batch_size: int, length: int, slots: int, sharding,
+                   packed: bool = False) -> dict:
+    """ShapeDtypeStructs of the step's features (``mlm.step_features(packed)``)."""
     shapes = {"inputs": ((batch_size, length), jnp.int32),
               "mlm_positions": ((batch_size, slots), jnp.int32),
               "mlm_targets": ((batch_size, slots), jnp.int32),
-              "mlm_weights": ((batch_size, slots), jnp.float32)}
-    missing = set(mlm.STEP_FEATURES) - set(shapes)
+              "mlm_weights": ((batch_size, slots), jnp.float32),
+              "segment_ids": ((batch_size, length), jnp.int32),
+              "positions": ((batch_size, length), jnp.int32)}
+    features = mlm.step_features(packed)
+    missing = set(features) - set(shapes)
     if missing:
         raise RuntimeError(f"abstract_batch: no shape for step features {sorted(missing)}")
-    return {k: jax.ShapeDtypeStruct(*shapes[k], sharding=sharding) for k in mlm.STEP_FEATURES}
+    return {k: jax.ShapeDtypeStruct(*shapes[k], sharding=sharding) for k in features}
 
 
 _SIZE = re.compile(r"([\d.]+)\s*([KMGT]?)i?B?\b")
@@ -196,7 +200,8 @@ def parse_oom(message: str) -> tuple[float | None, float | None, tuple[str, ...]
 
 
 def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int,
-                 length: int, slots: int, rng_impl: str = "threefry2x32") -> Compiled:
+                 length: int, slots: int, rng_impl: str = "threefry2x32",
+                 packed: bool = False) -> Compiled:
     """Compiles the train step for ``devices`` and returns its memory and cost analysis.
 
     Args:
@@ -208,6 +213,7 @@ def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int
       length: sequence length.
       slots: prediction slots per sequence (``mlm.max_predictions``).
       rng_impl: PRNG of the dropout masks, as the trainer is configured.
+      packed: rows packed from whole documents (the step reads their segment ids).
 
     Returns:
       A :class:`Compiled`; ``fits`` is False when XLA refused the program for lack of
@@ -217,9 +223,12 @@ def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int
     kwargs = {"rng_impl": rng_impl}
     if variant.microbatches != 1:
         kwargs["microbatches"] = variant.microbatches
-    fns = step.make_step_functions(model.replace(remat_policy=variant.remat_policy),
-                                   optimizer, mesh, **kwargs)
-    batch = abstract_batch(batch_size, length, slots, fns.batch_sharding)
+    # The kernel a TPU runs: 'auto' traced on this host would pick the host's.
+    kernel = network.resolve_attention_impl(model.attention_impl, model.dtype, "tpu", length)
+    fns = step.make_step_functions(
+        model.replace(remat_policy=variant.remat_policy, attention_impl=kernel), optimizer,
+        mesh, packed=packed, **kwargs)
+    batch = abstract_batch(batch_size, length, slots, fns.batch_sharding, packed)
     t0 = time.time()
     try:
         with _no_compilation_cache():

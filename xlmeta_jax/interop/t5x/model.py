@@ -208,6 +208,11 @@ class MaskedLMModel(t5x_models.BaseModel):
         self.masking = masking
         # t5x builds its converter from this attribute, as its own models set it per instance.
         self.FEATURE_CONVERTER_CLS = functools.partial(MLMFeatureConverter, masking=masking)
+        if network.resolve_attention_impl(config.attention_impl, config.dtype) == "splash":
+            # t5x partitions under its own mesh context, in which the splash kernel's
+            # shard_map finds no mesh (the kernel would run on gathered arrays): t5x's
+            # runs attend on XLA's path on a TPU (docs/performance.md).
+            config = config.replace(attention_impl="xla")
         self.config = config
         self.module = network.masked_lm(config)
         self.mask_id = int(mask_id)
