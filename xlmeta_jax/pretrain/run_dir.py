@@ -11,6 +11,8 @@
   or the error names the field that differs.
 * :func:`built_whole` — a folder prepared once for a run (the demo's or the
   experiment's corpus and vocabulary) appears whole or not at all.
+* :func:`use_compilation_cache` — JAX's persistent compilation cache, by default in
+  ``MODEL_DIR/compilation_cache``: a resume or the next stage reuses compiled steps.
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ import os
 import socket
 import sys
 
+import jax
+from jax.experimental.compilation_cache import compilation_cache
+
 from xlmeta_jax.errors import UserError
 
 log = logging.getLogger("xlmeta_jax.train")
 
 LOCK_NAME = ".lock"
+# JAX's persistent compilation cache of a run (train.compilation_cache_dir's default).
+COMPILATION_CACHE = "compilation_cache"
 
 # EncoderConfig fields that only choose how the same computation runs; a resume
 # may change them (e.g. a GPU resume of a CPU run picks cuDNN attention).
@@ -189,3 +196,28 @@ def check_stored_config(where: str, meta: dict, model, phase, data_seed: int | N
             f"{where} is at step {stored_step}, beyond the requested num_steps="
             f"{phase.num_steps} of phase {phase.name!r}"
         )
+
+
+def use_compilation_cache(model_dir: str, path: str | None) -> str | None:
+    """Points JAX's persistent compilation cache at ``path`` (returns it).
+
+    Args:
+      model_dir: the run directory.
+      path: ``train.compilation_cache_dir``: a folder (``gs://`` too), ``''`` for no
+        cache, or None: the cache JAX already has (``JAX_COMPILATION_CACHE_DIR``, shared
+        between runs), else ``MODEL_DIR/compilation_cache``.
+
+    Returns:
+      The folder in use, or None when there is none.
+    """
+    current = jax.config.jax_compilation_cache_dir
+    if path == "":
+        jax.config.update("jax_enable_compilation_cache", False)
+    else:
+        path = path or current or os.path.join(model_dir, COMPILATION_CACHE)
+        if path == current:
+            return path
+        jax.config.update("jax_compilation_cache_dir", path)
+    # JAX opens its cache once, at the first compile that looks for it.
+    compilation_cache.reset_cache()
+    return path or None

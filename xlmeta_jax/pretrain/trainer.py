@@ -107,6 +107,7 @@ def train(
     describe: Callable[[str], str] = str,
     prepare: Callable[[], Any] | None = None,
     new_process_count: str | None = None,
+    compilation_cache_dir: str | None = None,
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
 
@@ -145,6 +146,10 @@ def train(
         count than the one that wrote its checkpoint: parameters and optimizer state are
         restored onto the new mesh and every host's input stream restarts from
         ``seeds.reseeded(phase seed, step, process count)``; None refuses such a resume.
+      compilation_cache_dir: JAX's persistent compilation cache, so that a resume (or a
+        later phase of the same shapes) loads its compiled steps: a folder (``gs://``
+        too), ``''`` for none; None: ``JAX_COMPILATION_CACHE_DIR`` when set, else
+        ``MODEL_DIR/compilation_cache``.
     """
     # ---------------------------------------------------------------- validate
     # Checked before any data is prepared or read or code compiled: the settings, then
@@ -189,6 +194,7 @@ def train(
         if prepare is not None:
             prepare()
         check_vocabulary(cfg.vocab_path, model)
+        run_dir.use_compilation_cache(model_dir, compilation_cache_dir)
         mesh = partitioning.create_mesh(*mesh_shape)
         log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s",
                  hardware.device_description(), mesh_shape,
