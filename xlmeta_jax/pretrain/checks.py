@@ -176,7 +176,7 @@ def _check_predictions(p: Phase, masking: mlm.Masking, describe: Callable[[str],
     the blocks predicts nothing, and far below the loss, accuracy and gradient are 0 on
     every step. Below half a prediction per block, most blocks train nothing.
     """
-    rate = p.mask_rate if p.mask_rate is not None else masking.rate
+    rate = p.masking_rate(masking.rate)
     expected = rate * (p.sequence_length - 2)
     if expected < 0.5:
         source = (describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.mask_rate")

@@ -115,6 +115,10 @@ class Phase:
         return OptimizerConfig(total_steps=self.num_steps,
                                warmup_steps=max(1, int(0.06 * self.num_steps)))
 
+    def masking_rate(self, run_rate: float) -> float:
+        """The share of tokens the phase masks: its own ``mask_rate``, else the run's."""
+        return run_rate if self.mask_rate is None else self.mask_rate
+
     def has_own_data(self) -> bool:
         """Whether the phase sets its languages, alpha or masking rate itself."""
         return any(v is not None for v in (self.languages, self.alpha, self.mask_rate))

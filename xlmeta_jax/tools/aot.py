@@ -105,7 +105,7 @@ def configured_run() -> RunConfig:
         phases, model, total, note = _experiment_run()
     shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
                          p.optimizer_config(),
-                         mask_rate if p.mask_rate is None else p.mask_rate) for p in phases]
+                         p.masking_rate(mask_rate)) for p in phases]
     return RunConfig(model=model, phases=shapes, mesh_shape=mesh_shape,
                      microbatches=microbatches, rng_impl=rng_impl, total_steps=total,
                      steps_note=note, trainer_phases=list(phases), packed=packed)
