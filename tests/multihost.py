@@ -24,6 +24,7 @@ def env(devices: int = 8) -> dict:
     e["PYTHONPATH"] = os.fspath(REPO) + os.pathsep + e.get("PYTHONPATH", "")
     # A process the tests end for running too long prints every thread's stack (SIGABRT).
     e["PYTHONFAULTHANDLER"] = "1"
+    e["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "true"
     return e
 
 
