@@ -105,19 +105,23 @@ def test_t5x_run_resolves_like_ours(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("impl", "dtype", "backend", "expected"),
+    ("impl", "dtype", "backend", "length", "expected"),
     [
-        ("auto", "float32", "gpu", "xla"),  # cuDNN attention rejects fp32
-        ("auto", "bfloat16", "gpu", "cudnn"),
-        ("auto", "float16", "gpu", "cudnn"),
-        ("auto", "bfloat16", "cpu", "xla"),
-        ("auto", "bfloat16", "tpu", "xla"),
-        ("cudnn", "float32", "gpu", "cudnn"),  # an explicit choice is kept
-        ("xla", "bfloat16", "gpu", "xla"),
+        ("auto", "float32", "gpu", None, "xla"),  # cuDNN attention rejects fp32
+        ("auto", "bfloat16", "gpu", None, "cudnn"),
+        ("auto", "float16", "gpu", None, "cudnn"),
+        ("auto", "bfloat16", "cpu", None, "xla"),
+        ("auto", "bfloat16", "tpu", None, "splash"),
+        ("auto", "float32", "tpu", 512, "splash"),
+        ("auto", "bfloat16", "tpu", 8, "xla"),  # splash tiles rows of 128 tokens
+        ("splash", "bfloat16", "tpu", 100, "xla"),
+        ("splash", "bfloat16", "tpu", 1024, "splash"),
+        ("cudnn", "float32", "gpu", None, "cudnn"),  # an explicit choice is kept
+        ("xla", "bfloat16", "gpu", None, "xla"),
     ],
 )
-def test_auto_attention_resolution(impl, dtype, backend, expected):
-    assert network.resolve_attention_impl(impl, dtype, backend) == expected
+def test_auto_attention_resolution(impl, dtype, backend, length, expected):
+    assert network.resolve_attention_impl(impl, dtype, backend, length) == expected
 
 
 def test_fp32_evaluation_of_an_auto_checkpoint_stays_on_xla_on_gpu(monkeypatch):

@@ -454,13 +454,15 @@ def test_overwrite_replaces_the_whole_folder_and_leaves_no_trace(corpus, tmp_pat
 # The command in a process of its own, whose token cache job sends the process a real
 # SIGINT once it has written one language's cache.
 _SIGINT_DRIVER = """
-import os, signal, sys
+import os, signal, sys, threading
 from xlmeta_jax import errors
 from xlmeta_jax.data import prepare, token_cache
 real = token_cache.cache_tasks
 def half(task_names, cache_dir, **kw):
     real(task_names[:1], cache_dir, **kw)
-    os.kill(os.getpid(), signal.SIGINT)
+    # To the main thread, where Python runs the handler: a signal to the process may be
+    # taken by another thread, and pause() below would then wait for a second one.
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
     signal.pause()  # the handler raises KeyboardInterrupt before this returns
 token_cache.cache_tasks = half
 errors.exit_with(prepare.main, prog="xlmeta_jax.data.prepare")

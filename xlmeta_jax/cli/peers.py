@@ -10,7 +10,8 @@ and, when it appears (after a grace of five seconds, in which a process failing 
 way ends with its own line), ends itself at once, as ``kill`` would, with ``process I
 failed: <line>`` and the same exit status (2: a user error, 1: a bug); MODEL_DIR's lock of
 such a process is taken over by the next start. Process 0 hosts the store: before it ends, it waits
-(seconds at most) until each peer has read the line. A Ctrl-C stop is not a failure:
+(seconds at most) until each peer has read the line, and two seconds more for the peers to
+exit. A Ctrl-C stop is not a failure:
 every process agrees on its step and ends by itself (pretrain/signals.py).
 """
 
@@ -40,6 +41,10 @@ _POLL_MS = 1_000
 _GRACE_SECONDS = 5.0
 # How long process 0 keeps the store up for its peers to read a failure.
 _WAIT_FOR_PEERS_SECONDS = 15.0
+# And then for its peers' exits: a peer marks itself done just before its os._exit, and a
+# service that ends in between makes the peer's client abort the peer (SIGABRT, not its
+# status), as a peer descheduled for a moment on a loaded host saw.
+_AFTER_PEERS_SECONDS = 2.0
 
 _ending = threading.Lock()  # held by whichever path ends this process
 _finished = threading.Event()  # the command returned: the watcher stands down
@@ -76,6 +81,7 @@ def watch(prog: str) -> None:
                     client.blocking_key_value_get(f"{_DONE}/{peer}", left)
                 except Exception:  # noqa: BLE001, S112 - a peer that ended without a word
                     continue
+            time.sleep(_AFTER_PEERS_SECONDS)
         os._exit(status)
 
     def failed(status: int, line: str, summary: str) -> None:
