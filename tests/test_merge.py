@@ -71,6 +71,57 @@ def test_ties_matches_reference(density):
         assert not np.allclose(want, full)
 
 
+def _mergekit_ties(base, thetas, weights, density):
+    """mergekit's ``ties`` on one tensor, transcribed in torch: ``sparsify.magnitude``
+    (exactly k entries), ``get_mask(method='sum')`` and ``GTATask.execute`` with
+    ``normalize=True`` (the weighted disjoint mean)."""
+    torch = pytest.importorskip("torch")
+    base_t = torch.tensor(base, dtype=torch.float64)
+    deltas = []
+    for x in thetas:
+        delta = torch.tensor(x, dtype=torch.float64) - base_t
+        if density < 1:
+            k = int(density * delta.numel())
+            mask = torch.zeros_like(delta)
+            topk = torch.argsort(delta.abs().view(-1), descending=True)[:k]
+            mask.view(-1)[topk] = 1
+            delta = delta * mask
+        deltas.append(delta)
+    deltas = torch.stack(deltas, dim=0)
+    w = torch.tensor(weights, dtype=deltas.dtype)
+    while len(deltas.shape) > len(w.shape):
+        w.unsqueeze_(-1)
+    weighted = deltas * w
+    sign = weighted.sign()
+    majority = (weighted.sum(dim=0) >= 0).to(weighted.dtype) * 2 - 1
+    mask = sign == majority
+    mixed = (weighted * mask).sum(dim=0)
+    divisor = (w * mask).sum(dim=0)
+    divisor[divisor == 0] = 1
+    return (base_t + mixed / divisor).numpy()
+
+
+@pytest.mark.parametrize("density", [0.2, 0.5, 1.0])
+@pytest.mark.parametrize("weights", [None, [1.0, 2.0, 0.5]])
+def test_ties_per_tensor_matches_mergekit(density, weights):
+    rng = np.random.default_rng(3)
+    base = _tree(rng)
+    models = [jax.tree.map(lambda x: x + rng.standard_normal(x.shape).astype(np.float32), base)
+              for _ in range(3)]
+    # A zero weighted sum elects +: one entry where the task vectors cancel exactly.
+    models[1]["b"][0] = 2 * base["b"][0] - models[0]["b"][0]
+    models[2]["b"][0] = base["b"][0]
+    got = merging.ties_per_tensor(models, base, density=density, weights=weights)
+    for (path, x), b, *thetas in zip(jax.tree_util.tree_leaves_with_path(got),
+                                     jax.tree.leaves(base), *map(jax.tree.leaves, models)):
+        want = _mergekit_ties(b, thetas, weights or [1.0] * 3, density)
+        np.testing.assert_allclose(x, want.astype(np.float32), rtol=1e-6, atol=1e-7,
+                                   err_msg=jax.tree_util.keystr(path))
+    if density < 1:
+        # Per tensor is not per model: the trims (hence the merges) differ.
+        assert not np.allclose(_flat(got), _flat(merging.ties(models, base, density=density)))
+
+
 def test_linear_is_the_weighted_mean():
     rng = np.random.default_rng(1)
     models = [_tree(rng) for _ in range(3)]
@@ -132,12 +183,31 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+def test_mergekit_ties_of_checkpoints_with_weights(saved, tmp_path):
+    out = merging.merge([saved["b"], saved["c"]], os.fspath(tmp_path / "m"), method="ties",
+                        base=saved["a"], density=0.3, trim="tensor", weights=[2.0, 1.0])
+    merged, base = _params(out), _params(saved["a"])
+    thetas = [_params(saved[n]) for n in "bc"]
+    for (path, x), b, t1, t2 in zip(jax.tree_util.tree_leaves_with_path(merged),
+                                    jax.tree.leaves(base), *map(jax.tree.leaves, thetas)):
+        want = _mergekit_ties(b, [t1, t2], [2.0, 1.0], 0.3)
+        np.testing.assert_allclose(x, want.astype(x.dtype), rtol=1e-6, atol=1e-7,
+                                   err_msg=jax.tree_util.keystr(path))
+    assert checkpoints.read_meta(out)["initialized_from"].startswith(
+        "ties(trim=tensor, density=0.3, scaling=1, weights=2,1")
+
+
 @pytest.mark.parametrize("case, match", [
     ("other", "has num_layers=1"),
     ("one", "merging needs 2 or more"),
     ("ties_no_base", "--method=ties needs --base"),
     ("density", "--density=1.5 must be in (0, 1]"),
     ("output", "exists and is not an empty folder"),
+    ("ties_weights", "--weights with --method=ties: the TIES authors' merge (--trim=model)"),
+    ("linear_ties_flags", "--base, --density, --scaling are for --method=ties"),
+    ("weights_inf", "--weights=1.0,inf: one finite weight >= 0 per checkpoint"),
+    ("trim", "--trim='layer' is not one of ('model', 'tensor')"),
+    ("tiny_tensor", "keeps none of the"),
 ])
 def test_refusals_are_one_line_and_write_nothing(saved, tmp_path, case, match):
     out = tmp_path / "out"
@@ -148,6 +218,16 @@ def test_refusals_are_one_line_and_write_nothing(saved, tmp_path, case, match):
         "density": [f"--checkpoints={saved['a']},{saved['b']}", "--method=ties",
                     f"--base={saved['c']}", "--density=1.5"],
         "output": [f"--checkpoints={saved['a']},{saved['b']}"],
+        "ties_weights": [f"--checkpoints={saved['a']},{saved['b']}", "--method=ties",
+                         f"--base={saved['c']}", "--weights=1,2"],
+        "linear_ties_flags": [f"--checkpoints={saved['a']},{saved['b']}",
+                              f"--base={saved['c']}", "--density=0.5", "--scaling=2"],
+        "weights_inf": [f"--checkpoints={saved['a']},{saved['b']}", "--weights=1,inf"],
+        "trim": [f"--checkpoints={saved['a']},{saved['b']}", "--method=ties",
+                 f"--base={saved['c']}", "--trim=layer"],
+        # A LayerNorm scale of 64 entries at density 0.01 keeps int(0.64) = 0 of them.
+        "tiny_tensor": [f"--checkpoints={saved['a']},{saved['b']}", "--method=ties",
+                        f"--base={saved['c']}", "--trim=tensor", "--density=0.01"],
     }[case]
     if case == "output":
         out.mkdir()

@@ -23,6 +23,9 @@ from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import checkpoints, loading
 
 METHODS = ("linear", "ties")
+# How TIES trims its task vectors: 'model', the TIES authors' code (each model's whole task
+# vector to its density share); 'tensor', mergekit's (each tensor to its density share).
+TRIMS = ("model", "tensor")
 
 
 class MergeError(errors.UserError, ValueError):
@@ -78,6 +81,53 @@ def ties(params: Sequence, base, *, density: float = 0.2, scaling: float = 1.0):
     return jax.tree.unflatten(treedef, out)
 
 
+def ties_per_tensor(params: Sequence, base, *, density: float = 0.2, scaling: float = 1.0,
+                    weights: Sequence[float] | None = None):
+    """TIES merging as mergekit's ``ties`` method computes it, tensor by tensor.
+
+    For each tensor: each model's task vector ``tau_t = theta_t - base`` keeps exactly its
+    ``k = int(density * size)`` largest magnitudes (``sparsify``'s ``magnitude``); the
+    vectors are weighted (``weights``, default 1 each); each entry elects the sign of the
+    weighted sum, ``+1`` where that sum is 0 (``get_mask(method='sum')``); the weighted
+    entries of that sign are summed and divided by the sum of their models' weights (the
+    normalised disjoint mean), and ``base + scaling * mean`` is returned (mergekit: scaling
+    1).
+
+    Raises:
+      MergeError: a tensor whose ``int(density * size)`` is 0 (mergekit refuses that too).
+    """
+    w = np.ones(len(params)) if weights is None else np.asarray(weights, np.float64)
+    leaves, treedef = jax.tree.flatten(base)
+    out = []
+    for index, (b, *thetas) in enumerate(zip(leaves, *(jax.tree.leaves(p) for p in params))):
+        b64 = np.asarray(b, np.float64)
+        tau = np.stack([np.asarray(t, np.float64) - b64 for t in thetas]).reshape(
+            len(thetas), -1)
+        size = tau.shape[1]
+        if density < 1:
+            keep = int(density * size)
+            if keep == 0:
+                name = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(base)[0][
+                    index][0])
+                raise MergeError(f"--density={density:g} keeps none of the {size} entries of "
+                                 f"{name} (int(density x size) = 0): raise it, or trim per "
+                                 "model (--trim=model)")
+            # Exactly k per model: the first k of a stable sort by falling magnitude.
+            order = np.argsort(-np.abs(tau), axis=1, kind="stable")[:, :keep]
+            mask = np.zeros_like(tau, bool)
+            np.put_along_axis(mask, order, True, axis=1)
+            tau = np.where(mask, tau, 0.0)
+        weighted = tau * w[:, None]
+        majority = np.where(weighted.sum(axis=0) >= 0, 1.0, -1.0)
+        agree = np.sign(weighted) == majority
+        divisor = (w[:, None] * agree).sum(axis=0)
+        divisor[divisor == 0] = 1.0
+        mean = (weighted * agree).sum(axis=0) / divisor
+        merged = b64 + scaling * mean.reshape(np.shape(b))
+        out.append(merged.astype(np.asarray(b).dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Loaded:
     path: str
@@ -123,27 +173,53 @@ def _check_compatible(models: Sequence[_Loaded]) -> None:
 
 
 def check_settings(checkpoints_: Sequence[str], method: str, base: str | None,
-                   density: float, output: str) -> None:
-    """The settings' own checks, before any checkpoint is read."""
+                   density: float | None, output: str, *, scaling: float | None = None,
+                   weights: Sequence[float] | None = None, trim: str | None = None) -> None:
+    """The settings' own checks, before any checkpoint is read.
+
+    ``density``, ``scaling`` and ``trim`` are None where not given (their defaults then
+    apply to 'ties'); given to 'linear', which has no use for them, they are refused, as
+    is ``base``. Weights apply to 'linear' and to mergekit's TIES (``trim='tensor'``).
+    """
     if method not in METHODS:
         raise MergeError(f"--method={method!r} is not one of {METHODS}")
     if len(checkpoints_) < 2:
         raise MergeError(f"--checkpoints names {len(checkpoints_)} checkpoint; merging needs 2 "
                          "or more, separated by commas")
+    if method == "linear":
+        given = [f for f, v in (("--base", base), ("--density", density),
+                                ("--scaling", scaling), ("--trim", trim)) if v is not None]
+        if given:
+            raise MergeError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for "
+                             "--method=ties; --method=linear averages with --weights only")
     if method == "ties" and not base:
         raise MergeError("--method=ties needs --base (the checkpoint the task vectors are "
                          "taken against, e.g. the run's stage before the decay variants)")
-    if not 0.0 < density <= 1.0:
+    if trim is not None and trim not in TRIMS:
+        raise MergeError(f"--trim={trim!r} is not one of {TRIMS}")
+    if density is not None and not 0.0 < density <= 1.0:
         raise MergeError(f"--density={density} must be in (0, 1] (the share of each task "
                          "vector kept)")
+    if scaling is not None and not np.isfinite(scaling):
+        raise MergeError(f"--scaling={scaling} must be a finite number")
+    if weights is not None:
+        if (len(weights) != len(checkpoints_) or not all(np.isfinite(weights))
+                or min(weights) < 0 or not sum(weights) > 0):
+            raise MergeError(f"--weights={','.join(map(str, weights))}: one finite weight "
+                             f">= 0 per checkpoint ({len(checkpoints_)}), not all 0")
+        if method == "ties" and (trim or "model") == "model":
+            raise MergeError("--weights with --method=ties: the TIES authors' merge "
+                             "(--trim=model) has no weights; mergekit's (--trim=tensor) "
+                             "weights each task vector")
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise MergeError(f"--output={output} exists and is not an empty folder; merge into a "
                          "new one")
 
 
 def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",
-          base: str | None = None, density: float = 0.2, scaling: float = 1.0,
-          weights: Sequence[float] | None = None) -> str:
+          base: str | None = None, density: float | None = None,
+          scaling: float | None = None, weights: Sequence[float] | None = None,
+          trim: str | None = None) -> str:
     """Merges checkpoints of one model into a new parameters checkpoint; returns its step dir.
 
     Args:
@@ -152,20 +228,23 @@ def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",
       output: a new (or empty) folder; written as a phase directory with step 0.
       method: 'linear' (weighted mean) or 'ties' (against ``base``).
       base: the checkpoint task vectors are taken against ('ties').
-      density: 'ties': the share of each task vector's largest magnitudes kept.
-      scaling: 'ties': the merged task vector's factor (lambda).
-      weights: 'linear': one weight per checkpoint (default: equal).
+      density: 'ties': the share of each task vector's largest magnitudes kept (0.2).
+      scaling: 'ties': the merged task vector's factor (lambda; 1).
+      weights: 'linear', and 'ties' with ``trim='tensor'``: one weight per checkpoint
+        (default: equal).
+      trim: 'ties': 'model' (default: the TIES authors' code, bit for bit, each model's
+        whole task vector trimmed) or 'tensor' (mergekit's: each tensor trimmed).
 
     Raises:
       MergeError: bad settings, or checkpoints of different models or vocabularies.
       CheckpointError: a checkpoint is missing or damaged.
     """
     output = checkpoints.absolute(output)
-    check_settings(checkpoints_, method, base, density, output)
-    if weights is not None and (len(weights) != len(checkpoints_) or min(weights) < 0
-                                or not sum(weights) > 0):
-        raise MergeError(f"--weights={','.join(map(str, weights))}: one weight >= 0 per "
-                         f"checkpoint ({len(checkpoints_)}), not all 0")
+    check_settings(checkpoints_, method, base, density, output, scaling=scaling,
+                   weights=weights, trim=trim)
+    density = 0.2 if density is None else density
+    scaling = 1.0 if scaling is None else scaling
+    trim = trim or "model"
     models = [_load(p) for p in checkpoints_]
     base_model = _load(base) if base else None
     _check_compatible(models + ([base_model] if base_model else []))
@@ -173,9 +252,15 @@ def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",
     if method == "linear":
         merged = linear(params, weights)
         how = "linear"
-    else:
+    elif trim == "model":
         merged = ties(params, base_model.params, density=density, scaling=scaling)
         how = f"ties(density={density:g}, scaling={scaling:g}, base={base_model.step_dir})"
+    else:
+        merged = ties_per_tensor(params, base_model.params, density=density, scaling=scaling,
+                                 weights=weights)
+        how = (f"ties(trim=tensor, density={density:g}, scaling={scaling:g}"
+               + (f", weights={','.join(f'{x:g}' for x in weights)}" if weights else "")
+               + f", base={base_model.step_dir})")
     provenance = f"{how} of " + ", ".join(m.step_dir for m in models)
     step_dir = checkpoints.save_params(output, models[0].config, merged,
                                        vocab_path=models[0].vocab_path,

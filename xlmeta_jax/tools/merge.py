@@ -25,12 +25,19 @@ def _parser():
     p.add_argument("--base", default=None, type=files.path_flag("--base"),
                    help="ties: the checkpoint task vectors are "
                    "taken against")
-    p.add_argument("--density", type=float, default=0.2,
-                   help="ties: share of each task vector's largest magnitudes kept")
-    p.add_argument("--scaling", type=float, default=1.0,
-                   help="ties: factor of the merged task vector (lambda)")
+    p.add_argument("--density", type=float, default=None,
+                   help="ties: share of each task vector's largest magnitudes kept (0.2)")
+    p.add_argument("--scaling", type=float, default=None,
+                   help="ties: factor of the merged task vector (lambda; 1)")
+    p.add_argument("--trim", default=None,
+                   help="ties: 'model' (default): the TIES authors' code, bit for bit: each "
+                   "model's whole task vector keeps its density share of largest magnitudes; "
+                   "'tensor': mergekit's ties: each tensor keeps exactly int(density x size) "
+                   "entries per model, a zero sign sum elects +, and --weights weight the "
+                   "task vectors")
     p.add_argument("--weights", default=None,
-                   help="linear: one weight per checkpoint, separated by commas")
+                   help="linear, and ties with --trim=tensor: one weight per checkpoint, "
+                   "separated by commas")
     p.add_argument("--output", required=True, type=files.path_flag("--output"),
                    help="a new folder for the merged checkpoint")
     errors.add_debug_flag(p)
@@ -49,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             raise merging.MergeError(f"--weights={args.weights!r} is not a list of numbers "
                                      "separated by commas") from None
     out = merging.merge(paths, args.output, method=args.method, base=args.base,
-                        density=args.density, scaling=args.scaling, weights=weights)
+                        density=args.density, scaling=args.scaling, weights=weights,
+                        trim=args.trim)
     print(f"wrote {out}")
     return 0
 
