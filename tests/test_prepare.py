@@ -455,6 +455,11 @@ def test_overwrite_replaces_the_whole_folder_and_leaves_no_trace(corpus, tmp_pat
 # SIGINT once it has written one language's cache.
 _SIGINT_DRIVER = """
 import os, signal, sys, threading
+# As a shell starts a command: SIGINT raises KeyboardInterrupt, unblocked. A process
+# inherits an ignored or blocked SIGINT from its parent (the test worker), and Python then
+# keeps it ignored: the signal below would never arrive and pause() would wait forever.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 from xlmeta_jax import errors
 from xlmeta_jax.data import prepare, token_cache
 real = token_cache.cache_tasks
