@@ -37,6 +37,11 @@ EOS_AFTER = ("line", "document")
 PACKING = ("blocks", "documents")
 
 
+def packs_documents(packing: str) -> bool:
+    """Whether ``Corpora.packing`` packs whole documents (rows carry segment ids)."""
+    return packing == "documents"
+
+
 @dataclasses.dataclass(frozen=True)
 class Corpora:
     """The corpora of a run and how their blocks are built; see :func:`tasks.register`."""
@@ -137,7 +142,7 @@ class Corpora:
     @property
     def packed(self) -> bool:
         """Rows packed from whole documents: batches carry ``mlm.PACKED_FEATURES``."""
-        return self.packing == "documents"
+        return packs_documents(self.packing)
 
     def cc100_languages(self) -> tuple[str, ...]:
         """The CC-100 mixture's languages."""

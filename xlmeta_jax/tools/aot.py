@@ -26,6 +26,7 @@ from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import experiment as experiment_cli
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
+from xlmeta_jax.data import corpora
 from xlmeta_jax.experiment.arms import Budget, arm_phases
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import checks, flops
@@ -88,7 +89,8 @@ def configured_run() -> RunConfig:
     rng_impl = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.rng_impl", "threefry2x32")
     mesh_shape = tuple(gin_cli.bound("xlmeta_jax.pretrain.trainer.train.mesh_shape", (-1, 1, 1)))
     microbatches = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.microbatches", 1)
-    packed = gin_cli.bound("xlmeta_jax.data.corpora.Corpora.packing", "blocks") == "documents"
+    packed = corpora.packs_documents(
+        gin_cli.bound("xlmeta_jax.data.corpora.Corpora.packing", "blocks"))
     phases = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
     if phases is not None:
         model = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.model", None)
