@@ -132,6 +132,29 @@ BAD_BINDINGS = [
     (["--gin.xlmeta_jax.model.optimizer.OptimizerConfig.learning_rate=1e999"],
      ["OptimizerConfig.learning_rate = inf",
       "must be a finite number > 0"]),
+    # Stages in tokens, RoPE per stage, the merge step (mmBERT's recipe).
+    (["--gin.phase1/xlmeta_jax.pretrain.trainer.Phase.num_tokens=2048"],
+     ["phase1/xlmeta_jax.pretrain.trainer.Phase.num_tokens", "num_steps=4", "give one"]),
+    (["--gin.phase2/xlmeta_jax.pretrain.trainer.Phase.num_tokens=-5"],
+     ["phase2/xlmeta_jax.pretrain.trainer.Phase.num_tokens", "> 0"]),
+    (["--gin.phase2/xlmeta_jax.pretrain.trainer.Phase.global_rope_theta=160000.0"],
+     ["global_rope_theta=160000.0", "'xlmr' family"]),
+    (["--gin.phase2/xlmeta_jax.pretrain.trainer.Phase.local_rope_theta=0.5"],
+     ["phase2/xlmeta_jax.pretrain.trainer.Phase.local_rope_theta", "RoPE base > 1"]),
+    (["--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every_tokens=0"],
+     ["train.checkpoint_every_tokens = 0", "integer > 0"]),
+    *[(["--gin.xlmeta_jax.pretrain.trainer.train.merge=@xlmeta_jax.pretrain.trainer.Merge()",
+        *[f"--gin.xlmeta_jax.pretrain.trainer.Merge.{b}" for b in bindings]], parts)
+      for bindings, parts in [
+          (["branches=['phase2', 'nope']", "base='phase1'"],
+           ["Merge.branches names 'nope'", "not a phase of the run"]),
+          (["branches=['phase1', 'phase2']"], ["Merge.base", "needs base"]),
+          (["branches=['phase2']", "base='phase1'"], ["Merge.branches", "2 or more"]),
+          (["branches=['phase1', 'phase2']", "base='phase1'"],
+           ["Merge.base='phase1' is one of the branches"]),
+          (["branches=['phase1', 'phase2']", "method='linear'", "density=0.5"],
+           ["Merge.density", "linear"]),
+      ]],
 ]
 
 

@@ -39,8 +39,15 @@ xlmeta_jax.pretrain.trainer.train.keep_checkpoints = 2
 xlmeta_jax.pretrain.trainer.train.log_every = 10
 # Gradient accumulation on: the kill-and-resume tests then cover the accumulated step.
 xlmeta_jax.pretrain.trainer.train.microbatches = 2
+# Two branches from phase 1 (phase2, and a short one with its own masking), merged with TIES:
+# the kill-and-resume tests then cover a branch and the merge step.
 xlmeta_jax.pretrain.trainer.train.phases = [
-    @phase1/xlmeta_jax.pretrain.trainer.Phase(), @phase2/xlmeta_jax.pretrain.trainer.Phase()]
+    @phase1/xlmeta_jax.pretrain.trainer.Phase(), @phase2/xlmeta_jax.pretrain.trainer.Phase(),
+    @branch/xlmeta_jax.pretrain.trainer.Phase()]
+xlmeta_jax.pretrain.trainer.train.merge = @xlmeta_jax.pretrain.trainer.Merge()
+xlmeta_jax.pretrain.trainer.Merge.branches = ['phase2', 'branch']
+xlmeta_jax.pretrain.trainer.Merge.base = 'phase1'
+xlmeta_jax.pretrain.trainer.Merge.density = 0.5
 xlmeta_jax.pretrain.trainer.Phase.task = 'synthetic'
 xlmeta_jax.pretrain.trainer.Phase.num_steps = {steps}
 xlmeta_jax.pretrain.trainer.Phase.batch_size = 8
@@ -48,6 +55,10 @@ xlmeta_jax.pretrain.trainer.Phase.sequence_length = 32
 phase1/xlmeta_jax.pretrain.trainer.Phase.name = 'phase1'
 phase2/xlmeta_jax.pretrain.trainer.Phase.name = 'phase2'
 phase2/xlmeta_jax.pretrain.trainer.Phase.init_from = 'phase1'
+branch/xlmeta_jax.pretrain.trainer.Phase.name = 'branch'
+branch/xlmeta_jax.pretrain.trainer.Phase.init_from = 'phase1'
+branch/xlmeta_jax.pretrain.trainer.Phase.num_steps = 10
+branch/xlmeta_jax.pretrain.trainer.Phase.mask_rate = 0.3
 """
 
 
@@ -96,9 +107,11 @@ def reference_run(run_gin, tmp_path_factory):
 @pytest.mark.slow
 def test_two_phases_log_and_handoff(reference_run):
     model_dir, stdout = reference_run
-    # Progress lines name phase, step/total, loss, accuracy, lr, grad norm, tokens/s, ETA.
-    assert f"[phase1] step 10/{STEPS} | loss" in stdout
-    assert f"[phase2] step {STEPS}/{STEPS} | loss" in stdout
+    # Progress lines name phase, step/total, tokens seen (a phase's init_from chain's
+    # included), loss, accuracy, lr, grad norm, tokens/s, ETA.
+    assert f"[phase1] step 10/{STEPS} | 2.56k tokens | loss" in stdout
+    assert f"[phase2] step {STEPS}/{STEPS} | 20.48k tokens | loss" in stdout
+    assert "[branch] step 10/10 | 12.8k tokens | loss" in stdout
     for field in ("| acc ", "| lr ", "| gnorm ", "tok/s", "| MFU ", "| ETA "):
         assert field in stdout
     assert (model_dir / "config.gin").is_file()
@@ -113,6 +126,11 @@ def test_two_phases_log_and_handoff(reference_run):
         steps = sorted(int(p.name) for p in (model_dir / phase).iterdir() if p.name.isdigit())
         assert steps == [STEPS - 5, STEPS]
     assert list((model_dir / "phase1" / "train").glob("events.out.tfevents.*"))
+    # The merge step ends the run: MODEL_DIR resolves to it (fine-tuning, export).
+    assert "[merged] merging phase2, branch (ties against phase1)" in stdout
+    assert loading.find_step_dir(model_dir) == model_dir / "merged" / "0"
+    assert "of " + os.fspath(model_dir / "phase2" / str(STEPS)) in checkpoints.read_meta(
+        model_dir / "merged" / "0")["initialized_from"]
 
 
 def _wait_for(path, proc, timeout=300):
@@ -150,6 +168,9 @@ def test_kill_and_resume_matches_uninterrupted(reference_run, run_gin, tmp_path,
     params, meta = _final_params(model_dir)
     _assert_same_params(ref_params, params)
     assert meta["metrics"] == ref_meta["metrics"]
+    # The run's product, the merge of its branches (MODEL_DIR resolves to it), too.
+    _assert_same_params(checkpoints.restore_params(loading.find_step_dir(ref_dir)),
+                        checkpoints.restore_params(loading.find_step_dir(model_dir)))
 
 
 def _tiny(**kw):
@@ -223,6 +244,16 @@ def test_checkpoint_refuses_non_finite_params(tmp_path):
          r"\(sequence_length 32"),
         (dict(corpora=Corpora(masking=mlm.Masking(rate=0.001))),
          r"masking rate 0.001 .*raise it to at least 0.0167"),
+        # A merge over branches the merged model could not be both of.
+        (dict(phases=[trainer.Phase("a", "synthetic", 2, 8, 32),
+                      trainer.Phase("b", "synthetic", 2, 8, 64, init_from="a"),
+                      trainer.Phase("c", "synthetic", 2, 8, 32, init_from="a")],
+              merge=trainer.Merge(branches=["b", "c"], base="a")),
+         r"merge: branches 'b' \(sequence_length=64\) and 'c' \(sequence_length=32\) are of "
+         r"different shapes"),
+        (dict(phases=[trainer.Phase("a", "synthetic", 2, 8, 32)],
+              merge=trainer.Merge(branches=["a", "b"], base="a")),
+         r"Merge.branches names 'b', which is not a phase of the run \(\['a'\]\)"),
     ],
 )
 def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, match):
@@ -237,6 +268,24 @@ def test_invalid_config_fails_before_compiling(tmp_path, monkeypatch, kwargs, ma
     args.update(kwargs)
     with pytest.raises(trainer.ConfigError, match=match):
         trainer.train(**args)
+
+
+def test_a_stored_phase_is_resumed_only_with_its_rope_bases_and_length():
+    from xlmeta_jax.pretrain import run_dir
+
+    model = network.get_config("modernbert_tiny", local_window=16)
+    ext = trainer.Phase("ext", "synthetic", 4, 8, 64, global_rope_theta=160000.0)
+    meta = {"model_config": dataclasses.asdict(ext.model(model)), "sequence_length": 64,
+            "phase_step": 2}
+    run_dir.check_stored_config("ext/2", meta, model, ext)
+    for changed, match in [
+            (dict(global_rope_theta=10000.0), r"global_rope_theta=160000.0, the config asks "
+             r"for 10000.0"),
+            (dict(local_rope_theta=20000.0), r"local_rope_theta=10000.0, the config asks for "
+             r"20000.0"),
+            (dict(sequence_length=32), r"sequence_length=64, the config asks for 32")]:
+        with pytest.raises(run_dir.RunConfigMismatch, match=match):
+            run_dir.check_stored_config("ext/2", meta, model, dataclasses.replace(ext, **changed))
 
 
 def test_a_run_that_fails_on_its_inputs_leaves_no_model_dir(tmp_path):

@@ -502,6 +502,17 @@ def _binding_keys() -> list[str]:
 _SIMPLE = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
 
 
+def _expected(hint) -> str:
+    """What a simple annotation accepts, in words ("an integer or None")."""
+    if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType",
+                                                             None)):
+        words = [_SIMPLE.get(h, "None" if h is type(None) else None)
+                 for h in typing.get_args(hint)]
+        if all(words):
+            return " or ".join(words)
+    return _SIMPLE.get(hint) or str(hint).replace("typing.", "")
+
+
 def _type_ok(value, hint) -> bool | None:
     """Whether ``value`` fits a simple annotation; None when the hint is not simple."""
     origin = typing.get_origin(hint)
@@ -552,7 +563,7 @@ def check_types() -> None:
             continue
         hint = _hints(selector).get(param)
         if hint is not None and _type_ok(value, hint) is False:
-            expected = _SIMPLE.get(hint) or str(hint).replace("typing.", "")
+            expected = _expected(hint)
             raise GinConfigError(f"{_describe(key, macro, value)}: expected {expected}")
 
 

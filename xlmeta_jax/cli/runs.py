@@ -13,8 +13,8 @@ settings both trainers share: :mod:`xlmeta_jax.cli.configurables`.
   :class:`xlmeta_jax.evaluation.finetune.FineTuneConfig`;
 * ``xlmeta_jax.data.demo_corpus.*``, ``xlmeta_jax.data.experiment_corpus.*`` — the
   corpora the demo and the CPU experiment write before they train;
-* helpers of the gin files themselves, named after this module: ``total_steps`` and
-  ``prepare_data``.
+* helpers of the gin files themselves, named after this module: ``total_steps``,
+  ``steps_for_tokens`` and ``prepare_data``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ prepare_shared_corpus = gin.external_configurable(
 
 # ---------------------------------------------------------------------------- pretraining
 Phase = gin.external_configurable(trainer.Phase, module="xlmeta_jax.pretrain.trainer")
+Merge = gin.external_configurable(trainer.Merge, module="xlmeta_jax.pretrain.trainer")
 train = gin.external_configurable(
     trainer.train, module="xlmeta_jax.pretrain.trainer",
     denylist=["corpora", "feeder", "config_text", "describe", "prepare"])
@@ -57,6 +58,19 @@ experiment = gin.external_configurable(runner.experiment, module="xlmeta_jax.exp
 def total_steps(steps: Sequence[int] = gin.REQUIRED) -> int:
     """Sum of step counts (gin: the baseline's budget = META_STEPS + XLING_STEPS)."""
     return int(sum(steps))
+
+
+@gin.configurable(module="xlmeta_jax.cli.runs")
+def steps_for_tokens(tokens: float = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+                     sequence_length: int = gin.REQUIRED) -> int:
+    """Tokens as whole steps of ``batch_size x sequence_length`` (nearest, at least 1).
+
+    For a schedule given in tokens (gin: a warm-up of 3B tokens in the first stage's
+    steps, a decay stage's length); a phase itself takes ``Phase.num_tokens``, rounded
+    the same way (``Phase.steps_for_tokens``).
+    """
+    return trainer.Phase("tokens", trainer.SYNTHETIC, batch_size=batch_size,
+                         sequence_length=sequence_length, num_tokens=tokens).num_steps
 
 
 @gin.configurable(module="xlmeta_jax.cli.runs")

@@ -252,8 +252,8 @@ class PhaseCheckpoints:
 
 
 def save_params(phase_dir, cfg: EncoderConfig, params, *, step: int = 0,
-                vocab_path: str | None = None, initialized_from: str | None = None
-                ) -> epath.Path:
+                vocab_path: str | None = None, initialized_from: str | None = None,
+                extra_meta: dict | None = None) -> epath.Path:
     """Writes parameters alone as step ``step`` of a phase directory, as the trainer does.
 
     ``<step>/state`` holds only ``params`` and ``<step>/meta`` the encoder config,
@@ -274,7 +274,7 @@ def save_params(phase_dir, cfg: EncoderConfig, params, *, step: int = 0,
         meta = {"phase": ckpt.directory.name, "phase_step": step,
                 "model_config": dataclasses.asdict(cfg), "vocab_path": vocab_path,
                 "initialized_from": initialized_from, "metrics": {},
-                CHECKSUMS: checksums.record({"params": params})}
+                CHECKSUMS: checksums.record({"params": params}), **(extra_meta or {})}
         ckpt.manager.save(step, args=ocp.args.Composite(**{
             STATE: ocp.args.StandardSave({"params": params}),
             META: ocp.args.JsonSave(meta),

@@ -14,7 +14,7 @@ import sentencepiece as spm
 from xlmeta_jax import errors, files
 from xlmeta_jax.model import layers, mlm, network, partitioning
 from xlmeta_jax.pretrain import checkpoints, iterator_item, run_dir, step
-from xlmeta_jax.pretrain.phases import Phase
+from xlmeta_jax.pretrain.phases import CONFIGURABLE, MERGE_CONFIGURABLE, Merge, Phase
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -40,7 +40,8 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
              num_devices: int, microbatches: int = 1, *,
              describe: Callable[[str], str] = str,
              masking: mlm.Masking = mlm.DEFAULT_MASKING,
-             packed: bool = False, backend: str | None = None) -> tuple[int, int, int]:
+             packed: bool = False, backend: str | None = None,
+             merge: Merge | None = None) -> tuple[int, int, int]:
     """Checks a run's settings; returns the mesh shape.
 
     Args:
@@ -51,6 +52,7 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
       packed: whether the run's rows are packed from whole documents (``Corpora.packed``).
       backend: the platform the run compiles for (default: JAX's; the TPU compile tool
         says ``'tpu'``).
+      merge: the run's merge step, if any (``trainer.train``'s ``merge``).
 
     Raises:
       ConfigError: naming the first bad setting.
@@ -110,6 +112,14 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"microbatches (MICROBATCHES) of a multiple of the data-parallel mesh size "
                 f"{data_parallel} (mesh {shape})"
             )
+        if model.family != "modernbert":
+            for field in ("global_rope_theta", "local_rope_theta"):
+                if getattr(p, field) is not None:
+                    source = describe(f"{p.name}/{CONFIGURABLE}.{field}")
+                    raise ConfigError(
+                        f"{where}: {field}={getattr(p, field)} ({source}) sets rotary "
+                        f"positions, which the {model.family!r} family has none of (a "
+                        "ModernBERT size has: gin/models/mmbert_base.gin)")
         check_sequence_length(
             p.sequence_length, model, where=f"{where}: sequence_length",
             source=describe(f"{p.name}/xlmeta_jax.pretrain.trainer.Phase.sequence_length"))
@@ -142,7 +152,41 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"num_steps {p.num_steps}; the schedule would end early and the last "
                 f"{offset + p.num_steps - total} steps would train at its end learning rate"
             )
+    if merge is not None:
+        _check_merge(phases, merge, model)
     return shape
+
+
+def _check_merge(phases: Sequence[Phase], merge: Merge, model: network.EncoderConfig) -> None:
+    """The merge step against the phases: names that exist, branches of one shape."""
+    by_name = {p.name: p for p in phases}
+    where = "merge"
+    for field, names in (("branches", merge.branches), ("base", [merge.base])):
+        for name in names:
+            if name is not None and name not in by_name:
+                raise ConfigError(f"{where}: {MERGE_CONFIGURABLE}.{field} names {name!r}, "
+                                  f"which is not a phase of the run ({list(by_name)})")
+    if merge.name in by_name:
+        raise ConfigError(f"{where}: {MERGE_CONFIGURABLE}.name={merge.name!r} is a phase's name "
+                          "(the merge is written to a folder of its own)")
+    if merge.base in merge.branches:
+        raise ConfigError(f"{where}: {MERGE_CONFIGURABLE}.base={merge.base!r} is one of the "
+                          "branches; the base is what the branches started from")
+    if len(set(merge.branches)) != len(merge.branches):
+        raise ConfigError(f"{where}: {MERGE_CONFIGURABLE}.branches={list(merge.branches)} "
+                          "names a phase twice")
+    first = by_name[merge.branches[0]]
+    for name in merge.branches[1:]:
+        other = by_name[name]
+        for what, a, b in (
+                ("sequence_length", first.sequence_length, other.sequence_length),
+                *((f, getattr(first.model(model), f), getattr(other.model(model), f))
+                  for f in ("global_rope_theta", "local_rope_theta"))):
+            if a != b:
+                raise ConfigError(
+                    f"{where}: branches {first.name!r} ({what}={a}) and {other.name!r} "
+                    f"({what}={b}) are of different shapes; the merged model has one "
+                    "(merge branches of one length and RoPE bases)")
 
 
 def check_sequence_length(length, model: network.EncoderConfig | None, *, where: str,

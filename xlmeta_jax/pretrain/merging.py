@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import logging
 import os
-from collections.abc import Sequence
+import shutil
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
 from xlmeta_jax import errors
 from xlmeta_jax.model.network import EncoderConfig
-from xlmeta_jax.pretrain import checkpoints, loading
+from xlmeta_jax.pretrain import checkpoints, loading, run_dir
+
+log = logging.getLogger("xlmeta_jax.train")
 
 METHODS = ("linear", "ties")
 # How TIES trims its task vectors: 'model', the TIES authors' code (each model's whole task
@@ -174,52 +179,58 @@ def _check_compatible(models: Sequence[_Loaded]) -> None:
 
 def check_settings(checkpoints_: Sequence[str], method: str, base: str | None,
                    density: float | None, output: str, *, scaling: float | None = None,
-                   weights: Sequence[float] | None = None, trim: str | None = None) -> None:
+                   weights: Sequence[float] | None = None, trim: str | None = None,
+                   flag: Callable[[str], str] = "--{}".format) -> None:
     """The settings' own checks, before any checkpoint is read.
 
     ``density``, ``scaling`` and ``trim`` are None where not given (their defaults then
     apply to 'ties'); given to 'linear', which has no use for them, they are refused, as
     is ``base``. Weights apply to 'linear' and to mergekit's TIES (``trim='tensor'``).
+    ``flag`` names a setting in the messages (the command's ``--method``; a run's merge step
+    names its gin fields); ``output`` None is not checked.
     """
     if method not in METHODS:
-        raise MergeError(f"--method={method!r} is not one of {METHODS}")
+        raise MergeError(f"{flag('method')}={method!r} is not one of {METHODS}")
     if len(checkpoints_) < 2:
-        raise MergeError(f"--checkpoints names {len(checkpoints_)} checkpoint; merging needs 2 "
-                         "or more, separated by commas")
+        raise MergeError(f"{flag('checkpoints')} names {len(checkpoints_)} checkpoint; merging "
+                         "needs 2 or more")
     if method == "linear":
-        given = [f for f, v in (("--base", base), ("--density", density),
-                                ("--scaling", scaling), ("--trim", trim)) if v is not None]
+        given = [flag(f) for f, v in (("base", base), ("density", density),
+                                      ("scaling", scaling), ("trim", trim)) if v is not None]
         if given:
             raise MergeError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for "
-                             "--method=ties; --method=linear averages with --weights only")
+                             f"{flag('method')}=ties; {flag('method')}=linear averages with "
+                             f"{flag('weights')} only")
     if method == "ties" and not base:
-        raise MergeError("--method=ties needs --base (the checkpoint the task vectors are "
-                         "taken against, e.g. the run's stage before the decay variants)")
+        raise MergeError(f"{flag('method')}=ties needs {flag('base')} (the checkpoint the task "
+                         "vectors are taken against, e.g. the run's stage before the decay "
+                         "variants)")
     if trim is not None and trim not in TRIMS:
-        raise MergeError(f"--trim={trim!r} is not one of {TRIMS}")
+        raise MergeError(f"{flag('trim')}={trim!r} is not one of {TRIMS}")
     if density is not None and not 0.0 < density <= 1.0:
-        raise MergeError(f"--density={density} must be in (0, 1] (the share of each task "
-                         "vector kept)")
+        raise MergeError(f"{flag('density')}={density} must be in (0, 1] (the share of each "
+                         "task vector kept)")
     if scaling is not None and not np.isfinite(scaling):
-        raise MergeError(f"--scaling={scaling} must be a finite number")
+        raise MergeError(f"{flag('scaling')}={scaling} must be a finite number")
     if weights is not None:
         if (len(weights) != len(checkpoints_) or not all(np.isfinite(weights))
                 or min(weights) < 0 or not sum(weights) > 0):
-            raise MergeError(f"--weights={','.join(map(str, weights))}: one finite weight "
-                             f">= 0 per checkpoint ({len(checkpoints_)}), not all 0")
+            raise MergeError(f"{flag('weights')}={','.join(map(str, weights))}: one finite "
+                             f"weight >= 0 per checkpoint ({len(checkpoints_)}), not all 0")
         if method == "ties" and (trim or "model") == "model":
-            raise MergeError("--weights with --method=ties: the TIES authors' merge "
-                             "(--trim=model) has no weights; mergekit's (--trim=tensor) "
-                             "weights each task vector")
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        raise MergeError(f"--output={output} exists and is not an empty folder; merge into a "
-                         "new one")
+            raise MergeError(f"{flag('weights')} with {flag('method')}=ties: the TIES authors' "
+                             f"merge ({flag('trim')}=model) has no weights; mergekit's "
+                             f"({flag('trim')}=tensor) weights each task vector")
+    if output is not None and os.path.exists(output) and (
+            not os.path.isdir(output) or os.listdir(output)):
+        raise MergeError(f"{flag('output')}={output} exists and is not an empty folder; merge "
+                         "into a new one")
 
 
 def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",
           base: str | None = None, density: float | None = None,
           scaling: float | None = None, weights: Sequence[float] | None = None,
-          trim: str | None = None) -> str:
+          trim: str | None = None, extra_meta: dict | None = None) -> str:
     """Merges checkpoints of one model into a new parameters checkpoint; returns its step dir.
 
     Args:
@@ -234,6 +245,8 @@ def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",
         (default: equal).
       trim: 'ties': 'model' (default: the TIES authors' code, bit for bit, each model's
         whole task vector trimmed) or 'tensor' (mergekit's: each tensor trimmed).
+      extra_meta: recorded in the merged checkpoint's metadata beside the provenance
+        (a run's merge step: the run's phases and the merge's settings).
 
     Raises:
       MergeError: bad settings, or checkpoints of different models or vocabularies.
@@ -264,5 +277,61 @@ def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",
     provenance = f"{how} of " + ", ".join(m.step_dir for m in models)
     step_dir = checkpoints.save_params(output, models[0].config, merged,
                                        vocab_path=models[0].vocab_path,
-                                       initialized_from=provenance)
+                                       initialized_from=provenance, extra_meta=extra_meta)
     return os.fspath(step_dir)
+
+
+def run_step(model_dir: str, m, phases: Sequence, run_phases: list[str]) -> dict:
+    """A run's merge step (``trainer.Merge``): its branches' final checkpoints merged.
+
+    Writes ``MODEL_DIR/<name>/0`` once; a rerun finds it complete (and refuses other merge
+    settings than the stored ones). Returns the step's entry of the run's summary.
+
+    Args:
+      model_dir: the run's MODEL_DIR (absolute).
+      m: the run's ``Merge`` (checked against the phases by ``checks.validate``).
+      phases: the run's phases, every branch and the base complete.
+      run_phases: what the merged checkpoint records as the run's phases.
+    """
+    out = os.path.join(model_dir, m.name)
+    settings = dataclasses.asdict(m)
+    if os.path.isdir(out):
+        ckpt = checkpoints.PhaseCheckpoints(out, save_interval_steps=1, max_to_keep=None,
+                                            read_only=True)
+        done, meta = ckpt.latest_step(), None
+        if done is not None:
+            meta = ckpt.read_meta(done)
+        ckpt.close()
+        if meta is not None:
+            stored = meta.get("merge")
+            if stored is not None and stored != json.loads(json.dumps(settings)):
+                raise run_dir.RunConfigMismatch(
+                    f"{ckpt.step_dir(done)} was merged with {stored}, the config asks for "
+                    f"{settings}; use another MODEL_DIR or Merge.name")
+            log.info("[%s] already complete at %s", m.name, ckpt.step_dir(done))
+            return _merge_summary(m, os.fspath(ckpt.step_dir(done)), now=False)
+        # A merge cut short finalised nothing: what it left is not a checkpoint.
+        if jax.process_index() == 0:
+            shutil.rmtree(out)
+    by_name = {p.name: p for p in phases}
+
+    def final(name):
+        return os.path.join(model_dir, name, str(by_name[name].num_steps))
+
+    log.info("[%s] merging %s (%s%s)", m.name, ", ".join(m.branches), m.method,
+             f" against {m.base}" if m.base else "")
+    # Every process merges the same host arrays; Orbax's primary host writes them.
+    step_dir = merge(
+        [final(b) for b in m.branches], out, method=m.method,
+        base=final(m.base) if m.base else None, density=m.density, scaling=m.scaling,
+        weights=m.weights, trim=m.trim,
+        extra_meta={"run_phases": run_phases, "merge": settings})
+    log.info("[%s] wrote %s", m.name, step_dir)
+    return _merge_summary(m, step_dir, now=True)
+
+
+def _merge_summary(m, step_dir: str, *, now: bool) -> dict:
+    return {"phase": m.name, "task": f"{m.method} merge of {', '.join(m.branches)}",
+            "steps": 0, "steps_run_now": 0, "merged_now": now, "final_loss": None,
+            "final_accuracy": None, "tokens": 0, "wall_seconds_now": 0.0,
+            "checkpoint": step_dir, "initialized_from": None}

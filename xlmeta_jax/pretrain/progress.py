@@ -5,9 +5,12 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import os
 import shlex
 
 import jax
+
+from xlmeta_jax.pretrain import checkpoints
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -61,3 +64,31 @@ def log_summary(summary: dict) -> None:
         )
     lines.append(f"  TensorBoard: tensorboard --logdir {shlex.quote(summary['model_dir'])}")
     log.info("\n".join(lines))
+
+
+def complete_summary(model_dir: str, phase) -> dict:
+    """The summary of a phase a rerun finds complete (nothing is restored)."""
+    ckpt = checkpoints.PhaseCheckpoints(os.path.join(model_dir, phase.name),
+                                        save_interval_steps=1, max_to_keep=None, read_only=True)
+    latest = ckpt.latest_step()
+    meta = ckpt.read_meta(latest)
+    ckpt.close()
+    log.info("[%s] already complete at %s", phase.name, ckpt.step_dir(latest))
+    return phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
+                         meta.get("initialized_from"), steps_run=0, wall=0.0)
+
+
+def phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
+    """A phase's entry of the run's summary (summary.json, the closing table)."""
+    return {
+        "phase": phase.name,
+        "task": phase.source(),
+        "steps": phase.num_steps,
+        "steps_run_now": steps_run,
+        "final_loss": metrics.get("loss"),
+        "final_accuracy": metrics.get("accuracy"),
+        "tokens": phase.num_steps * phase.batch_size * phase.sequence_length,
+        "wall_seconds_now": wall,
+        "checkpoint": os.fspath(step_dir),
+        "initialized_from": provenance,
+    }

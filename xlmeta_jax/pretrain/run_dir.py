@@ -165,7 +165,7 @@ def check_stored_config(where: str, meta: dict, model, phase, data_seed: int | N
         resuming with another would continue a different stream.
     """
     stored_model = meta.get("model_config") or {}
-    requested = dataclasses.asdict(model)
+    requested = dataclasses.asdict(phase.model(model))  # with the phase's RoPE bases
     for field, value in requested.items():
         if field in EXECUTION_ONLY_FIELDS or field not in stored_model:
             continue
@@ -196,6 +196,23 @@ def check_stored_config(where: str, meta: dict, model, phase, data_seed: int | N
             f"{where} is at step {stored_step}, beyond the requested num_steps="
             f"{phase.num_steps} of phase {phase.name!r}"
         )
+
+
+def check_same_source(phase, step_dir: str, meta: dict, now: bool) -> None:
+    """Refuses to restore an input stream's state into one reading the other source.
+
+    ``now``: whether this run's stream reads the offline token cache.
+    """
+    stored = bool(meta.get("use_cached", False))
+    if stored != now:
+        def what(cached):
+            return "the offline token cache" if cached else "the text"
+        raise RunConfigMismatch(
+            f"[{phase.name}] {step_dir} was trained reading {what(stored)} (use_cached="
+            f"{stored}), this run reads {what(now)}: the input stream's state restores only "
+            f"into the same source; rerun with use_cached={stored} (XLING_USE_CACHED, "
+            f"{phase.name}/xlmeta_jax.pretrain.trainer.Phase.use_cached or "
+            "make_mlm_iterator.use_cached)")
 
 
 def use_compilation_cache(model_dir: str, path: str | None) -> str | None:

@@ -36,6 +36,7 @@ from xlmeta_jax.pretrain import (
     handoff,
     hardware,
     iterator_item,
+    merging,
     progress,
     run_dir,
     signals,
@@ -49,10 +50,10 @@ from xlmeta_jax.pretrain.checks import (
     check_vocabulary,
     validate,
 )
-from xlmeta_jax.pretrain.phases import SYNTHETIC, Phase
+from xlmeta_jax.pretrain.phases import SYNTHETIC, Merge, Phase, fmt_tokens, tokens_before
 from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
-__all__ = ["SYNTHETIC", "Phase", "train"]
+__all__ = ["SYNTHETIC", "Merge", "Phase", "train"]
 
 log = logging.getLogger("xlmeta_jax.train")
 
@@ -68,6 +69,7 @@ class _RunConfig:
     phase_seeds: tuple[int, ...]
     seed: int
     checkpoint_every: int
+    checkpoint_every_tokens: int | None
     keep_checkpoints: int | None
     async_checkpointing: bool
     log_every: int
@@ -79,6 +81,17 @@ class _RunConfig:
     corpora: Corpora
     feeder: Callable[..., Any]
     config_text: str | None  # MODEL_DIR/config.gin's text (None: not written)
+    merge: Merge | None
+
+    def checkpoint_interval(self, phase: Phase) -> int:
+        """The phase's steps between checkpoints (checkpoint_every_tokens in its steps)."""
+        if self.checkpoint_every_tokens is None:
+            return self.checkpoint_every
+        return max(1, round(self.checkpoint_every_tokens / phase.tokens_per_step()))
+
+    def run_phases(self) -> list[str]:
+        """What the run's checkpoints record as its phases: the last is its product."""
+        return [p.name for p in self.phases] + ([self.merge.name] if self.merge else [])
 
 
 # ============================================================================
@@ -94,6 +107,7 @@ def train(
     mesh_shape: Sequence[int] = (-1, 1, 1),
     seed: int = 0,
     checkpoint_every: int = 1000,
+    checkpoint_every_tokens: int | float | None = None,
     keep_checkpoints: int | None = 3,
     async_checkpointing: bool = True,
     log_every: int = 100,
@@ -108,6 +122,7 @@ def train(
     prepare: Callable[[], Any] | None = None,
     new_process_count: str | None = None,
     compilation_cache_dir: str | None = None,
+    merge: Merge | None = None,
 ) -> dict:
     """Runs (or resumes) every phase of a pretraining run; returns its summary.
 
@@ -120,6 +135,8 @@ def train(
       seed: the run seed: parameter init, and through ``seeds.phase_seed`` each phase's
         data and dropout seeds (the same for every arm that reads the same source).
       checkpoint_every: save a checkpoint every this many steps (and at each phase end).
+      checkpoint_every_tokens: instead, every this many tokens (each phase's steps of
+        batch x length, rounded: mmBERT's every 10B tokens).
       keep_checkpoints: checkpoints kept per phase (None: all).
       async_checkpointing: write checkpoints in the background.
       log_every: steps between progress lines and TensorBoard points.
@@ -150,13 +167,20 @@ def train(
         later phase of the same shapes) loads its compiled steps: a folder (``gs://``
         too), ``''`` for none; None: ``JAX_COMPILATION_CACHE_DIR`` when set, else
         ``MODEL_DIR/compilation_cache``.
+      merge: the run's last step, a merge of branches' final checkpoints (mmBERT's decay
+        variants, merged with TIES): its result is the run's product (``MODEL_DIR``
+        resolves to it for fine-tuning and export).
     """
     # ---------------------------------------------------------------- validate
     # Checked before any data is prepared or read or code compiled: the settings, then
     # (MODEL_DIR locked) the stored run, then the vocabulary once prepared.
     if rng_impl not in step.RNG_IMPLS:
         raise ConfigError(f"gin binding train.rng_impl={rng_impl!r} is not one of {step.RNG_IMPLS}")
-    for name, value in (("checkpoint_every", checkpoint_every), ("log_every", log_every)):
+    if isinstance(checkpoint_every_tokens, float) and checkpoint_every_tokens.is_integer():
+        checkpoint_every_tokens = int(checkpoint_every_tokens)  # gin's 10e9
+    for name, value in (("checkpoint_every", checkpoint_every), ("log_every", log_every),
+                        ("checkpoint_every_tokens",
+                         1 if checkpoint_every_tokens is None else checkpoint_every_tokens)):
         if not errors.is_count(value):
             raise ConfigError(f"{describe(f'xlmeta_jax.pretrain.trainer.train.{name}')} = "
                               f"{value!r}: must be an integer > 0")
@@ -170,19 +194,21 @@ def train(
     corpora = Corpora() if corpora is None else corpora
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
                           microbatches, describe=describe, masking=corpora.masking,
-                          packed=corpora.packed)
+                          packed=corpora.packed, merge=merge)
     # Absolute, so checkpoints (Orbax needs it) and the recorded provenance and
     # vocabulary stay valid from any working directory.
     model_dir = checkpoints.absolute(model_dir)
     cfg = _RunConfig(
         model_dir=model_dir, model=model, phases=tuple(phases),
         phase_seeds=tuple(seeds.phase_seeds([p.source() for p in phases], seed)), seed=seed,
-        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+        checkpoint_every=checkpoint_every, checkpoint_every_tokens=checkpoint_every_tokens,
+        keep_checkpoints=keep_checkpoints,
         async_checkpointing=async_checkpointing, log_every=log_every,
         initial_checkpoint_path=initial_checkpoint_path,
         vocab_path=checkpoints.absolute(vocab_path) if vocab_path else None,
         peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
-        microbatches=microbatches, corpora=corpora, feeder=feeder, config_text=config_text)
+        microbatches=microbatches, corpora=corpora, feeder=feeder, config_text=config_text,
+        merge=merge)
     created = not os.path.exists(model_dir)
     check_model_dir(model_dir)
     # One writer per run directory (on a pod: the primary host speaks for all).
@@ -219,6 +245,8 @@ def _train_all(cfg: _RunConfig, mesh, stop: signals.StopSignals, complete: set[s
     # (a complete phase reads none: its final checkpoint was read back by train()).
     streams, iterators = {}, {}
     for index, phase in enumerate(cfg.phases):
+        if note := phase.steps_note():
+            log.info("%s", note)
         if phase.name in complete:
             continue
         streams[phase.name] = _stream_seed(cfg, index, phase)
@@ -241,16 +269,23 @@ def _train_all(cfg: _RunConfig, mesh, stop: signals.StopSignals, complete: set[s
                 f"command starts phase {phase.name!r}"
             )
         if phase.name in complete:
-            summary["phases"].append(_complete_summary(cfg, phase))
+            summary["phases"].append(progress.complete_summary(cfg.model_dir, phase))
             continue
         stream_seed, reseeded = streams[phase.name]
         summary["phases"].append(_train_phase(cfg, mesh, stop, index, phase,
                                               iterators[phase.name], stream_seed=stream_seed,
                                               reseeded=reseeded))
+    if cfg.merge is not None:
+        if stop.requested(sync_point=True):
+            raise errors.Interrupted(f"stopped before the merge {cfg.merge.name!r}; rerunning "
+                                     "the same command merges")
+        summary["phases"].append(merging.run_step(cfg.model_dir, cfg.merge, cfg.phases,
+                                                  cfg.run_phases()))
 
     # ------------------------------------------------------------- final summary
     # Like config.gin, written by a run that trained (a rerun of a complete run reads only).
-    if jax.process_index() == 0 and any(p["steps_run_now"] for p in summary["phases"]):
+    if jax.process_index() == 0 and any(p["steps_run_now"] or p.get("merged_now")
+                                        for p in summary["phases"]):
         # The record that the run finished: written whole.
         files.write_atomic(os.path.join(cfg.model_dir, "summary.json"),
                            json.dumps(summary, indent=2))
@@ -333,20 +368,6 @@ class _Start:
     metrics: dict  # the last metrics logged (a resume's)
 
 
-def _check_same_source(phase: Phase, step_dir: str, meta: dict, iterator) -> None:
-    """Refuses to restore an input stream's state into one reading the other source."""
-    stored, now = bool(meta.get("use_cached", False)), _reads_cache(iterator)
-    if stored != now:
-        def what(cached):
-            return "the offline token cache" if cached else "the text"
-        raise run_dir.RunConfigMismatch(
-            f"[{phase.name}] {step_dir} was trained reading {what(stored)} (use_cached="
-            f"{stored}), this run reads {what(now)}: the input stream's state restores only "
-            f"into the same source; rerun with use_cached={stored} (XLING_USE_CACHED, "
-            f"{phase.name}/xlmeta_jax.pretrain.trainer.Phase.use_cached or "
-            "make_mlm_iterator.use_cached)")
-
-
 def _initial_state(cfg: _RunConfig, index: int, phase: Phase, fns: step.StepFunctions,
                    ckpt: checkpoints.PhaseCheckpoints, iterator, *, reseeded: bool) -> _Start:
     """The phase's initial state, by the init/resume precedence below."""
@@ -360,7 +381,8 @@ def _initial_state(cfg: _RunConfig, index: int, phase: Phase, fns: step.StepFunc
     latest = ckpt.latest_step()
     if latest is not None:
         if not reseeded:
-            _check_same_source(phase, ckpt.step_dir(latest), ckpt.read_meta(latest), iterator)
+            run_dir.check_same_source(phase, ckpt.step_dir(latest), ckpt.read_meta(latest),
+                                      _reads_cache(iterator))
         state, meta = ckpt.restore(latest, fns.abstract_state, None if reseeded else iterator)
         log.info("[%s] resuming from %s (step %d/%d)", phase.name, ckpt.step_dir(latest),
                  int(meta["phase_step"]), phase.num_steps)
@@ -401,14 +423,15 @@ def _final_checkpoint(cfg: _RunConfig, phase: Phase) -> str:
 def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, phase: Phase,
                  iterator, *, stream_seed: int, reseeded: bool) -> dict:
     """Initialises or resumes one phase, trains it to the end, returns its summary."""
+    model = phase.model(cfg.model)  # the run's encoder with the phase's RoPE bases
     fns = step.make_step_functions(
-        cfg.model, phase.optimizer_config(), mesh, seed=cfg.phase_seeds[index],
+        model, phase.optimizer_config(), mesh, seed=cfg.phase_seeds[index],
         rng_impl=cfg.rng_impl, microbatches=cfg.microbatches,
         packed=cfg.corpora.packed,
     )
     ckpt = checkpoints.PhaseCheckpoints(
         os.path.join(cfg.model_dir, phase.name),
-        save_interval_steps=cfg.checkpoint_every,
+        save_interval_steps=cfg.checkpoint_interval(phase),
         max_to_keep=cfg.keep_checkpoints,
         async_save=cfg.async_checkpointing,
     )
@@ -419,8 +442,11 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     writer = progress.Writer(os.path.join(cfg.model_dir, phase.name, "train"))
     # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.model.mlm).
     slots = iterator.element_spec["mlm_positions"].shape[-1]
-    flops_per_token = flops.mlm_flops_per_token(cfg.model, phase.sequence_length, slots)
-    tokens_per_step = phase.batch_size * phase.sequence_length
+    flops_per_token = flops.mlm_flops_per_token(model, phase.sequence_length, slots)
+    tokens_per_step = phase.tokens_per_step()
+    # Tokens the model has seen before this phase (its init_from chain's), so curves of
+    # phases of other shapes line up on TensorBoard's by_tokens/ scalars.
+    tokens_earlier = tokens_before(cfg.phases, phase)
     steps_after = sum(p.num_steps for p in cfg.phases[index + 1:])
     t_phase = t_log = time.time()
     steps_since_log = 0
@@ -472,14 +498,18 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
             remaining = (phase.num_steps - phase_step) + steps_after
             mfu = (flops_per_token * tok_s / (cfg.peak_flops * jax.device_count())
                    if cfg.peak_flops else None)
-            scalars = dict(last_metrics, tokens_per_second=tok_s, step_time=step_s)
+            seen = tokens_earlier + phase_step * tokens_per_step
+            scalars = dict(last_metrics, tokens_per_second=tok_s, step_time=step_s,
+                           tokens_seen=seen)
             if mfu is not None:
                 scalars["mfu"] = mfu
             writer.scalars(phase_step, scalars)
+            writer.scalars(seen, {f"by_tokens/{k}": last_metrics[k]
+                                  for k in ("loss", "accuracy", "learning_rate")})
             log.info(
-                "[%s] step %d/%d | loss %.4f | acc %.4f | lr %.3g | gnorm %.3g | "
+                "[%s] step %d/%d | %s tokens | loss %.4f | acc %.4f | lr %.3g | gnorm %.3g | "
                 "%s tok/s | MFU %s | ETA %s",
-                phase.name, phase_step, phase.num_steps, last_metrics["loss"],
+                phase.name, phase_step, phase.num_steps, fmt_tokens(seen), last_metrics["loss"],
                 last_metrics["accuracy"], last_metrics["learning_rate"],
                 last_metrics["grad_norm"], progress.fmt_rate(tok_s),
                 f"{100 * mfu:.1f}%" if mfu is not None else "n/a",
@@ -488,8 +518,8 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
             t_log, steps_since_log = time.time(), 0
         if (save_now or stopping) and ckpt.save(
                 phase_step, state, iterator,
-                _meta(cfg, index, phase, start, phase_step, last_metrics, stream_seed,
-                      use_cached=_reads_cache(iterator)),
+                _meta(cfg, index, phase, model, start, phase_step, last_metrics,
+                      stream_seed, use_cached=_reads_cache(iterator)),
                 force=done or stopping):
             _write_config(cfg)
         if stopping:
@@ -512,7 +542,7 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     final_step = ckpt.latest_step()
     ckpt.close()
     writer.close()
-    return _phase_summary(phase, last_metrics, ckpt.step_dir(final_step), start.provenance,
+    return progress.phase_summary(phase, last_metrics, ckpt.step_dir(final_step), start.provenance,
                           steps_run=phase.num_steps - start.phase_step,
                           wall=time.time() - t_phase)
 
@@ -539,8 +569,9 @@ def _reads_cache(iterator) -> bool:
     return bool(getattr(iterator, "use_cached", False))
 
 
-def _meta(cfg: _RunConfig, index: int, phase: Phase, start: _Start, phase_step: int,
-          metrics: dict, stream_seed: int, *, use_cached: bool) -> dict:
+def _meta(cfg: _RunConfig, index: int, phase: Phase, model: network.EncoderConfig,
+          start: _Start, phase_step: int, metrics: dict, stream_seed: int, *,
+          use_cached: bool) -> dict:
     """What a checkpoint records beside the state (checks.check_stored_run reads it)."""
     return {
         "phase": phase.name,
@@ -558,37 +589,10 @@ def _meta(cfg: _RunConfig, index: int, phase: Phase, start: _Start, phase_step: 
         "process_count": jax.process_count(),
         "batch_size": phase.batch_size,
         "sequence_length": phase.sequence_length,
-        "model_config": dataclasses.asdict(cfg.model),
+        "model_config": dataclasses.asdict(model),
         "vocab_path": cfg.vocab_path,
         "initialized_from": start.provenance,
         "metrics": metrics,
         # The run's phases in order: MODEL_DIR resolves to the last one (loading.py).
-        "run_phases": [p.name for p in cfg.phases],
-    }
-
-
-def _complete_summary(cfg: _RunConfig, phase: Phase) -> dict:
-    """The summary of a phase a rerun finds complete (nothing is restored)."""
-    ckpt = checkpoints.PhaseCheckpoints(os.path.join(cfg.model_dir, phase.name),
-                                        save_interval_steps=1, max_to_keep=None, read_only=True)
-    latest = ckpt.latest_step()
-    meta = ckpt.read_meta(latest)
-    ckpt.close()
-    log.info("[%s] already complete at %s", phase.name, ckpt.step_dir(latest))
-    return _phase_summary(phase, meta.get("metrics") or {}, ckpt.step_dir(latest),
-                          meta.get("initialized_from"), steps_run=0, wall=0.0)
-
-
-def _phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> dict:
-    return {
-        "phase": phase.name,
-        "task": phase.source(),
-        "steps": phase.num_steps,
-        "steps_run_now": steps_run,
-        "final_loss": metrics.get("loss"),
-        "final_accuracy": metrics.get("accuracy"),
-        "tokens": phase.num_steps * phase.batch_size * phase.sequence_length,
-        "wall_seconds_now": wall,
-        "checkpoint": os.fspath(step_dir),
-        "initialized_from": provenance,
+        "run_phases": cfg.run_phases(),
     }
