@@ -112,6 +112,17 @@ def test_batch_not_divisible_by_the_slice_is_one_line(capsys):
                                  (["stage3"], 0.05, 27)]),
     # meta's two phases share batch, length and the run's 15%: one program.
     ("gin/native/meta.gin", [(["phase1", "phase2"], 0.15, 78)]),
+    # mmBERT's recipe: the ramp's three batches, base, ext at 8192 tokens (RoPE 160k) and
+    # the three decay branches (one program): each stage at its own shape.
+    ("gin/native/mmbert.gin", [(["ramp1"], 0.3, 309), (["ramp2"], 0.3, 309),
+                               (["ramp3"], 0.3, 309), (["base"], 0.3, 309),
+                               (["ext"], 0.15, 1230),
+                               (["decay_eng", "decay_cont", "decay_all"], 0.05, 411)]),
+    # The English stage in front shares base's shape.
+    ("gin/native/meta_mmbert.gin", [(["english", "base"], 0.3, 309), (["ramp1"], 0.3, 309),
+                                    (["ramp2"], 0.3, 309), (["ramp3"], 0.3, 309),
+                                    (["ext"], 0.15, 1230),
+                                    (["decay_eng", "decay_cont", "decay_all"], 0.05, 411)]),
 ])
 def test_each_stage_compiles_with_its_own_masking(gin_file, groups):
     from xlmeta_jax.cli import flags as gin_cli
@@ -120,10 +131,15 @@ def test_each_stage_compiles_with_its_own_masking(gin_file, groups):
                                    "CC100_DIR='/unused'"], finalize=False)
     run = aot.configured_run()
     got = [([p.name for p in phases], phases[0].mask_rate, slots)
-           for (_, _, slots), phases in aot.shape_groups(run.phases).items()]
+           for (_, _, slots, _), phases in aot.shape_groups(run.phases).items()]
     assert got == groups
     assert all(slots == mlm.max_predictions(length, phases[0].mask_rate)
-               for (_, length, slots), phases in aot.shape_groups(run.phases).items())
+               for (_, length, slots, _), phases in aot.shape_groups(run.phases).items())
+    if "mmbert" in gin_file:
+        # Each program compiles its stages' encoder: RoPE base 10k at 1024, 160k at 8192.
+        assert {(length, model.global_rope_theta, model.local_rope_theta)
+                for (_, length, _, model) in aot.shape_groups(run.phases)} == {
+            (1024, 10000.0, 10000.0), (8192, 160000.0, 160000.0)}
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """README's demo (gin/demo.gin) end to end, shortened: corpus from installed packages,
 vocabulary, the real seqio pipeline, phase 1 then phase 2, and the fine-tuning handoff;
-then gin/demo_modernbert.gin on the same data, and its Hugging Face export."""
+then gin/demo_modernbert.gin and gin/demo_mmbert.gin on the same data, and their Hugging Face
+exports."""
 
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ def test_demos_run_both_phases_hand_off_and_export(tmp_path):
     # A rerun of a finished run (both phases complete, nothing trained):
     # tests/test_errors_cli.py::test_rerun_of_finished_run_is_quiet_and_changes_nothing.
 
-    # The ModernBERT demo on the same corpus and vocabulary (preparing them is most of a
-    # demo's time on CPU, and the same code as above).
+    # The ModernBERT demo and mmBERT's recipe on the same corpus and vocabulary (preparing
+    # them is most of a demo's time on CPU, and the same code as above).
     _modernbert_demo(tmp_path, data)
+    _mmbert_demo(tmp_path, data)
 
 
 def test_a_demo_whose_data_paths_are_all_overridden_builds_nothing(tmp_path):
@@ -102,3 +104,56 @@ def _modernbert_demo(tmp_path, data):
     # Its logits against ours, tokenised by AutoTokenizer: tests/test_hf_modernbert.py.
     tokens = transformers.AutoTokenizer.from_pretrained(folder)("All human beings are free.")
     assert tokens["input_ids"][0] == 0 and tokens["input_ids"][-1] == 2  # XLM-R's <s>, </s>
+
+
+def _mmbert_demo(tmp_path, data):
+    """gin/demo_mmbert.gin, in fewer tokens: the English stage, the batch ramp, base, ext at
+    twice the length with RoPE base 160k, two decay branches, their TIES merge (the run's
+    product), its HF export, and a rerun that finds the run complete."""
+    transformers = pytest.importorskip("transformers")
+    from xlmeta_jax.interop.hf import convert
+
+    model_dir = tmp_path / "demo_mmbert"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               JAX_DISABLE_MOST_OPTIMIZATIONS="true")
+    cmd = [
+        sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo_mmbert.gin",
+        f"--gin.MODEL_DIR='{model_dir}'", "--gin.ENGLISH_TOKENS=2048", "--gin.RAMP_TOKENS=512",
+        "--gin.BASE_TOKENS=2048", "--gin.EXT_TOKENS=4096", "--gin.DECAY_TOKENS=2048",
+        "--gin.WARMUP_TOKENS=256", "--gin.CHECKPOINT_TOKENS=2048",
+        f"--gin.VOCAB_PATH='{data / 'spm.model'}'", f"--gin.CC100_DIR='{data / 'xling'}'",
+        f"--gin.ENGLISH_FILES=['{data / 'english' / '*.txt'}']",
+    ]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    # Stages in tokens, each at its own shape; the ramp rounds 512 / (12 x 64) to 1 step.
+    for line in ["[english] 2.048k tokens = 2 steps of 16 x 64",
+                 "[ramp1] 512 tokens = 2 steps of 4 x 64",
+                 "[ramp3] 512 tokens = 1 step of 12 x 64 (rounded to whole steps: 768 tokens,",
+                 "[ext] 4.096k tokens = 2 steps of 16 x 128",
+                 "[decay_all] 2.048k tokens = 1 step of 16 x 128",
+                 # Tokens seen along each branch's chain: english, ramp, base, ext, decay.
+                 "[decay_cont] step 1/1 | 12.03k tokens | loss",
+                 "[decay_all] initialised from " + os.fspath(model_dir / "ext" / "2"),
+                 "[ramp1] initialised from " + os.fspath(model_dir / "english" / "2")
+                 + " (reset_optimizer=True, reset_schedule=True)",
+                 "[merged] merging decay_cont, decay_all (ties against ext)"]:
+        assert line in out.stdout, line
+    for stage, length in (("base", 64), ("ext", 128)):
+        assert f"[{stage}] packing: " in out.stdout and f"in {length}-token rows" in out.stdout
+    # The merged model is the run's product, with ext's RoPE bases.
+    cfg, _, _ = loading.load_pretrained(model_dir)
+    assert loading.find_step_dir(model_dir) == model_dir / "merged" / "0"
+    assert (cfg.global_rope_theta, cfg.local_rope_theta) == (160000.0, 160000.0)
+    folder = convert.to_hf(os.fspath(model_dir), os.fspath(tmp_path / "mmbert_hf"),
+                           report=lambda _: None)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(folder)
+    assert type(model).__name__ == "ModernBertForMaskedLM"
+    assert model.config.rope_parameters["full_attention"]["rope_theta"] == 160000.0
+
+    rerun = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=900)
+    assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
+    assert "[merged] already complete at " + os.fspath(model_dir / "merged" / "0") in (
+        rerun.stdout)
+    assert "compiling" not in rerun.stdout

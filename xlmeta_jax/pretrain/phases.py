@@ -167,7 +167,8 @@ class Phase:
             return None
         trained = self.num_steps * self.tokens_per_step()
         exact = trained == self.num_tokens
-        return (f"[{self.name}] {fmt_tokens(self.num_tokens)} tokens = {self.num_steps:,} steps "
+        steps = f"{self.num_steps:,} step{'s' if self.num_steps > 1 else ''}"
+        return (f"[{self.name}] {fmt_tokens(self.num_tokens)} tokens = {steps} "
                 f"of {self.batch_size:,} x {self.sequence_length:,}"
                 + ("" if exact else f" (rounded to whole steps: {trained:,} tokens, "
                    f"{100 * (trained - self.num_tokens) / self.num_tokens:+.2f}%)"))

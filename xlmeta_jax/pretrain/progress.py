@@ -10,6 +10,7 @@ import shlex
 
 import jax
 
+from xlmeta_jax import errors
 from xlmeta_jax.pretrain import checkpoints
 
 log = logging.getLogger("xlmeta_jax.train")
@@ -46,6 +47,8 @@ def fmt_duration(seconds: float) -> str:
 
 
 def fmt_rate(x: float) -> str:
+    if not math.isfinite(x):
+        return "n/a"
     for unit, scale in (("M", 1e6), ("k", 1e3)):
         if x >= scale:
             return f"{x / scale:.1f}{unit}"
@@ -54,12 +57,14 @@ def fmt_rate(x: float) -> str:
 
 def log_summary(summary: dict) -> None:
     lines = [f"run {summary['model_dir']}:"]
-    lines.append(f"  {'phase':<8} {'task':<28} {'steps':>7} {'loss':>8} {'acc':>7}  checkpoint")
+    width = max([8, *(len(p["phase"]) for p in summary["phases"])])
+    lines.append(f"  {'phase':<{width}} {'task':<28} {'steps':>7} {'loss':>8} {'acc':>7}  "
+                 "checkpoint")
     for p in summary["phases"]:
         loss = f"{p['final_loss']:.4f}" if p["final_loss"] is not None else "-"
         acc = f"{p['final_accuracy']:.4f}" if p["final_accuracy"] is not None else "-"
         lines.append(
-            f"  {p['phase']:<8} {p['task'][:28]:<28} {p['steps']:>7} {loss:>8} {acc:>7}  "
+            f"  {p['phase']:<{width}} {p['task'][:28]:<28} {p['steps']:>7} {loss:>8} {acc:>7}  "
             f"{p['checkpoint']}"
         )
     lines.append(f"  TensorBoard: tensorboard --logdir {shlex.quote(summary['model_dir'])}")
@@ -92,3 +97,20 @@ def phase_summary(phase, metrics, step_dir, provenance, *, steps_run, wall) -> d
         "checkpoint": os.fspath(step_dir),
         "initialized_from": provenance,
     }
+
+
+def host_metrics(phase, phase_step: int, metrics, step_offset: int,
+                 ckpt: checkpoints.PhaseCheckpoints) -> dict:
+    """A step's metrics on the host; a non-finite loss stops the run."""
+    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not math.isfinite(host["loss"]):
+        # The save in flight holds an earlier, finite state: finished, it leaves no
+        # temporary folder, and config.gin (written with it) names a real checkpoint.
+        ckpt.wait()
+        last = ckpt.latest_step()
+        last = "no checkpoint yet" if last is None else f"last checkpoint: {last}"
+        raise errors.NonFiniteError(
+            f"[{phase.name}] non-finite loss {host['loss']} at step {phase_step} (global step "
+            f"{phase_step + step_offset}); {last}. Lower the learning rate or check the data."
+        )
+    return host

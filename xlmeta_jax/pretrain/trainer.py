@@ -480,7 +480,8 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
         if save_now or log_now or stopping:
             to_read, pending = [*to_read, pending], None
         for pstep, device_metrics in to_read:
-            last_metrics = _host_metrics(phase, pstep, device_metrics, start.step_offset, ckpt)
+            last_metrics = progress.host_metrics(phase, pstep, device_metrics,
+                                                 start.step_offset, ckpt)
             predictions += last_metrics["num_predictions"]
             if "text_share" in last_metrics:
                 text_share, text_steps = text_share + last_metrics["text_share"], text_steps + 1
@@ -492,15 +493,18 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
                     "(no position was masked): nothing trains; check the masking rate "
                     "(MASK_RATE) and the data")
             predictions, window_first = 0.0, phase_step + 1
+            # No rate when the only step since the last line was the compiling one.
             elapsed = time.time() - t_log
-            tok_s = tokens_per_step * steps_since_log / max(elapsed, 1e-9)
-            step_s = elapsed / steps_since_log
+            tok_s = (tokens_per_step * steps_since_log / max(elapsed, 1e-9)
+                     if steps_since_log else math.nan)
+            step_s = elapsed / steps_since_log if steps_since_log else math.nan
             remaining = (phase.num_steps - phase_step) + steps_after
             mfu = (flops_per_token * tok_s / (cfg.peak_flops * jax.device_count())
-                   if cfg.peak_flops else None)
+                   if cfg.peak_flops and steps_since_log else None)
             seen = tokens_earlier + phase_step * tokens_per_step
-            scalars = dict(last_metrics, tokens_per_second=tok_s, step_time=step_s,
-                           tokens_seen=seen)
+            scalars = dict(last_metrics, tokens_seen=seen)
+            if steps_since_log:
+                scalars.update(tokens_per_second=tok_s, step_time=step_s)
             if mfu is not None:
                 scalars["mfu"] = mfu
             writer.scalars(phase_step, scalars)
@@ -545,23 +549,6 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     return progress.phase_summary(phase, last_metrics, ckpt.step_dir(final_step), start.provenance,
                           steps_run=phase.num_steps - start.phase_step,
                           wall=time.time() - t_phase)
-
-
-def _host_metrics(phase: Phase, phase_step: int, metrics, step_offset: int,
-                  ckpt: checkpoints.PhaseCheckpoints) -> dict:
-    """A step's metrics on the host; a non-finite loss stops the run."""
-    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not math.isfinite(host["loss"]):
-        # The save in flight holds an earlier, finite state: finished, it leaves no
-        # temporary folder, and config.gin (written with it) names a real checkpoint.
-        ckpt.wait()
-        last = ckpt.latest_step()
-        last = "no checkpoint yet" if last is None else f"last checkpoint: {last}"
-        raise errors.NonFiniteError(
-            f"[{phase.name}] non-finite loss {host['loss']} at step {phase_step} (global step "
-            f"{phase_step + step_offset}); {last}. Lower the learning rate or check the data."
-        )
-    return host
 
 
 def _reads_cache(iterator) -> bool:

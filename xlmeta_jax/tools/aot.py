@@ -59,6 +59,8 @@ class PhaseShape:
     # The phase's masking rate (its own, else the run's): it sets the batch's prediction
     # slots, hence the compiled shapes.
     mask_rate: float
+    # The encoder the phase trains (the run's, with the phase's own RoPE bases); None: the run's.
+    model: network.EncoderConfig | None = None
 
     @property
     def slots(self) -> int:
@@ -106,8 +108,8 @@ def configured_run() -> RunConfig:
                            "experiment (gin/experiments/*.gin)")
         phases, model, total, note = _experiment_run()
     shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
-                         p.optimizer_config(),
-                         p.masking_rate(mask_rate)) for p in phases]
+                         p.optimizer_config(), p.masking_rate(mask_rate),
+                         p.model(model) if hasattr(p, "model") else None) for p in phases]
     return RunConfig(model=model, phases=shapes, mesh_shape=mesh_shape,
                      microbatches=microbatches, rng_impl=rng_impl, total_steps=total,
                      steps_note=note, trainer_phases=list(phases), packed=packed)
@@ -209,11 +211,11 @@ def describe(c: Compiled, tpu: TpuSlice) -> list[str]:
     ]
 
 
-def shape_groups(phases: Sequence[PhaseShape]) -> dict[tuple[int, int, int], list[PhaseShape]]:
-    """The phases by the shapes their train step compiles for: (batch, length, slots)."""
-    groups: dict[tuple[int, int, int], list[PhaseShape]] = {}
+def shape_groups(phases: Sequence[PhaseShape]) -> dict[tuple, list[PhaseShape]]:
+    """The phases by the train step they compile: (batch, length, slots, encoder)."""
+    groups: dict[tuple, list[PhaseShape]] = {}
     for p in phases:
-        groups.setdefault((p.batch_size, p.sequence_length, p.slots), []).append(p)
+        groups.setdefault((p.batch_size, p.sequence_length, p.slots, p.model), []).append(p)
     return groups
 
 
@@ -257,15 +259,15 @@ def run_aot(run: RunConfig, tpu: TpuSlice, *, search: bool = True,
     # "available HBM" of a refusal: less a reserve, e.g. 30.75 of a v4's 32 GiB).
     limit = [float(tpu.chip.device_hbm_bytes)]
     results = []
-    for (batch, length, slots), phases in shape_groups(run.phases).items():
+    for (batch, length, slots, model), phases in shape_groups(run.phases).items():
         names = ", ".join(p.name for p in phases)
 
         def compile_variant(v: Variant, phases=phases, batch=batch, length=length,
-                            slots=slots, names=names) -> Compiled:
+                            slots=slots, names=names, model=model or run.model) -> Compiled:
             say(f"compiling the train step of {names} ({batch} x {length}) for {tpu.name} "
                 f"({n} devices): remat {v.remat_policy!r}, microbatches {v.microbatches}, "
                 f"mesh {v.mesh_shape} ...")
-            c = compile_step(run.model, phases[0].optimizer, devices, v, batch_size=batch,
+            c = compile_step(model, phases[0].optimizer, devices, v, batch_size=batch,
                              length=length, slots=slots, rng_impl=run.rng_impl,
                              packed=run.packed)
             if c.available_bytes:
