@@ -152,12 +152,16 @@ def _fake_finished_run(exp, arm, seed, seconds_per_step=0.5):
     run_dir = exp.run_dir(arm, seed)
     phases = exp.phases(arm)
     summary = {"model_dir": run_dir, "phases": [
-        {"phase": p.name, "task": p.task, "steps": p.num_steps, "steps_run_now": p.num_steps,
+        {"phase": p.name, "task": p.source(), "steps": p.num_steps, "steps_run_now": p.num_steps,
          "final_loss": 5.0, "final_accuracy": 0.1,
          "tokens": p.num_steps * p.batch_size * p.sequence_length,
          "wall_seconds_now": seconds_per_step * p.num_steps,
          "checkpoint": os.path.join(run_dir, p.name, str(p.num_steps)),
          "initialized_from": None} for p in phases]}
+    if (merge := exp.merge(arm)) is not None:  # the trainer's merge step ends the run
+        summary["phases"].append({"phase": merge.name, "task": "ties merge", "steps": 0,
+                                  "steps_run_now": 0, "merged_now": True,
+                                  "checkpoint": os.path.join(run_dir, merge.name, "0")})
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f)
@@ -190,6 +194,14 @@ def test_finished_work_is_found_and_a_changed_plan_is_refused(tmp_path):
     longer = _experiment(tmp_path, xling_steps=8)
     with pytest.raises(runner.ExperimentError, match="holds a finished run of phases"):
         runner.pretraining_done(longer, "meta", 0)
+
+    # Phases with data of their own and a merge step (the mmBERT arms): the run's product
+    # is the merge.
+    for arm in ("annealed", "mmbert"):
+        summary = _fake_finished_run(exp, arm, 0)
+        assert runner.pretraining_done(exp, arm, 0) == summary
+    assert runner.final_checkpoint(exp, "mmbert", 0) == os.path.join(
+        exp.run_dir("mmbert", 0), "merged", "0")
 
     runner.check_model_dir(exp)
     runner.check_model_dir(exp)  # the same plan resumes
@@ -263,3 +275,47 @@ def test_annealed_arm_trains_meta_tokens_in_three_stages_on_one_schedule():
         "wsd", 1200, 120, "1-sqrt")
     assert opt.learning_rate == 1e-3 and opt.warmup_steps == 60
     assert "annealed" not in arms.ARMS and "annealed" in arms.ALL_ARMS
+
+
+def _chain_tokens(phases, last):
+    """Tokens along the init_from chain ending at ``last`` (what the model has seen)."""
+    by_name = {p.name: p for p in phases}
+    total, p = 0, by_name[last]
+    while p is not None:
+        total += p.num_steps * p.batch_size * p.sequence_length
+        p = by_name.get(p.init_from)
+    return total
+
+
+def test_mmbert_pair_trains_the_budget_with_and_without_the_english_stage():
+    langs = ["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"]
+    stages = {arm: arms.arm_phases(arm, BUDGET, english_task="en_task",
+                                   xling_mixture="xling_mix", optimizer=OPT, languages=langs)
+              for arm in ("mmbert", "meta_mmbert")}
+    mm, meta = stages["mmbert"], stages["meta_mmbert"]
+    # 77/20/3% of 1200 steps' tokens; ext and the decay at twice the length.
+    assert [(p.name, p.num_steps, p.sequence_length) for p in mm] == [
+        ("base", 924, 128), ("ext", 120, 256), ("decay_cont", 18, 256), ("decay_all", 18, 256)]
+    # The English stage takes meta's 300 steps; mmBERT's stages the other 900 steps' tokens.
+    assert [(p.name, p.num_steps) for p in meta] == [
+        ("english", 300), ("base", 693), ("ext", 90), ("decay_cont", 14), ("decay_all", 14)]
+    # Each branch's chain sees the budget's tokens, within one rounded step of 2 x 128 tokens.
+    budget = arms.phase_tokens(_phases("meta"))
+    for phases in (mm, meta):
+        for branch in ("decay_cont", "decay_all"):
+            assert abs(_chain_tokens(phases, branch) - budget) <= 32 * 256
+    # The recipe's settings per stage, and where each stage starts from.
+    assert [(p.init_from, p.reset_optimizer, p.alpha, p.mask_rate, p.global_rope_theta)
+            for p in meta[1:]] == [
+        ("english", True, 0.7, 0.3, 1e4), ("base", False, 0.5, 0.15, 1.6e5),
+        ("ext", False, 0.5, 0.05, 1.6e5), ("ext", False, 0.3, 0.05, 1.6e5)]
+    assert mm[0].init_from is None and mm[0].languages == ("en", "vi", "ru", "de", "fr", "ar")
+    assert mm[1].languages == tuple(p.languages for p in mm)[-1] and len(mm[1].languages) == 10
+    opt = mm[0].optimizer_config()
+    assert (opt.schedule, opt.total_steps, opt.decay_steps, opt.warmup_steps) == (
+        "wsd", 924 + 120 + 18, 18, 60)
+    # Both end in a TIES merge of the two branches against ext.
+    merge = arms.arm_merge("meta_mmbert")
+    assert (merge.branches, merge.base, merge.method) == (("decay_cont", "decay_all"), "ext",
+                                                          "ties")
+    assert arms.arm_merge("meta") is None

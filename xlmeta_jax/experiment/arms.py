@@ -19,6 +19,16 @@ share the number of tokens:
                the masking rate (30, 15, 5%) fall, on one warm-up-stable-decay schedule
                with a 1-sqrt cool-down over stage 3 (gin/native/annealed.gin's shape).
                Not among the default arms; name it in ``experiment.arms``.
+``mmbert``     mmBERT's recipe (gin/native/mmbert.gin's shape, a ModernBERT size) at the
+               tokens of META_STEPS + XLING_STEPS: base (77% of the tokens, the largest
+               60% of the languages, alpha 0.7, 30% masking, RoPE base 10k), ext (20%, at
+               twice the sequence length, all languages, 0.5, 15%, RoPE 160k), then two
+               decay branches from ext (3% each: the continued mixture at 0.5 and every
+               language at 0.3; 5% masking, 1-sqrt), merged with TIES against ext; one
+               warm-up-stable-decay schedule. Not a default arm.
+``meta_mmbert`` the same with the English stage in front: English for META_STEPS (its own
+               schedule, as meta's phase 1), then mmBERT's stages in XLING_STEPS' tokens
+               from its parameters with fresh moments and schedule. Not a default arm.
 =============  ==========================================================================
 """
 
@@ -35,7 +45,13 @@ from xlmeta_jax.pretrain import trainer
 
 # The default arms; every arm the experiment accepts is in ALL_ARMS.
 ARMS = ("meta", "xlmr", "joint", "xling_only")
-ALL_ARMS = (*ARMS, "annealed")
+ALL_ARMS = (*ARMS, "annealed", "mmbert", "meta_mmbert")
+# mmBERT's stages: share of the tokens, length (x the budget's), share of the languages,
+# alpha, masking rate, RoPE base (global and local). The decay's share is each branch's.
+MMBERT_STAGES = {"base": (0.77, 1, 0.6, 0.7, 0.3, 10000.0),
+                 "ext": (0.20, 2, 1.0, 0.5, 0.15, 160000.0),
+                 "decay_cont": (0.03, 2, 1.0, 0.5, 0.05, 160000.0),
+                 "decay_all": (0.03, 2, 1.0, 0.3, 0.05, 160000.0)}
 # The annealed arm's stages: share of the steps, of the languages, alpha, masking rate.
 ANNEALED_STAGES = ((0.7, 0.3, 0.7, 0.3), (0.2, 0.6, 0.5, 0.15), (0.1, 1.0, 0.3, 0.05))
 
@@ -116,6 +132,12 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
         return [phase("xling", xling_mixture, budget.xling_steps)]
     if arm == "annealed":
         return _annealed(budget, xling_mixture, optimizer, languages)
+    if arm == "mmbert":
+        return _mmbert(budget, xling_mixture, optimizer, languages, total)
+    if arm == "meta_mmbert":
+        return [phase("english", english_task, budget.meta_steps),
+                *_mmbert(budget, xling_mixture, optimizer, languages, budget.xling_steps,
+                         after="english")]
     raise ArmError(f"unknown arm {arm!r}; expected some of {ALL_ARMS}")
 
 
@@ -140,6 +162,44 @@ def _annealed(budget: Budget, mixture: str, optimizer: OptimizerConfig,
             sequence_length=budget.sequence_length, optimizer=schedule,
             init_from=f"stage{i}" if i else None, reset_optimizer=False, reset_schedule=False,
             languages=tuple(ordered[:count]), alpha=alpha, mask_rate=mask_rate))
+    return phases
+
+
+def arm_merge(arm: str) -> trainer.Merge | None:
+    """The arm's merge step: mmBERT's decay branches, merged with TIES against ext."""
+    if arm not in ("mmbert", "meta_mmbert"):
+        return None
+    return trainer.Merge(branches=("decay_cont", "decay_all"), base="ext", method="ties")
+
+
+def _mmbert(budget: Budget, mixture: str, optimizer: OptimizerConfig,
+            languages: Sequence[str] | None, steps_of_budget: int, after: str | None = None
+            ) -> list[trainer.Phase]:
+    """mmBERT's stages in ``steps_of_budget`` steps' tokens (MMBERT_STAGES)."""
+    tokens = steps_of_budget * budget.tokens_per_step
+    chosen = set(XLMR_LANGUAGES if languages is None else languages)
+    ordered = [lang for lang in BY_CC100_SIZE if lang in chosen]
+    steps = {name: max(1, round(share * tokens / (budget.tokens_per_step * scale)))
+             for name, (share, scale, *_) in MMBERT_STAGES.items()}
+    chain = steps["base"] + steps["ext"] + steps["decay_all"]
+    if optimizer.warmup_steps > steps["base"]:
+        raise ArmError(f"arm 'mmbert': its base stage of {steps['base']} steps is shorter than "
+                       f"warmup_steps={optimizer.warmup_steps} (raise XLING_STEPS or lower "
+                       "WARMUP_STEPS)")
+    schedule = dataclasses.replace(optimizer, total_steps=chain, schedule="wsd",
+                                   decay_steps=steps["decay_all"], decay_shape="1-sqrt")
+    phases = []
+    for name, (_, scale, lang_share, alpha, mask_rate, theta) in MMBERT_STAGES.items():
+        count = max(1, round(lang_share * len(ordered)))
+        first = name == "base"
+        phases.append(trainer.Phase(
+            name=name, task=mixture, num_steps=steps[name], batch_size=budget.batch_size,
+            sequence_length=scale * budget.sequence_length, optimizer=schedule,
+            init_from=after if first else ("base" if name == "ext" else "ext"),
+            # From the English stage: fresh moments and schedule, as meta's phase 2.
+            reset_optimizer=first, reset_schedule=first,
+            languages=tuple(ordered[:count]), alpha=alpha, mask_rate=mask_rate,
+            global_rope_theta=theta, local_rope_theta=theta))
     return phases
 
 

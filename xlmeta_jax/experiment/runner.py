@@ -183,7 +183,8 @@ def pretrain(exp: Experiment, arm: str, seed: int) -> dict:
              " then ".join(f"{p.task} x {p.num_steps} steps" for p in exp.phases(arm)))
     return exp.train(model_dir=exp.run_dir(arm, seed), model=exp.model,
                      phases=exp.phases(arm), seed=seed, corpora=exp.corpora,
-                     feeder=exp.feeder, config_text=exp.config_text)
+                     feeder=exp.feeder, config_text=exp.config_text,
+                     **({"merge": m} if (m := exp.merge(arm)) else {}))
 
 
 def finetune_argv(exp: Experiment, arm: str, seed: int, task: str) -> list[str]:

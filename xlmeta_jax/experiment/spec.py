@@ -13,7 +13,7 @@ from typing import Any
 
 from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
-from xlmeta_jax.experiment.arms import Budget, arm_phases
+from xlmeta_jax.experiment.arms import Budget, arm_merge, arm_phases
 from xlmeta_jax.model import network
 from xlmeta_jax.model.optimizer import OptimizerConfig
 from xlmeta_jax.pretrain import trainer
@@ -58,6 +58,9 @@ class Experiment:
         return arm_phases(arm, self.budget, english_task=self.english_task,
                           xling_mixture=self.xling_mixture, optimizer=self.optimizer,
                           languages=self.corpora.languages)
+
+    def merge(self, arm: str) -> trainer.Merge | None:
+        return arm_merge(arm)
 
     def run_dir(self, arm: str, seed: int) -> str:
         return os.path.join(self.model_dir, "pretrain", arm, f"seed{seed}")

@@ -24,8 +24,13 @@ def pretraining_done(exp: Experiment, arm: str, seed: int) -> dict | None:
         return None
     with open(path) as f:
         summary = json.load(f)
-    want = [(p.name, p.task, p.num_steps) for p in exp.phases(arm)]
-    got = [(p["phase"], p["task"], p["steps"]) for p in summary.get("phases", [])]
+    # A phase reads its task under its own name when it sets its own data (Phase.source);
+    # an arm with a merge step ends in the merge's entry.
+    want = [(p.name, p.source(), p.num_steps) for p in exp.phases(arm)]
+    if (merge := exp.merge(arm)) is not None:
+        want.append((merge.name, 0))
+    got = [(p["phase"], p["steps"]) if p.get("merged_now") is not None else
+           (p["phase"], p["task"], p["steps"]) for p in summary.get("phases", [])]
     if got != want:
         raise ExperimentError(
             f"{exp.run_dir(arm, seed)} holds a finished run of phases {got}, the experiment "
