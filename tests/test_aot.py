@@ -3,6 +3,7 @@ search's order, user errors, and one real compile of the tiny run for a v4-8 (li
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -224,3 +225,25 @@ def test_packed_modernbert_compiles_with_the_splash_kernel():
     lowered = fns.train_step_jit.lower(fns.abstract_state, batch)
     assert "tpu_custom_call" in lowered.as_text()
     assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
+
+
+@needs_libtpu
+def test_a_run_of_stages_of_other_shapes_adds_each_stages_steps_at_its_own_step_time(
+        tiny_on_v4_8, monkeypatch):
+    """Days: each program's steps at its own step time (mmBERT's ext steps are ~13x base's),
+    not every step at the longest."""
+    run, tpu, results, _ = tiny_on_v4_8
+    short = dataclasses.replace(run.phases[0], name="base", num_steps=86400)
+    long = dataclasses.replace(run.phases[0], name="ext", num_steps=8640, sequence_length=128)
+    staged = dataclasses.replace(run, phases=[short, long], total_steps=86400 + 8640,
+                                 steps_note="base 86,400 + ext 8,640 steps")
+    groups = [aot.PhaseResult([short], results[0].base, results[0].base, []),
+              aot.PhaseResult([long], results[0].base, results[0].base, [])]
+    real = aot.estimate
+    seconds = {"base": 1.0, "ext": 10.0}
+    monkeypatch.setattr(aot, "estimate", lambda run, p, c, tpu: dataclasses.replace(
+        real(run, p, c, tpu), step_seconds=seconds[p.name]))
+    text = aot.report(staged, tpu, groups)
+    # 86,400 s + 86,400 s = 2 days (every step at 10 s would say 11).
+    assert "run: base 86,400 + ext 8,640 steps ~ 2.0 days" in text
+    assert text.rstrip().endswith("| 10000 ms | 2.0 |")

@@ -296,7 +296,9 @@ def report(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult]) -> str
            f"(one per {tpu.device_word}); per device {_gib(chip.device_hbm_bytes)} HBM at "
            f"{chip.device_hbm_bandwidth / 1e9:.0f} GB/s, {chip.device_peak_flops / 1e12:.1f} "
            "TFLOP/s bf16 peak (datasheet, xlmeta_jax/pretrain/hardware.py)"]
-    step_s = 0.0
+    # The run's time: each program's steps at its own step time (stages of other shapes);
+    # the longest step is the table's.
+    step_s, run_s = 0.0, 0.0
     for r in results:
         p = r.phases[0]
         names = ", ".join(q.name for q in r.phases)
@@ -332,17 +334,23 @@ def report(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult]) -> str
             f"{est.tokens_per_second:,.0f} tokens/s, MFU {100 * est.mfu:.0f}% at best",
         ]
         step_s = max(step_s, est.step_seconds)
+        run_s += sum(q.num_steps for q in r.phases) * est.step_seconds
+    if sum(p.num_steps for p in run.phases) != run.total_steps:
+        # An experiment's total counts every arm and seed; the shown arm's phases share
+        # one shape, so its step time is the run's.
+        run_s = run.total_steps * step_s
     if step_s and all(r.fitted for r in results):
-        out += ["", f"run: {run.steps_note} ~ {_days(run.total_steps * step_s)} at the "
+        out += ["", f"run: {run.steps_note} ~ {_days(run_s)} at the "
                 "roofline step time "
                 "(a lower bound: no input pipeline, communication or host overhead)"]
-    out += ["", summary_row(run, tpu, results, step_s)]
+    out += ["", summary_row(run, tpu, results, step_s, run_s)]
     return "\n".join(out)
 
 
 def summary_row(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult],
-                step_s: float) -> str:
-    """One markdown table row: slice, memory per device, fit, change, step time, days."""
+                step_s: float, run_s: float) -> str:
+    """One markdown table row: slice, memory per device, fit, change, longest step time,
+    the run's days (each stage's steps at its own step time)."""
     worst = max(results, key=lambda r: (r.fitted or r.base).total_bytes)
     use = worst.fitted or worst.base
     cap = tpu.chip.device_hbm_bytes
@@ -356,7 +364,7 @@ def summary_row(run: RunConfig, tpu: TpuSlice, results: Sequence[PhaseResult],
         fit, change = "no", "nothing tried fits"
     memory = (f"{use.total_bytes / GiB:.2f} of {cap / GiB:.0f}" if use.fits
               else f"needs {(use.needed_bytes or 0) / GiB:.1f} of {cap / GiB:.0f}")
-    timing = (f"{step_s * 1e3:.0f} ms | {run.total_steps * step_s / 86400:.1f}"
+    timing = (f"{step_s * 1e3:.0f} ms | {run_s / 86400:.1f}"
               if step_s and fit != "no" else "- | -")
     return f"| {tpu.name} | {memory} | {fit} | {change} | {timing} |"
 
