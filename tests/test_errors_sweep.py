@@ -4,7 +4,6 @@ with exit status 2 and one line ``<program>: error: ...`` naming the bad thing."
 from __future__ import annotations
 
 import gzip
-import math
 import pickle
 import random
 
@@ -15,7 +14,7 @@ from xlmeta_jax import errors
 from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.data import vocabulary
-from xlmeta_jax.pretrain import trainer
+from xlmeta_jax.pretrain import progress
 
 
 def _one_line(capsys, main, argv, prog, *parts):
@@ -55,18 +54,14 @@ def test_non_finite_loss_stops_in_one_line_after_the_checkpoint_in_flight(
         capsys, tmp_path, fast_compiles, clean_gin, monkeypatch):
     """Step 2 is checkpointed (in the background), step 3's loss is NaN: the run waits for
     step 2's checkpoint, then stops with one line; no temporary directory stays."""
-    checks = []
+    real = progress.host_metrics
 
-    class _Math:
-        def __getattr__(self, name):
-            return getattr(math, name)
+    def nan_at_step_3(phase, phase_step, metrics, *args, **kwargs):
+        if phase_step == 3:  # steps 1 and 2 pass, step 3 "diverges"
+            metrics = dict(metrics, loss=float("nan"))
+        return real(phase, phase_step, metrics, *args, **kwargs)
 
-        @staticmethod
-        def isfinite(x):
-            checks.append(x)
-            return len(checks) < 3  # steps 1 and 2 pass, step 3 "diverges"
-
-    monkeypatch.setattr(trainer, "math", _Math())
+    monkeypatch.setattr(progress, "host_metrics", nan_at_step_3)
     model_dir = tmp_path / "run"
     _one_line(capsys, train_cli.main, train_argv(write_gin(tmp_path), model_dir),
               "xlmeta_jax.train", "[phase1] non-finite loss", "at step 3", "last checkpoint: 2")
