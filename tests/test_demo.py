@@ -1,13 +1,14 @@
 """README's demo (gin/demo.gin) end to end, shortened: corpus from installed packages,
 vocabulary, the real seqio pipeline, phase 1 then phase 2, and the fine-tuning handoff;
-then gin/demo_modernbert.gin and gin/demo_mmbert.gin on the same data, and their Hugging Face
-exports."""
+then gin/demo_modernbert.gin on the same data and its Hugging Face export; and
+gin/demo_mmbert.gin (every stage of mmBERT's recipe, the merge, the export) on the toy corpus."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -53,10 +54,9 @@ def test_demos_run_both_phases_hand_off_and_export(tmp_path):
     # A rerun of a finished run (both phases complete, nothing trained):
     # tests/test_errors_cli.py::test_rerun_of_finished_run_is_quiet_and_changes_nothing.
 
-    # The ModernBERT demo and mmBERT's recipe on the same corpus and vocabulary (preparing
-    # them is most of a demo's time on CPU, and the same code as above).
+    # The ModernBERT demo on the same corpus and vocabulary (preparing them is most of a
+    # demo's time on CPU, and the same code as above).
     _modernbert_demo(tmp_path, data)
-    _mmbert_demo(tmp_path, data)
 
 
 def test_a_demo_whose_data_paths_are_all_overridden_builds_nothing(tmp_path):
@@ -106,13 +106,19 @@ def _modernbert_demo(tmp_path, data):
     assert tokens["input_ids"][0] == 0 and tokens["input_ids"][-1] == 2  # XLM-R's <s>, </s>
 
 
-def _mmbert_demo(tmp_path, data):
+def test_mmbert_demo_runs_every_stage_merges_and_exports(toy_cc100, tmp_path):
     """gin/demo_mmbert.gin, in fewer tokens: the English stage, the batch ramp, base, ext at
     twice the length with RoPE base 160k, two decay branches, their TIES merge (the run's
-    product), its HF export, and a rerun that finds the run complete."""
+    product), its HF export, and a rerun that finds the run complete. On the session's toy
+    CC-100 folder and its 2000-piece vocabulary (a copy: the run writes its statistics
+    there), so it runs beside the demo test rather than after it."""
     transformers = pytest.importorskip("transformers")
+    from data_toy import TOY_LANGUAGES
+
     from xlmeta_jax.interop.hf import convert
 
+    data = tmp_path / "data"
+    shutil.copytree(toy_cc100["cc_dir"], data / "xling")
     model_dir = tmp_path / "demo_mmbert"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
                JAX_DISABLE_MOST_OPTIMIZATIONS="true")
@@ -121,8 +127,10 @@ def _mmbert_demo(tmp_path, data):
         f"--gin.MODEL_DIR='{model_dir}'", "--gin.ENGLISH_TOKENS=2048", "--gin.RAMP_TOKENS=512",
         "--gin.BASE_TOKENS=2048", "--gin.EXT_TOKENS=4096", "--gin.DECAY_TOKENS=2048",
         "--gin.WARMUP_TOKENS=256", "--gin.CHECKPOINT_TOKENS=2048",
-        f"--gin.VOCAB_PATH='{data / 'spm.model'}'", f"--gin.CC100_DIR='{data / 'xling'}'",
-        f"--gin.ENGLISH_FILES=['{data / 'english' / '*.txt'}']",
+        f"--gin.VOCAB_PATH='{toy_cc100['vocab']}'", f"--gin.CC100_DIR='{data / 'xling'}'",
+        f"--gin.ENGLISH_FILES=['{data / 'xling' / 'en.txt'}']",
+        f"--gin.CC100_LANGUAGES={list(TOY_LANGUAGES)!r}",
+        "--gin.BASE_LANGUAGES=['en', 'de', 'ru', 'ar', 'hi']",
     ]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
