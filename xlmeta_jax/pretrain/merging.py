@@ -36,6 +36,11 @@ TRIMS = ("model", "tensor")
 class MergeError(errors.UserError, ValueError):
     """Checkpoints that cannot be merged, or a merge setting out of range."""
 
+    def __init__(self, message: str, setting: str | None = None):
+        super().__init__(message)
+        # The setting the line is about (check_settings' names: 'method', 'base', ...).
+        self.setting = setting
+
 
 def linear(params: Sequence, weights: Sequence[float] | None = None):
     """The weighted mean of parameter trees (uniform without ``weights``)."""
@@ -190,41 +195,43 @@ def check_settings(checkpoints_: Sequence[str], method: str, base: str | None,
     names its gin fields); ``output`` None is not checked.
     """
     if method not in METHODS:
-        raise MergeError(f"{flag('method')}={method!r} is not one of {METHODS}")
+        raise MergeError(f"{flag('method')}={method!r} is not one of {METHODS}", "method")
     if len(checkpoints_) < 2:
         raise MergeError(f"{flag('checkpoints')} names {len(checkpoints_)} checkpoint; merging "
-                         "needs 2 or more")
+                         "needs 2 or more", "checkpoints")
     if method == "linear":
-        given = [flag(f) for f, v in (("base", base), ("density", density),
-                                      ("scaling", scaling), ("trim", trim)) if v is not None]
+        given = [f for f, v in (("base", base), ("density", density),
+                                ("scaling", scaling), ("trim", trim)) if v is not None]
         if given:
-            raise MergeError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for "
+            raise MergeError(f"{', '.join(map(flag, given))} "
+                             f"{'is' if len(given) == 1 else 'are'} for "
                              f"{flag('method')}=ties; {flag('method')}=linear averages with "
-                             f"{flag('weights')} only")
+                             f"{flag('weights')} only", given[0])
     if method == "ties" and not base:
         raise MergeError(f"{flag('method')}=ties needs {flag('base')} (the checkpoint the task "
                          "vectors are taken against, e.g. the run's stage before the decay "
-                         "variants)")
+                         "variants)", "base")
     if trim is not None and trim not in TRIMS:
-        raise MergeError(f"{flag('trim')}={trim!r} is not one of {TRIMS}")
+        raise MergeError(f"{flag('trim')}={trim!r} is not one of {TRIMS}", "trim")
     if density is not None and not 0.0 < density <= 1.0:
         raise MergeError(f"{flag('density')}={density} must be in (0, 1] (the share of each "
-                         "task vector kept)")
+                         "task vector kept)", "density")
     if scaling is not None and not np.isfinite(scaling):
-        raise MergeError(f"{flag('scaling')}={scaling} must be a finite number")
+        raise MergeError(f"{flag('scaling')}={scaling} must be a finite number", "scaling")
     if weights is not None:
         if (len(weights) != len(checkpoints_) or not all(np.isfinite(weights))
                 or min(weights) < 0 or not sum(weights) > 0):
             raise MergeError(f"{flag('weights')}={','.join(map(str, weights))}: one finite "
-                             f"weight >= 0 per checkpoint ({len(checkpoints_)}), not all 0")
+                             f"weight >= 0 per checkpoint ({len(checkpoints_)}), not all 0",
+                             "weights")
         if method == "ties" and (trim or "model") == "model":
             raise MergeError(f"{flag('weights')} with {flag('method')}=ties: the TIES authors' "
                              f"merge ({flag('trim')}=model) has no weights; mergekit's "
-                             f"({flag('trim')}=tensor) weights each task vector")
+                             f"({flag('trim')}=tensor) weights each task vector", "weights")
     if output is not None and os.path.exists(output) and (
             not os.path.isdir(output) or os.listdir(output)):
         raise MergeError(f"{flag('output')}={output} exists and is not an empty folder; merge "
-                         "into a new one")
+                         "into a new one", "output")
 
 
 def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",

@@ -269,10 +269,7 @@ class Merge:
                                    scaling=self.scaling, weights=self.weights, trim=self.trim,
                                    flag=_MERGE_FIELDS.get)
         except merging.MergeError as e:
-            # The setting the line is about: the first it names (the missing one for TIES'
-            # base).
-            field = "base" if " needs base" in str(e) else next(
-                f for f in _MERGE_FIELDS.values() if str(e).startswith(f))
+            field = _MERGE_FIELDS[e.setting]
             raise PhaseSettingError(MERGE_CONFIGURABLE, field, getattr(self, field), str(e),
                                     context="merge: ") from None
         if not isinstance(self.name, str) or not re.fullmatch(r"\w+", self.name):

@@ -109,7 +109,7 @@ def configured_run() -> RunConfig:
         phases, model, total, note = _experiment_run()
     shapes = [PhaseShape(p.name, p.batch_size, p.sequence_length, p.num_steps,
                          p.optimizer_config(), p.masking_rate(mask_rate),
-                         p.model(model) if hasattr(p, "model") else None) for p in phases]
+                         p.model(model)) for p in phases]
     return RunConfig(model=model, phases=shapes, mesh_shape=mesh_shape,
                      microbatches=microbatches, rng_impl=rng_impl, total_steps=total,
                      steps_note=note, trainer_phases=list(phases), packed=packed)
