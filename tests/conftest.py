@@ -3,6 +3,8 @@
 XLA_FLAGS must be set before jax is imported anywhere, hence at conftest import.
 """
 
+import contextlib
+import fcntl
 import os
 import pathlib
 import tempfile
@@ -111,3 +113,36 @@ def toy_cc100(shared_data, tmp_path_factory) -> dict:
     docs = write_cc100_dir(shared_data, cc_dir)
     vocab = train_toy_vocabulary(cc_dir, str(root / "vocab" / "toy"))
     return {"root": root, "cc_dir": cc_dir, "docs": docs, "vocab": vocab}
+
+
+@contextlib.contextmanager
+def _session_lock(tmp_path_factory, name: str):
+    """A folder shared by the whole session's processes (every xdist worker), under a lock.
+
+    Under xdist each worker has a base folder of its own inside one run folder; the first
+    to take the lock builds there, the others wait and find what it built.
+    """
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield folder
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory) -> pathlib.Path:
+    """gin/demo.gin's corpus and vocabulary (``MODEL_DIR/demo_data``), as the demo's first
+    run writes them (``demo_corpus.prepare_demo``, what its VOCAB_PATH evaluates), built
+    once for the session: training the vocabulary is most of a demo's time on 2 cores.
+    Read only: a test copies it into its MODEL_DIR, where the demo then reuses it as a
+    second run of the demo would."""
+    from xlmeta_jax.data import demo_corpus
+
+    with _session_lock(tmp_path_factory, "demo_run") as model_dir:
+        demo_corpus.prepare_demo(os.fspath(model_dir))
+    return model_dir / "demo_data"
+

@@ -21,8 +21,11 @@ pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_demos_run_both_phases_hand_off_and_export(tmp_path):
+def test_demos_run_both_phases_hand_off_and_export(demo_data, tmp_path):
+    """gin/demo.gin on the session's demo corpus and vocabulary (what its first run writes,
+    the conftest fixture: the run reuses them), then gin/demo_modernbert.gin on the same."""
     model_dir = tmp_path / "demo"
+    shutil.copytree(demo_data, model_dir / "demo_data")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     cmd = [
         sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo.gin",

@@ -9,6 +9,7 @@ import importlib.metadata
 import os
 import pathlib
 import re
+import shutil
 
 import pytest
 
@@ -124,7 +125,7 @@ def _assert_pretrained(text: str, model_dir: pathlib.Path):
 
 
 @pytest.mark.slow
-def test_notebooks_run_from_a_fresh_folder(tmp_path, request):
+def test_notebooks_run_from_a_fresh_folder(demo_data, tmp_path, request):
     """meta_pretraining.ipynb trains both phases in a fresh folder (loss curves, hand-off);
     then zero_shot_transfer.ipynb evaluates that run. Its own pretraining branch (no
     finished run there: train or resume one) is taken on the run with its summary.json
@@ -135,6 +136,9 @@ def test_notebooks_run_from_a_fresh_folder(tmp_path, request):
     shared_data = request.getfixturevalue("shared_data")
     workdir, env = _fresh(tmp_path)
     run_dir = workdir / "runs"
+    # The demo corpus and vocabulary the run's first start writes (gin/demo.gin's, built once
+    # per session: most of a demo's time on 2 cores), which the run reuses.
+    shutil.copytree(demo_data, run_dir / "meta" / "demo_data")
     meta = _code(_execute(META, env, workdir))
     text = _stdout(meta)
     assert text.count("runtime cpu: not Colab") == 2  # The set-up cell, run twice.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -56,8 +57,11 @@ def _assert_quiet(text):
     assert not [line for line in lines if NOISE.search(line)], text
 
 
-def test_t5x_quick_start_runs_both_phases_on_one_screen(tmp_path):
+def test_t5x_quick_start_runs_both_phases_on_one_screen(demo_data, tmp_path):
     model_dir = tmp_path / "t5x_demo"
+    # The demo corpus and vocabulary its first run writes (the same function as
+    # gin/demo.gin's, built once per session), which the run reuses.
+    shutil.copytree(demo_data, model_dir / "demo_data")
     rc, text = _demo(model_dir)
     assert rc == 0, text[-6000:]
     _assert_quiet(text)

@@ -19,6 +19,7 @@ call costs one ``stat``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -52,14 +53,21 @@ def demo_path(model_dir: str, name: str) -> str:
     return os.path.join(files.user_path(model_dir, "MODEL_DIR"), "demo_data", name)
 
 
-def udhr_paragraphs(lang: str) -> list[str]:
-    """UDHR sample paragraphs of one language from the ``gflanguages`` package."""
+@functools.cache
+def _gflanguages() -> dict:
+    """gflanguages' metadata of every language (parsed from 1.7k text protos: about a
+    second, so once per process rather than once per demo language)."""
     import gflanguages  # noqa: PLC0415 - its language metadata loads only for the UDHR demo
 
+    return gflanguages.LoadLanguages()
+
+
+def udhr_paragraphs(lang: str) -> list[str]:
+    """UDHR sample paragraphs of one language from the ``gflanguages`` package."""
     key = _GFLANGUAGES_IDS.get(lang)
     if key is None:
         raise ValueError(f"demo language {lang!r} has no gflanguages sample text mapping")
-    sample = gflanguages.LoadLanguages()[key].sample_text
+    sample = _gflanguages()[key].sample_text
     paragraphs: list[str] = []
     for field in sample.DESCRIPTOR.fields:
         value = getattr(sample, field.name)
