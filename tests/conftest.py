@@ -22,6 +22,11 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# Most of XLA's optimisation passes off, here and in every command a test starts: on the
+# tiny models compiling dominates, and the passes cost far more than they save. No test
+# compares against a figure of an optimised compile but the TPU compiles of test_aot.py,
+# which turn them back on.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
 
 import pytest  # noqa: E402
 

@@ -18,6 +18,18 @@ needs_libtpu = pytest.mark.skipif(
     not HAS_LIBTPU, reason="libtpu is not installed (pip install -e '.[aot]'): no TPU compiler")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def optimised_compiles():
+    """XLA's optimisation passes on (conftest turns them off for the session): the figures
+    checked here (memory, fit, FLOPs) are those of the optimised compile the tool makes."""
+    import jax
+
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
 @pytest.mark.parametrize("name, topology, devices, config", [
     ("v2-8", "v2:2x2", 8, "default"),
     ("v4-8", "v4:2x2x1", 4, "megacore"),

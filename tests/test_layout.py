@@ -58,6 +58,9 @@ HEAVY = frozenset({
     "xlmeta_jax.data.tasks", "xlmeta_jax.data.providers", "xlmeta_jax.data.preprocessors",
     # gin flag parsing, absent on accelerator hosts that only benchmark.
     "xlmeta_jax.cli.flags",
+    # Our trainer's gin names beside t5x's, only for t5x_train --phase (t5x's own run files
+    # must not see them: their `train` would be ambiguous).
+    "xlmeta_jax.cli.t5x_stage",
 })
 
 MAX_LINES = 600

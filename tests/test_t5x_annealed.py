@@ -1,7 +1,8 @@
-"""`python -m t5x.train` with gin/annealed.gin, one command per stage, on real text and the
-tiny model: each stage reads its own languages, alpha and masking rate, starts from the whole
+"""gin/native/annealed.gin, our trainer's run file, through t5x: ``python -m
+xlmeta_jax.t5x_train --phase=stageN``, one command per stage, on real text and the tiny
+model: each stage reads its own languages, alpha and masking rate, starts from the whole
 final state of the stage before (parameters, AdamW moments, step) and follows the one
-warm-up-stable-decay schedule of the three."""
+warm-up-stable-decay schedule of the three, each setting derived from the run's Phase list."""
 
 from __future__ import annotations
 
@@ -32,16 +33,19 @@ STAGES = {  # stage: (languages, alpha, mask rate)
 
 
 def _stage(model_dir, corpus, phase, log):
+    """``python -m xlmeta_jax.t5x_train --phase=stageN`` on gin/native/annealed.gin, the run
+    file our trainer reads, with our trainer's flags."""
     flags = [f"--gin.STAGE{n}_LANGUAGES={langs!r}" for n, (langs, _, _) in STAGES.items()]
     cmd = [
-        sys.executable, "-m", "t5x.train", "--gin_file=gin/annealed.gin",
+        sys.executable, "-m", "xlmeta_jax.t5x_train", "--gin_file=gin/native/annealed.gin",
         "--gin_file=gin/models/tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.VOCAB_PATH='{corpus['vocab']}'", f"--gin.CC100_DIR='{corpus['cc100_dir']}'",
-        *flags, f"--gin.PHASE={phase}",
+        f"--gin.CC100_LANGUAGES={corpus['languages']!r}", *flags, f"--phase=stage{phase}",
         *(f"--gin.STAGE{n}_STEPS={STEPS}" for n in STAGES),
         f"--gin.BATCH_SIZE={BATCH}", f"--gin.SEQUENCE_LENGTH={LENGTH}",
         f"--gin.LEARNING_RATE={LR}", f"--gin.WARMUP_STEPS={WARMUP}",
-        f"--gin.CHECKPOINT_EVERY={STEPS}", "--gin.LOG_EVERY=1",
+        f"--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every={STEPS}",
+        "--gin.xlmeta_jax.pretrain.trainer.train.log_every=1",
     ]
     env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true",
                XLA_FLAGS="--xla_force_host_platform_device_count=1",

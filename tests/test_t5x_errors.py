@@ -160,3 +160,31 @@ def test_progress_lines_replace_t5x_info_log(tmp_path):
         assert isinstance(t5x_checks.actions(action)["TRAIN"][0], t5x_progress.ProgressAction)
     finally:
         logs.progress.removeHandler(keep)
+
+
+@pytest.mark.parametrize("extra, parts", [
+    (["--phase=stage9"], ["--phase=stage9: the run's phases are stage1, stage2, stage3"]),
+    (["--phase=stage1", "--gin.STAGE1_STEP=2"],
+     ["unknown gin macro 'STAGE1_STEP'", "STAGE1_STEPS"]),
+    (["--phase"], ["--phase needs a phase"]),
+])
+def test_a_phase_of_our_run_file_refused_in_one_line(corpus, tmp_path, extra, parts):
+    """``python -m xlmeta_jax.t5x_train --phase``: our run file's settings and the phase are
+    refused as our trainer refuses them, one line before t5x starts, nothing written (the
+    phases t5x cannot run: tests/test_t5x_gin.py's table)."""
+    model_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "xlmeta_jax.t5x_train", "--gin_file=gin/native/annealed.gin",
+           "--gin_file=gin/models/tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
+           f"--gin.VOCAB_PATH='{corpus['vocab']}'", f"--gin.CC100_DIR='{corpus['cc100_dir']}'",
+           "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=32", *extra]
+    env = dict(os.environ, PYTHONPATH=os.fspath(REPO) + os.pathsep + os.environ.get(
+        "PYTHONPATH", ""))
+    env.pop(errors.DEBUG_ENV, None)
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == errors.EXIT_USER_ERROR, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m xlmeta_jax.t5x_train: error: "), \
+        out.stderr[-3000:]
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+    assert not (model_dir / "stage1").exists() and not (model_dir / "stage2").exists()

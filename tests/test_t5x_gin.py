@@ -81,7 +81,7 @@ def test_every_t5x_gin_file_has_a_header_naming_its_command():
         assert header.startswith("#") and "t5x.train" in header, name
 
 
-@pytest.mark.parametrize("name", ["gin/meta.gin", "gin/xlmr.gin", "gin/annealed.gin"])
+@pytest.mark.parametrize("name", ["gin/meta.gin", "gin/xlmr.gin"])
 def test_run_files_parse_with_the_mesh_file(name, tmp_path):
     args = _train_args([name, "gin/t5x/mesh.gin"], f"MODEL_DIR = '{tmp_path}'",
                        "MESH_SHAPE = (4, 2)")
@@ -170,20 +170,108 @@ def test_xlmr_gin_is_the_equal_compute_baseline(tmp_path):
     assert opt.total_steps == 500000
 
 
-def test_annealed_gin_stage_2_continues_stage_1(tmp_path):
-    """Stage 2 of gin/annealed.gin: its own directory, data and seed; stage 1's whole final
-    state (checkpoint_350000) as its start; one WSD schedule over the three stages."""
-    args = _train_args(["gin/annealed.gin"], f"MODEL_DIR = '{tmp_path}'", "PHASE = 2")
-    assert _evaluate(args["model_dir"]) == str(tmp_path / "stage2")
-    assert _evaluate(args["total_steps"]) == 350000 + 100000
-    # The stage's own registration (xlmeta_cc100.stage2), whose name seeds its data and dropout.
-    assert _evaluate(gin.query_parameter("xlmeta_jax.cli.configurables.registered.view")) == (
-        ".stage2")
-    assert _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.keep_optimizer"))
-    with pytest.raises(t5x_phases.PhaseError, match="stage1/checkpoint_350000"):
-        _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.init_params_from"))
+def _stage_args(run_file, phase, tmp_path, *bindings) -> dict:
+    """t5x train's arguments for one phase of our trainer's run file, as ``python -m
+    xlmeta_jax.t5x_train --gin_file=RUN --phase=PHASE`` derives them (gin/t5x/stage.gin)."""
+    from xlmeta_jax.cli import flags as gin_flags
+    from xlmeta_jax.cli import t5x_stage
+    from xlmeta_jax.interop.t5x import stages
+
+    gin_flags.apply_gin([run_file], [f"MODEL_DIR = '{tmp_path}'",
+                                     "VOCAB_PATH = '/unused/spm.model'", *bindings])
+    stage = t5x_stage.configured_stage(phase)
+    gin.clear_config(clear_constants=True)
+    stages.set_current(stage)
+    return _train_args(["gin/t5x/stage.gin"])
+
+
+# run file, phase, its settings: (directory, TRAIN_STEPS, start step, length, batch,
+# whole state kept, source checkpoint, schedule (total, shape), masking rate, RoPE global).
+STAGE_CASES = [
+    ("gin/native/annealed.gin", "stage2", [], (
+        "stage2", 450000, 350000, 512, 8192, True, "stage1/checkpoint_350000",
+        (500000, "wsd"), 0.15, None)),
+    ("gin/native/annealed.gin", "1", [], (
+        "stage1", 350000, 0, 512, 8192, False, None, (500000, "wsd"), 0.3, None)),
+    ("gin/native/meta.gin", "phase2", ["ENGLISH_FILES = ['/unused/*.txt']"], (
+        "phase2", 400000, 0, 512, 8192, False, "phase1/checkpoint_100000",
+        (400000, "linear"), 0.15, None)),
+    # mmBERT's context extension: its own length and RoPE bases, the base stage's schedule
+    # continued (t5x reads blocks, not rows packed from documents).
+    ("gin/native/mmbert.gin", "ext", ["xlmeta_jax.data.corpora.Corpora.packing = 'blocks'"], (
+        "ext", None, None, 8192, 4608, True, "base/checkpoint_", (None, "wsd"), 0.15,
+        160000.0)),
+]
+
+
+@pytest.mark.parametrize("run_file, phase, bindings, want", STAGE_CASES,
+                         ids=[f"{c[0].split('/')[-1]}:{c[1]}" for c in STAGE_CASES])
+def test_a_phase_of_our_run_file_derives_its_t5x_settings(run_file, phase, bindings, want,
+                                                          tmp_path):
+    (name, steps, start, length, batch, keeps, source, (total, schedule), rate,
+     rope) = want
+    from xlmeta_jax.interop.t5x import stages
+
+    args = _stage_args(run_file, phase, tmp_path, *bindings)
+    stage = stages.current()
+    assert _evaluate(args["model_dir"]) == str(tmp_path / name)
+    # Steps and their start: the phase's own, or (continuing a schedule) after its source's.
+    assert _evaluate(args["total_steps"]) == (steps or stage.end_step())
+    assert _evaluate(gin.query_parameter("t5x_progress.ProgressAction.start_step")) == (
+        start if start is not None else stage.start_step())
+    assert stage.end_step() - stage.start_step() == stage.phase.num_steps
+    lengths = _evaluate(gin.query_parameter("train/utils.DatasetConfig.task_feature_lengths"))
+    assert lengths == {"inputs": length, "targets": length}
+    assert _evaluate(gin.query_parameter("train/utils.DatasetConfig.batch_size")) == batch
+    assert _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.keep_optimizer")) is keeps
+    if source is None:
+        assert _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.init_params_from")
+                         ) is None
+    else:  # the source phase has not run here: its final checkpoint is named
+        with pytest.raises(t5x_phases.PhaseError, match=source):
+            _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.init_params_from"))
     opt = _evaluate(gin.query_parameter("t5x_model.adamw.config"))
-    assert (opt.total_steps, opt.schedule, opt.decay_steps, opt.decay_shape) == (
-        500000, "wsd", 50000, "1-sqrt")
+    assert opt == _evaluate(gin.query_parameter("t5x_model.learning_rate.config"))
+    assert opt == stage.phase.optimizer_config() and opt.schedule == schedule
+    if total is not None:
+        assert opt.total_steps == total
     model = _model()
-    assert model.masking.rate == 0.15
+    assert model.masking.rate == rate
+    assert model.config == stage.phase.model(stage.model)
+    if rope is not None:
+        assert model.config.global_rope_theta == model.config.local_rope_theta == rope
+        assert stage.model.local_rope_theta != rope  # the run's own, not the phase's
+    # Each phase's data and dropout seeds, as our trainer derives them (later phases).
+    sources = [p.source() for p in stage.phases]
+    assert _evaluate(gin.query_parameter("t5x_phases.get_dataset.stream_seed")) == (
+        seeds.phase_seeds(sources, 0)[stage.index])
+
+
+@pytest.mark.parametrize("run_file, phase, bindings, words", [
+    ("gin/native/annealed.gin", "stage4", [], ["--phase=stage4", "stage1, stage2, stage3"]),
+    ("gin/native/annealed.gin", "0", [], ["--phase=0", "1 to 3"]),
+    ("gin/native/mmbert.gin", "ext", [], ["Corpora.packing", "'blocks'"]),
+    ("gin/native/annealed.gin", "stage2",
+     ["stage2/xlmeta_jax.pretrain.trainer.Phase.reset_schedule = True"],
+     ["'stage2'", "resets its schedule but not its optimizer"]),
+])
+def test_a_phase_t5x_cannot_run_is_one_line(run_file, phase, bindings, words, tmp_path):
+    from xlmeta_jax import errors
+    from xlmeta_jax.cli import flags as gin_flags
+    from xlmeta_jax.cli import t5x_stage
+
+    gin_flags.apply_gin([run_file], [f"MODEL_DIR = '{tmp_path}'",
+                                     "VOCAB_PATH = '/unused/spm.model'", *bindings])
+    with pytest.raises(errors.UserError) as e:
+        t5x_stage.configured_stage(phase)
+    line = errors.user_message(e.value)
+    assert "\n" not in line and all(w in line for w in words), line
+
+
+def test_stage_gin_alone_names_the_command():
+    from xlmeta_jax.interop.t5x import stages
+
+    stages._current.clear()
+    args = _train_args(["gin/t5x/stage.gin"])
+    with pytest.raises(stages.StageError, match="--phase=NAME"):
+        _evaluate(args["model_dir"])

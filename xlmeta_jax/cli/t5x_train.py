@@ -30,6 +30,10 @@ T5X_MISSING = ("t5x is not installed (it is not on the package index): pip insta
                "from git, as docs/t5x.md shows")
 
 HELP_FLAGS = ("--help", "-h", "--helpfull", "--helpshort")
+PROG = "python -m xlmeta_jax.t5x_train"
+# What t5x's train reads for one phase of a run file of our trainer (--phase).
+STAGE_GIN = "gin/t5x/stage.gin"
+PHASE_FLAG = "--phase"
 
 HELP_HEADER = f"""\
 python -m xlmeta_jax.t5x_train: t5x's `python -m t5x.train`, with the same flags and gin
@@ -40,6 +44,16 @@ files, started without TensorFlow's start-up lines. Example (phase 1 of the demo
   {errors.DEBUG_FLAG}   t5x's whole log and the traceback of an error (also {errors.DEBUG_ENV}=1)
 
 The run files: gin/meta.gin (phases 1 and 2 by --gin.PHASE), gin/xlmr.gin, gin/t5x/demo.gin.
+
+Any phase of a run file of our own trainer (gin/native/*.gin), one command per phase:
+
+  python -m xlmeta_jax.t5x_train --gin_file=gin/native/annealed.gin --phase=stage2 \
+    --gin.MODEL_DIR="'/runs/annealed_t5x'" ...the run's other flags...
+
+  --phase=NAME   the phase to train (its name, or its number from 1); the run file's gin
+                 flags are read as python -m xlmeta_jax.train reads them, and every t5x
+                 setting of the phase derives from its Phase (gin/t5x/stage.gin)
+
 t5x's flags (absl) follow.
 """
 
@@ -64,6 +78,25 @@ def checked_bindings() -> tuple[str, ...]:
     return bindings
 
 
+def _pop_phase(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``--phase=NAME`` (or ``--phase NAME``) out of ``argv``: (NAME or None, the rest)."""
+    wanted, rest = None, []
+    it = iter(argv)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if name != PHASE_FLAG:
+            rest.append(arg)
+            continue
+        wanted = value if eq else next(it, "")
+        if not wanted:
+            raise StageFlagError(f"{PHASE_FLAG} needs a phase (its name or number)")
+    return wanted, rest
+
+
+class StageFlagError(errors.UserError, ValueError):
+    """A malformed --phase flag."""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Runs ``python -m t5x.train`` with ``argv`` (default: this command's arguments).
 
@@ -86,6 +119,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     platforms.prefer_cpu_without_tpu()
     if not errors.debug_requested(()):
         logs.quiet_start(import_tensorflow=True)
+    if not wants_help:
+        try:
+            wanted, argv = _pop_phase(argv)
+            if wanted is not None:
+                # Our trainer's gin names (which t5x's own configs must not see: `train`
+                # would be ambiguous) only for --phase.
+                from xlmeta_jax.cli import t5x_stage  # noqa: PLC0415 - see above
+
+                argv = t5x_stage.stage_argv(wanted, argv, STAGE_GIN)
+        except Exception as e:  # noqa: BLE001 - a user error is one line, a bug re-raised
+            message = errors.user_message(e)
+            if message is None or errors.debug_requested(()):
+                raise
+            print(f"{PROG}: error: {message}", file=sys.stderr)
+            sys.exit(errors.EXIT_USER_ERROR)
     # absl parses sys.argv; runpy puts t5x's file in sys.argv[0].
     sys.argv = [T5X_MAIN, *argv]
     try:

@@ -202,6 +202,20 @@ class Phase:
         """What the names of the phase's own tasks and mixture end with."""
         return f".{self.name}"
 
+    def registered_source(self, run_phases: Sequence[Phase], run_corpora: Corpora) -> str:
+        """Registers the run's seqio tasks, with each phase's own data once more under its
+        own names (:meth:`source`), and returns the registered name this phase reads.
+
+        Our trainer and the t5x command of one phase (:mod:`xlmeta_jax.interop.t5x.stages`)
+        register a run's corpora this one way.
+        """
+        from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
+
+        views = {p.view_suffix(): tasks.reading(p.task, p.corpora(run_corpora))
+                 for p in run_phases if p.source() != p.task}
+        registered = tasks.register(run_corpora, views=views)
+        return tasks.check_registered(self.source(), registered)
+
     def corpora(self, run_corpora: Corpora) -> Corpora:
         """The run's corpus settings with this phase's own languages, alpha and masking."""
         changes = {}

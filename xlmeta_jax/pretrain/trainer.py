@@ -306,16 +306,9 @@ def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
             masking=phase.corpora(cfg.corpora).masking,
             features=mlm.step_features(cfg.corpora.packed),
         )
-    # Registers the corpora's seqio tasks, and each phase with data of its own once more
-    # under its own names, then reads the phase's task or mixture.
-    from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
-
-    views = {p.view_suffix(): tasks.reading(p.task, p.corpora(cfg.corpora))
-             for p in cfg.phases if p.source() != p.task}
-    registered = tasks.register(cfg.corpora, views=views)
-    tasks.check_registered(phase.source(), registered)
+    source = phase.registered_source(cfg.phases, cfg.corpora)
     cached = {} if phase.use_cached is None else {"use_cached": phase.use_cached}
-    return cfg.feeder(phase.source(), sequence_length=phase.sequence_length,
+    return cfg.feeder(source, sequence_length=phase.sequence_length,
                       global_batch_size=phase.batch_size, mesh=mesh, seed=seed,
                       features=mlm.step_features(cfg.corpora.packed), **cached)
 

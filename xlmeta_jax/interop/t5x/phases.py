@@ -10,10 +10,11 @@ Meta-pretraining (gin/meta.gin) has two:
   only the parameters are read (:class:`PhaseInitializer`), while the optimizer
   state and the step (hence the learning-rate schedule) start fresh.
 
-The annealed-language curriculum (gin/annealed.gin) has three, ``stage1`` to
-``stage3`` (``names``): each stage reads its own languages, alpha and masking rate and
-continues the previous stage's whole state, optimizer moments and step included, so that
-one schedule spans the stages (``PhaseInitializer(keep_optimizer=True)``, ``end_step``).
+Any phase of a run file of our own trainer (gin/native/*.gin, a list of ``Phase``)
+runs the same way through ``python -m xlmeta_jax.t5x_train --phase=NAME``
+(:mod:`.stages`, gin/t5x/stage.gin): a phase that continues another's optimizer state
+and schedule starts from that phase's whole state (``PhaseInitializer(keep_optimizer=
+True)``), so that one schedule spans the stages of a curriculum.
 
 Each phase directory holds t5x's own layout (``checkpoint_<step>/``, ``config.gin``,
 ``train/`` summaries) plus ``xlmeta_model.json`` (the encoder configuration and
@@ -76,7 +77,7 @@ def phase_dir(model_dir: str, phase: int | None = None, names: Sequence[str] = P
     Args:
       model_dir: the run's directory (MODEL_DIR).
       phase: 1-based phase number (PHASE), or None.
-      names: the run's phase directories in order (gin/annealed.gin: its stages).
+      names: the run's phase directories in order.
     """
     if not model_dir:
         raise PhaseError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
@@ -89,20 +90,6 @@ def phase_dir(model_dir: str, phase: int | None = None, names: Sequence[str] = P
 def total_steps(steps: Sequence[int]) -> int:
     """Sum of step counts (the baseline's budget: META_STEPS + XLING_STEPS)."""
     return int(sum(steps))
-
-
-def end_step(steps: Sequence[int], phase: int) -> int:
-    """The global step phase ``phase`` ends at when each phase continues the step before.
-
-    t5x's ``TRAIN_STEPS`` is the state's step to stop at; a phase that keeps the previous
-    phase's step (gin/annealed.gin) ends at the sum of its own and the earlier step counts.
-    """
-    return int(sum(steps[:_check_phase(phase, _numbered(len(steps)))]))
-
-
-def start_step(steps: Sequence[int], phase: int) -> int:
-    """The global step phase ``phase`` starts from: the end of the phase before (0 for 1)."""
-    return int(sum(steps[:_check_phase(phase, _numbered(len(steps))) - 1]))
 
 
 def _numbered(count: int) -> list[str]:
@@ -125,7 +112,7 @@ def init_params_from(model_dir: str, phase: int, init_steps: int | None = None,
     """The checkpoint a phase starts from: None for phase 1.
 
     Phase N starts from phase N-1's final checkpoint, ``checkpoint_<init_steps>``
-    (META_STEPS; a run whose phases continue the step: ``end_step`` of phase N-1). Only
+    (META_STEPS). Only
     consulted while the phase has no checkpoint of its own (t5x resumes a phase from its
     own latest checkpoint first).
 
@@ -151,7 +138,8 @@ def init_params_from(model_dir: str, phase: int, init_steps: int | None = None,
 
 def get_dataset(cfg: t5x_utils.DatasetConfig, shard_id: int, num_shards: int,
                 feature_converter_cls, num_epochs: int | None = None,
-                continue_from_last_checkpoint: bool = False):
+                continue_from_last_checkpoint: bool = False,
+                stream_seed: int | None = None):
     """t5x's ``utils.get_dataset`` with a data seed per source and per input shard.
 
     t5x seeds every host's input pipeline with ``DatasetConfig.seed`` itself (and
@@ -160,7 +148,9 @@ def get_dataset(cfg: t5x_utils.DatasetConfig, shard_id: int, num_shards: int,
     shard ``shard_id`` is seeded ``seeds.host_seed(seeds.phase_seed(seed, task),
     shard_id)`` as in our trainer: hosts draw independently, while which documents a
     shard reads depends on the shard alone. Bound as ``train.get_dataset_fn``
-    (gin/t5x/run.gin); without a seed it is t5x's own function.
+    (gin/t5x/run.gin); without a seed it is t5x's own function. ``stream_seed``: the
+    phase's data seed itself (gin/t5x/stage.gin: the one our trainer derives, which
+    also counts earlier phases reading the same task) in place of the one derived here.
     """
     if cfg.seed is None or not isinstance(cfg.mixture_or_task_name, str):
         return t5x_utils.get_dataset(cfg, shard_id, num_shards, feature_converter_cls,
@@ -172,7 +162,9 @@ def get_dataset(cfg: t5x_utils.DatasetConfig, shard_id: int, num_shards: int,
     if cfg.batch_size % num_shards:
         raise ValueError(f"Batch size ({cfg.batch_size}) must be divisible by number of "
                          f"shards ({num_shards}).")
-    seed = seeds.host_seed(seeds.phase_seed(cfg.seed, cfg.mixture_or_task_name), shard_id)
+    if stream_seed is None:
+        stream_seed = seeds.phase_seed(cfg.seed, cfg.mixture_or_task_name)
+    seed = seeds.host_seed(stream_seed, shard_id)
     logging.info("dataset %s: shard %d of %d, %d examples per batch, seed %d",
                  cfg.mixture_or_task_name, shard_id, num_shards,
                  cfg.batch_size // num_shards, seed)
@@ -201,7 +193,7 @@ class PhaseInitializer(t5x_utils.TrainStateInitializer):
     ``init_params_from`` that state gets the parameters of the given t5x checkpoint
     while the optimizer state and step stay freshly initialised (phase 2 of
     meta-pretraining), or with ``keep_optimizer`` its whole state: parameters, optimizer
-    moments and step (the stages of gin/annealed.gin, one schedule across them). t5x's
+    moments and step (the stages of a curriculum, one schedule across them). t5x's
     ``RestoreCheckpointConfig`` with an ``assignment_map`` would do the same, but its
     Orbax checkpoint manager then also restores the other run's input-pipeline state,
     which fails for a different dataset (phase 1's English into phase 2's mixture).

@@ -53,7 +53,7 @@ class ProgressAction(t5x_trainer.BaseAction):
       total_steps: the run's last step (``TRAIN_STEPS``).
       name: the name in brackets (default: the last part of ``model_dir``).
       start_step: the step the phase starts from (a stage that continues the step of the
-        one before: gin/annealed.gin); a start there is no resume.
+        one before: gin/t5x/stage.gin); a start there is no resume.
     """
 
     def __init__(self, model_dir: str, total_steps: int, name: str | None = None,

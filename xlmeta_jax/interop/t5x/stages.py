@@ -1,0 +1,293 @@
+r"""Any phase of our trainer's run, through t5x: ``python -m xlmeta_jax.t5x_train --phase``.
+
+A run file of our trainer (gin/native/\*.gin) defines its phases once, as a list of
+:class:`~xlmeta_jax.pretrain.phases.Phase`. Our trainer runs them all in one command;
+t5x's ``train`` runs one dataset, optimizer and schedule per command, so there the same
+run file runs one phase per command::
+
+  python -m xlmeta_jax.t5x_train --gin_file=gin/native/annealed.gin --phase=stage2 \
+    --gin.MODEL_DIR="'/runs/annealed_t5x'" ...the run's other flags...
+
+The command parses the run file as our trainer does (the same gin flags, the same
+checks), takes the phase (by name or number) and derives from it, here, everything the
+t5x run of that phase needs: the task it reads (its own languages, alpha and masking
+registered as our trainer registers them), its steps, batch, length, RoPE bases,
+optimizer and schedule, its seeds, and the checkpoint it starts from. gin/t5x/stage.gin
+binds t5x's settings to the functions below, which read that :class:`Stage`.
+
+Phase N writes t5x's layout to ``MODEL_DIR/<name>/``. A phase that continues another's
+optimizer state and schedule (``reset_optimizer=False, reset_schedule=False``) starts
+from that phase's whole final state and continues its step; one that resets both starts
+from its parameters alone, at step 0. t5x cannot hold one without the other (its train
+state is restored whole or not at all), so a phase resetting only one is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+from xlmeta_jax import errors, logs
+from xlmeta_jax.data import seeds
+from xlmeta_jax.data.corpora import Corpora
+from xlmeta_jax.interop.t5x import phases as t5x_phases
+from xlmeta_jax.model import mlm, network, optimizer
+from xlmeta_jax.pretrain.phases import SYNTHETIC, Phase
+
+
+class StageError(errors.UserError, ValueError):
+    """A phase that t5x cannot run as the run file defines it, or no phase to run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One phase of a run as a ``python -m t5x.train`` command runs it.
+
+    Attributes:
+      model_dir: the run's MODEL_DIR (absolute); the phase writes ``model_dir/<name>``.
+      phases: the run's phases, in order (checked by our trainer's checks).
+      index: which of them this command trains (0-based).
+      model: the run's encoder (the phase's RoPE bases applied by :meth:`model_config`).
+      corpora: the run's corpus settings (the phase's own data applied in :func:`task`).
+      vocab_path: the SentencePiece model.
+      seed: the run seed.
+      microbatches: gradient accumulation (MICROBATCHES).
+      checkpoint_every, keep_checkpoints, log_every: as our trainer's ``train``.
+    """
+
+    model_dir: str
+    phases: tuple[Phase, ...]
+    index: int
+    model: network.EncoderConfig
+    corpora: Corpora
+    vocab_path: str | None
+    seed: int = 0
+    microbatches: int = 1
+    checkpoint_every: int = 1000
+    keep_checkpoints: int | None = 3
+    log_every: int = 100
+
+    def __post_init__(self):
+        phase = self.phase
+        source = self.source_phase
+        if source is not None and phase.reset_optimizer != phase.reset_schedule:
+            reset, kept = (("optimizer", "schedule") if phase.reset_optimizer
+                           else ("schedule", "optimizer"))
+            raise StageError(
+                f"phase {phase.name!r} resets its {reset} but not its {kept}: t5x "
+                "restores a train state whole (parameters, AdamW moments and step) or takes "
+                "the parameters alone; set reset_optimizer and reset_schedule alike, or train "
+                "it with python -m xlmeta_jax.train")
+        if self.corpora.packed and phase.task != SYNTHETIC:
+            raise StageError(
+                "xlmeta_jax.data.corpora.Corpora.packing packs rows from whole documents, which "
+                "t5x's MaskedLMModel does not read (it reads fairseq blocks): add "
+                "--gin.xlmeta_jax.data.corpora.Corpora.packing=\"'blocks'\", or train the run "
+                "with python -m xlmeta_jax.train")
+
+    @property
+    def phase(self) -> Phase:
+        """The phase this command trains."""
+        return self.phases[self.index]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.phases)
+
+    @property
+    def source_phase(self) -> Phase | None:
+        """The phase whose final checkpoint this one starts from (``init_from``)."""
+        if self.phase.init_from is None:
+            return None
+        return self.phases[self.names.index(self.phase.init_from)]
+
+    def keeps_state(self) -> bool:
+        """Whether the phase continues its source's whole state (moments and step)."""
+        return self.source_phase is not None and not self.phase.reset_schedule
+
+    def start_step(self, index: int | None = None) -> int:
+        """The t5x step phase ``index`` (default: this one) starts from."""
+        index = self.index if index is None else index
+        phase = self.phases[index]
+        if phase.init_from is None or phase.reset_schedule:
+            return 0
+        return self.end_step(self.names.index(phase.init_from))
+
+    def end_step(self, index: int | None = None) -> int:
+        """The t5x step phase ``index`` (default: this one) ends at: ``TRAIN_STEPS``."""
+        index = self.index if index is None else index
+        return self.start_step(index) + self.phases[index].num_steps
+
+    def phase_dir(self, index: int | None = None) -> str:
+        index = self.index if index is None else index
+        return os.path.join(self.model_dir, self.phases[index].name)
+
+    def model_config(self) -> network.EncoderConfig:
+        """The run's encoder with the phase's own RoPE bases."""
+        return self.phase.model(self.model)
+
+    def masking(self) -> mlm.Masking:
+        return self.phase.corpora(self.corpora).masking
+
+    def data_seed(self) -> int:
+        """The phase's data seed, as our trainer derives it (run seed, task, occurrence)."""
+        return seeds.phase_seeds([p.source() for p in self.phases], self.seed)[self.index]
+
+
+_current: list[Stage] = []
+
+
+def set_current(stage: Stage) -> None:
+    """Makes ``stage`` the one gin/t5x/stage.gin's bindings read (the command sets it)."""
+    _current[:] = [stage]
+
+
+def current() -> Stage:
+    """The stage the command derived (gin: every binding of gin/t5x/stage.gin)."""
+    if not _current:
+        raise StageError(
+            "gin/t5x/stage.gin trains one phase of a run file of our trainer: run it as "
+            "python -m xlmeta_jax.t5x_train --gin_file=gin/native/RUN.gin --phase=NAME "
+            "(docs/t5x.md)")
+    return _current[0]
+
+
+def select_phase(phases: Sequence[Phase], wanted: str) -> int:
+    """The 0-based index of the phase ``--phase`` names (its name or 1-based number)."""
+    names = [p.name for p in phases]
+    if wanted in names:
+        return names.index(wanted)
+    if wanted.isdigit() and 1 <= int(wanted) <= len(names):
+        return int(wanted) - 1
+    raise StageError(f"--phase={wanted}: the run's phases are "
+                     f"{', '.join(names)} (a name, or 1 to {len(names)})")
+
+
+# ---------------------------------------------------------------------------------- gin
+
+
+def model_dir() -> str:
+    """``MODEL_DIR``: the run's directory (the phase writes its own under it)."""
+    return current().model_dir
+
+
+def phase_dir() -> str:
+    """The directory t5x writes this phase to: ``MODEL_DIR/<name>``."""
+    return current().phase_dir()
+
+
+def vocab_path() -> str | None:
+    return current().vocab_path
+
+
+def task() -> str:
+    """Registers the corpora the phase reads, with its own data as our trainer registers
+    it, and returns the task or mixture it reads (``MIXTURE_OR_TASK_NAME``)."""
+    stage = current()
+    source = stage.phase.registered_source(stage.phases, stage.corpora)
+    if not _described:  # gin evaluates the name once per binding that reads it
+        _described.append(source)
+        if note := stage.phase.steps_note():
+            logs.progress.info("%s", note)
+        logs.progress.info("[%s] reads %s", stage.phase.name,
+                           stage.phase.describe_data(stage.corpora))
+    return source
+
+
+_described: list[str] = []
+
+
+def train_steps() -> int:
+    """``TRAIN_STEPS``: the state's step at which the phase ends."""
+    return current().end_step()
+
+
+def start_step() -> int:
+    return current().start_step()
+
+
+def batch_size() -> int:
+    return current().phase.batch_size
+
+
+def sequence_length() -> int:
+    return current().phase.sequence_length
+
+
+def microbatches() -> int:
+    return current().microbatches
+
+
+def model_config() -> network.EncoderConfig:
+    return current().model_config()
+
+
+def masking() -> mlm.Masking:
+    return current().masking()
+
+
+def optimizer_config() -> optimizer.OptimizerConfig:
+    """The phase's optimizer and schedule (over the steps of the phases it continues)."""
+    return current().phase.optimizer_config()
+
+
+def random_seed() -> int:
+    """t5x's ``RANDOM_SEED`` (init and dropout): the run seed for a phase that starts
+    fresh, the phase's own data seed for one that starts from another phase."""
+    stage = current()
+    return stage.seed if stage.source_phase is None else stage.data_seed()
+
+
+def data_seed() -> int:
+    """The phase's data seed (each host's stream derives its own from it)."""
+    return current().data_seed()
+
+
+def init_from() -> str | None:
+    """The checkpoint the phase starts from: its source phase's final one (None: fresh).
+
+    Raises:
+      t5x_phases.PhaseError: the source has not finished and this phase has no
+        checkpoint of its own yet.
+    """
+    stage = current()
+    source = stage.source_phase
+    if source is None:
+        return None
+    index = stage.names.index(source.name)
+    source_dir, end = stage.phase_dir(index), stage.end_step(index)
+    path = os.path.join(source_dir, f"checkpoint_{end}")
+    if not t5x_phases.checkpoint_steps(stage.phase_dir()):
+        found = t5x_phases.checkpoint_steps(source_dir)
+        if end not in found:
+            raise t5x_phases.PhaseError(
+                f"phase {stage.phase.name!r} starts from phase {source.name!r}'s final "
+                f"checkpoint {path}, which does not exist (checkpoints there: "
+                f"{found or 'none'}); run it first (the same command with "
+                f"--phase={source.name})")
+    return path
+
+
+def keeps_state() -> bool:
+    return current().keeps_state()
+
+
+def phase_number() -> int:
+    return current().index + 1
+
+
+def phase_names() -> tuple[str, ...]:
+    return current().names
+
+
+def checkpoint_every() -> int:
+    return current().checkpoint_every
+
+
+def keep_checkpoints() -> int | None:
+    return current().keep_checkpoints
+
+
+def log_every() -> int:
+    return current().log_every
