@@ -69,21 +69,6 @@ def clean_gin():
     gin.clear_config()
 
 
-@pytest.fixture(scope="module")
-def fast_compiles():
-    """Most of XLA's optimisation passes off for one module's tests.
-
-    Compiling dominates on the tiny model; the passes cost far more than they save
-    there and do not change what the tests compare. The SPMD partitioner runs regardless.
-    """
-    import jax
-
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
 # ---------------------------------------------------------------------------
 # Toy SentencePiece models and corpora, built once per test session.
 # ---------------------------------------------------------------------------

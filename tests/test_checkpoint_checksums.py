@@ -25,7 +25,7 @@ ZSTD_MAGIC = bytes([0x28, 0xB5, 0x2F, 0xFD])
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, fast_compiles):
+def finished(tmp_path_factory):
     """One finished two-phase run (STEPS steps each), made once for the module."""
     run_gin = write_gin(tmp_path_factory.mktemp("gin"))
     model_dir = tmp_path_factory.mktemp("finished")
@@ -252,7 +252,7 @@ def test_a_record_that_lost_an_array_is_damaged(finished, tmp_path, capsys):
     assert digest(model_dir) == before
 
 
-def test_checksum_cost_command_times_a_whole_state(tmp_path, capsys, fast_compiles):
+def test_checksum_cost_command_times_a_whole_state(tmp_path, capsys):
     """The benchmark saves and reads the trainer's whole state (parameters and both AdamW
     moments) and its record verifies; figures are printed, not asserted (timing)."""
     from benchmarks import checksum_cost

@@ -85,8 +85,7 @@ def _phases(**stage2):
     ]
 
 
-def test_three_stages_train_log_their_data_and_resume(toy_cc100, tmp_path, caplog,
-                                                      fast_compiles):
+def test_three_stages_train_log_their_data_and_resume(toy_cc100, tmp_path, caplog):
     run = dict(model_dir=os.fspath(tmp_path), model=network.get_config("tiny", pad_token_id=0,
                                                                         vocab_size=2000),
                mesh_shape=(8, 1, 1), checkpoint_every=3, log_every=3,

@@ -52,7 +52,7 @@ def run_gin(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def finished(run_gin, tmp_path_factory, fast_compiles):
+def finished(run_gin, tmp_path_factory):
     """One finished two-phase run (STEPS steps each), made once for the module."""
     model_dir = tmp_path_factory.mktemp("finished")
     gin.clear_config()

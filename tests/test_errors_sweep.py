@@ -51,7 +51,7 @@ def test_vocabulary_without_a_source(capsys, tmp_path, argv, parts):
 
 
 def test_non_finite_loss_stops_in_one_line_after_the_checkpoint_in_flight(
-        capsys, tmp_path, fast_compiles, clean_gin, monkeypatch):
+        capsys, tmp_path, clean_gin, monkeypatch):
     """Step 2 is checkpointed (in the background), step 3's loss is NaN: the run waits for
     step 2's checkpoint, then stops with one line; no temporary directory stays."""
     real = progress.host_metrics

@@ -244,7 +244,7 @@ def test_plan_counts_what_is_left_and_estimates_from_finished_runs(tmp_path):
     assert "estimated time left: 15m05s" in text
 
 
-def test_plan_measures_the_step_when_nothing_ran_yet(tmp_path, fast_compiles):
+def test_plan_measures_the_step_when_nothing_ran_yet(tmp_path):
     exp = _experiment(tmp_path, arms=("xlmr",), seeds=(0,))
     text = plan.plan(exp, eval_seconds=lambda task: 60.0)
     assert "measured now on synthetic batches (without input pipeline)" in text

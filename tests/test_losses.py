@@ -15,9 +15,6 @@ import pytest
 from xlmeta_jax.model import losses, network
 from xlmeta_jax.pretrain import flops, synthetic
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
-
-
 _CFG = network.get_config("tiny", pad_token_id=0, dropout_rate=0.0, attention_dropout_rate=0.0)
 
 

@@ -177,7 +177,7 @@ def test_cudnn_branch_arguments_match_xla_path(hf_model, monkeypatch):
     # XLM-R's key padding mask as segments (the kernel's backward pass is the same).
     ("tiny", dict(dropout_rate=0.0, attention_dropout_rate=0.0), False),
 ], ids=["modernbert", "xlmr"])
-def test_splash_kernel_matches_xla_path(size, overrides, gradients, fast_compiles):
+def test_splash_kernel_matches_xla_path(size, overrides, gradients):
     """attention_impl='splash', Pallas' TPU kernel (run in its interpret mode on CPU): the
     logits (and gradients) of the 'xla' path, on 128-token rows with padding and, for
     ModernBERT, three documents in a row and windows cut at segment edges."""

@@ -24,7 +24,7 @@ def _train(argv) -> int:
         gin.clear_config()
 
 
-def test_failed_rerun_keeps_config_gin(tmp_path, fast_compiles, monkeypatch):
+def test_failed_rerun_keeps_config_gin(tmp_path, monkeypatch):
     run_gin = write_gin(tmp_path)
     finished = tmp_path / "finished"
     assert _train(train_argv(run_gin, finished)) == 0

@@ -47,7 +47,6 @@ OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10, max_gr
 STEPS = 2
 
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 # Compiled in a subprocess with XLA's warnings on (the test process silences

@@ -41,7 +41,6 @@ SHAPES = {"inputs": (BATCH, LENGTH), "mlm_positions": (BATCH, 4),
           "mlm_targets": (BATCH, 4), "mlm_weights": (BATCH, 4)}
 TYPES = {"inputs": np.int32, "mlm_positions": np.int32, "mlm_targets": np.int32,
          "mlm_weights": np.float32}
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _initializer(cfg, mesh_shape, init_params_from=None):

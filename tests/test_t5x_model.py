@@ -28,7 +28,6 @@ from xlmeta_jax.model.optimizer import OptimizerConfig  # noqa: E402
 from xlmeta_jax.pretrain import step  # noqa: E402
 
 LENGTH, BATCH = 32, 8
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 @pytest.fixture(scope="module")
