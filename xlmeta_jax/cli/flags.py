@@ -443,8 +443,15 @@ def setting_source(e: errors.SettingError) -> str:
     """A bad setting as the user gave it: the macro or binding its value comes from.
 
     For a phase's, the scoped binding (``stage1/...Phase.mask_rate``); for a value bound
-    through a macro, the macro (``MASK_RATE``); else the configurable's own key.
+    through a macro, the macro (``MASK_RATE``); else the configurable's own key. An object
+    that does not know its scope (``OptimizerConfig``, which a phase's scoped binding may
+    build) is named by the binding that holds the bad value (:func:`source_of_value`).
     """
+    if e.scope is None:
+        parameter = f"{e.configurable.rpartition('.')[2]}.{e.field}"
+        found = source_of_value(parameter, e.value)
+        if found != parameter:
+            return found
     return binding_source(e.key())
 
 

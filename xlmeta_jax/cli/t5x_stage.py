@@ -29,8 +29,7 @@ def configured_stage(wanted: str) -> stages.Stage:
         or a phase t5x cannot run.
     """
     q = "xlmeta_jax.pretrain.trainer.train."
-    with train_cli.optimizer_settings_named():
-        phases = gin_flags.bound(q + "phases", None)
+    phases = gin_flags.bound(q + "phases", None)
     if not phases:
         raise stages.StageError(
             "--phase takes a run file of our trainer, which binds "

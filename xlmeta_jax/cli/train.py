@@ -16,7 +16,6 @@ the same experiment from gin/meta.gin: xlmeta_jax/interop/t5x/model.py). Several
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ import jax
 from xlmeta_jax import errors, hosts, logs
 from xlmeta_jax.cli import configurables, peers, runs
 from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.model import network, optimizer
+from xlmeta_jax.model import network
 from xlmeta_jax.pretrain import trainer
 
 # The trainer's logger: its progress lines are what this command prints.
@@ -128,32 +127,20 @@ def run_configured() -> dict:
     holds MODEL_DIR and the checks that need no data passed (``prepare``).
     """
     try:
-        with optimizer_settings_named():
-            return runs.train(
-                model=configured_model(),
-                corpora=configurables.corpora_settings(),
-                feeder=configurables.make_mlm_iterator,
-                config_text=gin_cli.config_text(),
-                describe=gin_cli.binding_source,
-                prepare=runs.prepare_data,
-            )
+        return runs.train(
+            model=configured_model(),
+            corpora=configurables.corpora_settings(),
+            feeder=configurables.make_mlm_iterator,
+            config_text=gin_cli.config_text(),
+            describe=gin_cli.binding_source,
+            prepare=runs.prepare_data,
+        )
     except TypeError as e:
         # gin's call of train() without a required binding (a hand-written run file).
         if "required keyword-only argument" not in str(e):
             raise
         raise trainer.ConfigError(f"{errors.first_line(e)} (bind it in the run's gin file)"
                                   ) from None
-
-
-@contextlib.contextmanager
-def optimizer_settings_named():
-    """An optimizer setting refused while gin builds it, as one line naming the binding the
-    user gave (LEARNING_RATE, phase2/...learning_rate)."""
-    try:
-        yield
-    except optimizer.OptimizerConfigError as e:
-        source = gin_cli.source_of_value(f"OptimizerConfig.{e.field}", e.value)
-        raise trainer.ConfigError(f"{source} = {e.value!r}: {errors.first_line(e)}") from None
 
 
 def configured_model() -> network.EncoderConfig:

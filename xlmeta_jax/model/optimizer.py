@@ -36,18 +36,19 @@ SCHEDULES = ("linear", "wsd", "inverse_sqrt")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
-class OptimizerConfigError(errors.UserError, ValueError):
-    """An optimizer setting is out of range (one line naming it, as every user error).
+class OptimizerConfigError(errors.SettingError):
+    """An optimizer setting out of range, refused where the config is built.
 
-    Attributes:
-      field: the OptimizerConfig field at fault (``learning_rate``), so that a command
-        line can name the setting the user gave (``LEARNING_RATE``) next to it.
-      value: that field's value.
+    A :class:`errors.SettingError`: the line names ``OptimizerConfig.<field>``, or in a
+    command that parsed gin the binding or macro the user set (``LEARNING_RATE``).
     """
 
-    def __init__(self, message: str, field: str | None = None, value=None):
-        super().__init__(message)
-        self.field, self.value = field, value
+    def __init__(self, field: str, value, message: str):
+        super().__init__(CONFIGURABLE, field, value, message)
+
+
+# The name gin files bind OptimizerConfig by (a bad value's line names its binding).
+CONFIGURABLE = "xlmeta_jax.model.optimizer.OptimizerConfig"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +88,7 @@ class OptimizerConfig:
     def __post_init__(self):
         def bad(field: str, rule: str):
             value = getattr(self, field)
-            raise OptimizerConfigError(
-                f"OptimizerConfig.{field} must be {rule}, got {value}", field, value)
+            raise OptimizerConfigError(field, value, f"must be {rule}, got {value}")
 
         if not errors.is_count(self.total_steps):
             bad("total_steps", "an integer > 0")
