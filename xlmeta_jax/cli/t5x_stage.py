@@ -8,8 +8,6 @@ would be ambiguous with ours).
 
 from __future__ import annotations
 
-import os
-
 import gin
 
 from xlmeta_jax import files
@@ -17,7 +15,7 @@ from xlmeta_jax.cli import configurables, runs
 from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.interop.t5x import stages
-from xlmeta_jax.pretrain import checks
+from xlmeta_jax.pretrain import checkpoints, checks
 
 
 def configured_stage(wanted: str) -> stages.Stage:
@@ -30,7 +28,7 @@ def configured_stage(wanted: str) -> stages.Stage:
     """
     q = "xlmeta_jax.pretrain.trainer.train."
     phases = gin_flags.bound(q + "phases", None)
-    if not phases:
+    if phases is None:
         raise stages.StageError(
             "--phase takes a run file of our trainer, which binds "
             f"{q}phases (gin/native/*.gin); gin/meta.gin and gin/xlmr.gin are t5x's own "
@@ -38,10 +36,8 @@ def configured_stage(wanted: str) -> stages.Stage:
     phases = tuple(phases)
     model = train_cli.configured_model()
     corpora = configurables.corpora_settings()
-    model_dir = gin_flags.bound(q + "model_dir", None)
-    if not model_dir:
-        raise checks.ConfigError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
-    model_dir = os.path.abspath(files.user_path(model_dir, "MODEL_DIR"))
+    # MODEL_DIR as our trainer reads it: a shell's path, checked, then absolute (gs:// kept).
+    model_dir = files.user_path(gin_flags.bound(q + "model_dir", None), "MODEL_DIR")
     microbatches = gin_flags.bound(q + "microbatches", 1)
     # Our trainer's checks of the run (phase order, lengths against the model, masking
     # against the length, the merge); t5x's mesh is its own (gin/t5x/run.gin).
@@ -49,7 +45,8 @@ def configured_stage(wanted: str) -> stages.Stage:
                     describe=gin_flags.binding_source, masking=corpora.masking,
                     packed=corpora.packed, merge=gin_flags.bound(q + "merge", None))
     return stages.Stage(
-        model_dir=model_dir, phases=phases, index=stages.select_phase(phases, wanted),
+        model_dir=checkpoints.absolute(model_dir), phases=phases,
+        index=stages.select_phase(phases, wanted),
         model=model, corpora=corpora, vocab_path=gin_flags.bound(q + "vocab_path", None),
         seed=gin_flags.bound(q + "seed", 0), microbatches=microbatches,
         checkpoint_every=gin_flags.bound(q + "checkpoint_every", 1000),

@@ -122,17 +122,32 @@ def init_params_from(model_dir: str, phase: int, init_steps: int | None = None,
     phase = _check_phase(phase, names)
     if phase == 1:
         return None
-    source_dir = phase_dir(model_dir, phase - 1, names)
-    source = os.path.join(source_dir, f"checkpoint_{init_steps}")
-    if not checkpoint_steps(phase_dir(model_dir, phase, names)):
+    return source_checkpoint(
+        phase_dir(model_dir, phase, names), phase_dir(model_dir, phase - 1, names), init_steps,
+        f"phase {phase} starts from phase {phase - 1}'s",
+        f"run phase {phase - 1} to step {init_steps} first (same command with "
+        f"--gin.PHASE={phase - 1})")
+
+
+def source_checkpoint(directory: str, source_dir: str, step: int, starts: str,
+                      run_first: str) -> str:
+    """``source_dir/checkpoint_<step>``, the final checkpoint a phase in ``directory``
+    starts from, checked to exist while the phase has no checkpoint of its own.
+
+    Args:
+      directory, source_dir: the phase's t5x directory and its source phase's.
+      step: the source phase's last step.
+      starts, run_first: the error's words: who starts from it, and what to run first.
+
+    Raises:
+      PhaseError: the checkpoint does not exist and the phase has not saved yet.
+    """
+    source = os.path.join(source_dir, f"checkpoint_{step}")
+    if not checkpoint_steps(directory):
         steps = checkpoint_steps(source_dir)
-        if init_steps not in steps:
-            raise PhaseError(
-                f"phase {phase} starts from phase {phase - 1}'s final checkpoint {source}, "
-                f"which does not exist (checkpoints there: {steps or 'none'}); run phase "
-                f"{phase - 1} to step {init_steps} first (same command with "
-                f"--gin.PHASE={phase - 1})"
-            )
+        if step not in steps:
+            raise PhaseError(f"{starts} final checkpoint {source}, which does not exist "
+                             f"(checkpoints there: {steps or 'none'}); {run_first}")
     return source
 
 

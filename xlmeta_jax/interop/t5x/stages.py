@@ -256,17 +256,10 @@ def init_from() -> str | None:
     if source is None:
         return None
     index = stage.names.index(source.name)
-    source_dir, end = stage.phase_dir(index), stage.end_step(index)
-    path = os.path.join(source_dir, f"checkpoint_{end}")
-    if not t5x_phases.checkpoint_steps(stage.phase_dir()):
-        found = t5x_phases.checkpoint_steps(source_dir)
-        if end not in found:
-            raise t5x_phases.PhaseError(
-                f"phase {stage.phase.name!r} starts from phase {source.name!r}'s final "
-                f"checkpoint {path}, which does not exist (checkpoints there: "
-                f"{found or 'none'}); run it first (the same command with "
-                f"--phase={source.name})")
-    return path
+    return t5x_phases.source_checkpoint(
+        stage.phase_dir(), stage.phase_dir(index), stage.end_step(index),
+        f"phase {stage.phase.name!r} starts from phase {source.name!r}'s",
+        f"run it first (the same command with --phase={source.name})")
 
 
 def keeps_state() -> bool:
