@@ -13,6 +13,7 @@ import argparse
 import errno
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -202,19 +203,23 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 
 
 _previous_unraisablehook = sys.unraisablehook
+# asyncio's own wording, f"{type(self).__name__} exception was never retrieved": Task,
+# Future, _GatheringFuture.
+_NEVER_RETRIEVED = re.compile(r"\w+ exception was never retrieved")
 
 
 class _DropFailedCheckpointReads(logging.Filter):
-    """Drops asyncio's "Task exception was never retrieved" for TensorStore reads.
+    """Drops asyncio's "Task/Future exception was never retrieved" for TensorStore reads.
 
     When one array of a damaged checkpoint cannot be read, Orbax's gather raises that
-    read's error (the command's one line) and leaves the other reads' tasks, which fail
-    the same way, to be collected later: asyncio then logs each as an ERROR with its
-    traceback. They repeat the line; any other never-retrieved task is still logged.
+    read's error (the command's one line) and leaves the other reads' tasks and futures,
+    which fail the same way, to be collected later: asyncio then logs each as an ERROR
+    with its traceback (a task or a bare future, depending on which of Orbax's reads
+    failed first). They repeat the line; any other never-retrieved one is still logged.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.getMessage().startswith("Task exception was never retrieved"):
+        if not _NEVER_RETRIEVED.match(record.getMessage()):
             return True
         exc = record.exc_info[1] if record.exc_info else None
         text = f"{type(exc).__module__} {exc}" if exc is not None else record.getMessage()
