@@ -127,6 +127,13 @@ BAD_BINDINGS = [
      ["xlmeta_jax.model.mlm.Masking.mask_token_share: mask_token_share=0.95"]),
     (["--gin.phase1/xlmeta_jax.pretrain.trainer.Phase.task='xlmeta_other'"], ["task='synthetic'"]),
     (["--gin.MODEL_SIZE='huge'"], ["MODEL_SIZE: unknown model size 'huge'", "'base'"]),
+    # The encoder's fields: the binding the user gave (EncoderConfig checks them).
+    (["--gin.xlmeta_jax.model.network.get_config.num_heads=3"],
+     ["xlmeta_jax.model.network.get_config.num_heads: ", "num_heads=3"]),
+    (["--gin.xlmeta_jax.model.network.get_config.remat_policy='most'"],
+     ["xlmeta_jax.model.network.get_config.remat_policy: ", "'most'"]),
+    (["--gin.xlmeta_jax.model.network.get_config.hiden_size=64"],
+     ["xlmeta_jax.model.network.get_config.hiden_size: not an EncoderConfig field"]),
     # Optimizer settings: the binding the user gave, not only the internal field.
     (["--gin.phase1/xlmeta_jax.model.optimizer.OptimizerConfig.warmup_steps=20"],
      ["phase1/OptimizerConfig.warmup_steps: must be in [0, total_steps=4], got 20"]),

@@ -250,17 +250,28 @@ def test_wrong_weights_are_named(hf_model):
         layout.params_from_hf_state_dict(hf_model.state_dict(), small, to_numpy=to_numpy)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(local_window=7), "local_window=7 must be even and > 0"),
-    (dict(local_window=0), "local_window=0 must be even and > 0"),
-    (dict(global_attn_every_n_layers=0), "global_attn_every_n_layers=0 must be >= 1"),
-    (dict(hidden_size=36, num_heads=4), "head_dim=9 (hidden_size / num_heads) must be even"),
-    (dict(family="bert"), "unknown family='bert'"),
+@pytest.mark.parametrize("overrides, setting, value", [
+    (dict(local_window=7), "local_window", 7),
+    (dict(local_window=0), "local_window", 0),
+    (dict(global_attn_every_n_layers=0), "global_attn_every_n_layers", 0),
+    (dict(hidden_size=36, num_heads=4), "num_heads", 4),  # head_dim 9: RoPE needs pairs
+    (dict(hidden_size=64, num_heads=3), "num_heads", 3),
+    (dict(family="bert"), "family", "bert"),
+    (dict(remat_policy="most"), "remat_policy", "most"),
+    (dict(dropout_mask_bits=4), "dropout_mask_bits", 4),
+    (dict(attention_impl="flash"), "attention_impl", "flash"),
+    (dict(dtype="float99"), "dtype", "float99"),
+    (dict(hiden_size=64), "hiden_size", 64),
 ])
-def test_bad_modernbert_settings_are_refused(overrides, message):
+def test_bad_encoder_settings_are_refused_naming_the_field(overrides, setting, value):
     with pytest.raises(ModelConfigError) as err:
         network.get_config("modernbert_tiny", **overrides)
-    assert message in str(err.value)
+    assert (err.value.field, err.value.value) == (setting, value)
+    assert str(err.value).startswith(f"EncoderConfig.{setting}: ")
+    if hasattr(network.EncoderConfig, setting):  # the bad value, as given
+        assert repr(value) in str(err.value) or str(value) in str(err.value)
+    else:
+        assert "not an EncoderConfig field" in str(err.value)
 
 
 def test_named_sizes_are_mmbert_published_shapes():

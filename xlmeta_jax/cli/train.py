@@ -147,10 +147,6 @@ def configured_model() -> network.EncoderConfig:
     """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
     try:
         return configurables.get_config()
-    except network.ModelConfigError as e:
-        source = gin_cli.binding_source("xlmeta_jax.model.network.get_config.size")
-        where = f"{source}: " if "model size" in str(e) else ""
-        raise trainer.ConfigError(f"{where}{errors.first_line(e)}") from None
     except TypeError as e:
         raise trainer.ConfigError(
             "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "

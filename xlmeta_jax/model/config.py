@@ -39,8 +39,21 @@ FAMILIES = ("xlmr", "modernbert")
 DROPOUT_MASK_BITS = (8, 16, 32)
 
 
-class ModelConfigError(errors.UserError, ValueError):
+# Where gin files bind the encoder's fields (gin/models/*.gin): a bad value is named by
+# that binding, or by the macro it comes from (MODEL_SIZE).
+_CONFIGURABLE = "xlmeta_jax.model.network.get_config"
+
+
+class ModelConfigError(errors.SettingError):
     """A model setting is out of range or unknown (one line naming it)."""
+
+    def __init__(self, field: str, value, message: str):
+        super().__init__(_CONFIGURABLE, field, value, message)
+        # Outside a command that knows the binding: named as the config's own field.
+        self.setting = f"EncoderConfig.{field}"
+
+    def __reduce__(self):
+        return type(self), (self.field, self.value, self.message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,49 +125,38 @@ class EncoderConfig:
     local_rope_theta: float = 10000.0
 
     def __post_init__(self):
+        def refuse(field, message):
+            raise ModelConfigError(field, getattr(self, field), message)
+
         if self.family not in FAMILIES:
-            raise ModelConfigError(
-                f"EncoderConfig: unknown family={self.family!r}; expected one of "
-                f"{list(FAMILIES)}")
+            refuse("family", f"unknown family {self.family!r}; expected one of "
+                   f"{list(FAMILIES)}")
         if self.family == "modernbert":
             if self.local_window <= 0 or self.local_window % 2:
-                raise ModelConfigError(
-                    f"EncoderConfig: local_window={self.local_window} must be even and > 0 "
-                    "(a token sees local_window // 2 tokens on each side)")
+                refuse("local_window", f"must be even and > 0 (a token sees local_window // 2 "
+                       f"tokens on each side), got {self.local_window}")
             if self.global_attn_every_n_layers < 1:
-                raise ModelConfigError(
-                    "EncoderConfig: global_attn_every_n_layers="
-                    f"{self.global_attn_every_n_layers} must be >= 1")
+                refuse("global_attn_every_n_layers",
+                       f"must be >= 1, got {self.global_attn_every_n_layers}")
             if self.head_dim % 2:
-                raise ModelConfigError(
-                    f"EncoderConfig: head_dim={self.head_dim} (hidden_size / num_heads) "
-                    "must be even for rotary positions")
+                refuse("num_heads", f"head_dim = hidden_size / num_heads = {self.hidden_size} / "
+                       f"{self.num_heads} = {self.head_dim} must be even for rotary positions")
         if self.hidden_size % self.num_heads:
-            raise ModelConfigError(
-                f"EncoderConfig: hidden_size={self.hidden_size} is not divisible by "
-                f"num_heads={self.num_heads}"
-            )
+            refuse("num_heads", f"hidden_size={self.hidden_size} is not divisible by "
+                   f"num_heads={self.num_heads}")
         if self.remat_policy not in ("none", *REMAT_POLICIES):
-            raise ModelConfigError(
-                f"EncoderConfig: unknown remat_policy={self.remat_policy!r}; expected one "
-                f"of {['none', *REMAT_POLICIES]}"
-            )
+            refuse("remat_policy", f"unknown remat_policy {self.remat_policy!r}; expected one "
+                   f"of {['none', *REMAT_POLICIES]}")
         if self.dropout_mask_bits not in DROPOUT_MASK_BITS:
-            raise ModelConfigError(
-                f"EncoderConfig: dropout_mask_bits={self.dropout_mask_bits} must be 8, 16 "
-                "or 32"
-            )
+            refuse("dropout_mask_bits", f"must be 8, 16 or 32, got {self.dropout_mask_bits}")
         if self.attention_impl not in ("xla", "cudnn", "splash", "auto"):
-            raise ModelConfigError(
-                f"EncoderConfig: unknown attention_impl={self.attention_impl!r}; "
-                "expected 'xla', 'cudnn', 'splash' or 'auto'"
-            )
+            refuse("attention_impl", f"unknown attention_impl {self.attention_impl!r}; "
+                   "expected 'xla', 'cudnn', 'splash' or 'auto'")
         for field in ("dtype", "param_dtype"):
             try:
                 jnp.dtype(getattr(self, field))
-            except TypeError as e:
-                raise ModelConfigError(
-                    f"EncoderConfig: bad {field}={getattr(self, field)!r}") from e
+            except TypeError:
+                refuse(field, f"not a dtype: {getattr(self, field)!r}")
 
     @property
     def head_dim(self) -> int:
@@ -212,11 +214,12 @@ def get_config(size: str, **overrides) -> EncoderConfig:
       ModelConfigError: naming an unknown size or field.
     """
     if size not in _SIZES:
-        raise ModelConfigError(f"unknown model size {size!r}; expected one of {list(_SIZES)}")
+        raise ModelConfigError("size", size,
+                               f"unknown model size {size!r}; expected one of {list(_SIZES)}")
     fields = {f.name for f in dataclasses.fields(EncoderConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ModelConfigError(
-            f"get_config: {unknown} are not EncoderConfig fields ({sorted(fields)})")
+        raise ModelConfigError(unknown[0], overrides[unknown[0]],
+                               f"not an EncoderConfig field ({sorted(fields)})")
     shape = dict(zip(_SIZE_FIELDS, _SIZES[size]))
     return EncoderConfig(**{**_FAMILY_DEFAULTS[shape["family"]], **shape, **overrides})
