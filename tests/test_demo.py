@@ -27,6 +27,7 @@ def test_demos_run_both_phases_hand_off_and_export(demo_data, tmp_path):
     model_dir = tmp_path / "demo"
     shutil.copytree(demo_data, model_dir / "demo_data")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # what a user sees: the command's own settings
     cmd = [
         sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo.gin",
         # Relative, as in README's command.
@@ -38,6 +39,8 @@ def test_demos_run_both_phases_hand_off_and_export(demo_data, tmp_path):
     ]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    # TensorFlow, imported when the first pipeline is built, without its start-up lines.
+    assert out.stderr.strip() == "", out.stderr[-4000:]
     assert "[phase1] step 6/6" in out.stdout and "[phase2] step 6/6" in out.stdout
     assert f"[phase2] initialised from {model_dir}/phase1/6" in out.stdout
     assert f"tensorboard --logdir {model_dir}" in out.stdout

@@ -51,7 +51,7 @@ LAYERS = (
 HEAVY = frozenset({
     "torch", "transformers", "t5x", "libtpu", "tensorflow", "tensorflow_datasets", "seqio",
     "safetensors", "tokenizers", "matplotlib", "clu", "gflanguages", "pydoc_data", "gin",
-    "sentencepiece", "jax.experimental", "orbax.checkpoint.checkpoint_managers",
+    "sentencepiece", "jax.experimental", "orbax.checkpoint.checkpoint_managers", "scipy",
     # The beam extra (data preparation and the token cache jobs).
     "apache_beam",
     # Our modules that import seqio and TensorFlow at their top.

@@ -11,6 +11,8 @@ choice on hosts with libtpu but no TPU is :mod:`xlmeta_jax.platforms`'s.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
 import sys
@@ -33,12 +35,50 @@ def _stderr_silenced():
         os.close(devnull)
 
 
+class _QuietImport(importlib.abc.Loader):
+    """TensorFlow's own loader, run with fd 2 silenced (its import-time C++ lines)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # Python exceptions raised by the import still surface (after fd 2 is back).
+        with _stderr_silenced():
+            self._loader.exec_module(module)
+
+
+class _QuietTensorFlow(importlib.abc.MetaPathFinder):
+    """Imports TensorFlow quietly whenever something first imports it (seqio, tf.data).
+
+    A command that refuses its input before reading data never pays TensorFlow's import
+    (3 to 4 s); one that reads data gets it without the start-up lines.
+    """
+
+    _looking = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow" or self._looking:
+            return None
+        self._looking = True  # the lookup below asks every finder again, this one too
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._looking = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietImport(spec.loader)
+        return spec
+
+
 def quiet_start(*, import_tensorflow: bool = False) -> None:
     """Quiets TensorFlow's start-up lines (call first in a command's ``main``).
 
+    TensorFlow is then imported without them when something first needs it.
+
     Args:
-      import_tensorflow: import TensorFlow now, with its import-time C++ lines
-        dropped (for commands whose input pipeline needs it anyway).
+      import_tensorflow: import TensorFlow now (a worker process that needs it at once).
     """
     platforms.prefer_cpu_without_tpu()
     # A user who asks for TensorFlow's info lines ("0") gets them; "2" and "3" ask for
@@ -46,13 +86,15 @@ def quiet_start(*, import_tensorflow: bool = False) -> None:
     verbose = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "0"
     if not verbose and not platforms.has_nvidia_device():
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    if import_tensorflow and not verbose and "tensorflow" not in sys.modules:
-        # Python exceptions raised by the import still surface (after fd 2 is back).
-        with _stderr_silenced():
-            try:
-                import tensorflow  # noqa: F401
-            except ImportError:
-                pass
+    if verbose or "tensorflow" in sys.modules:
+        return
+    if not any(isinstance(f, _QuietTensorFlow) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlow())
+    if import_tensorflow:
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError:
+            pass
 
 
 # Orbax warns (on stderr, through absl) whenever a save waited more than a few seconds for

@@ -61,7 +61,7 @@ def main(argv: Sequence[str]) -> dict | None:
     if not flags.gin_files:
         raise runner.ExperimentError(
             "no --gin_file given (e.g. --gin_file=gin/experiments/cpu.gin)")
-    logs.quiet_start(import_tensorflow=True)
+    logs.quiet_start()
     exp = configured_experiment(flags)
     if dry_run:
         # A stored experiment of another plan, or a MODEL_DIR in the way, is refused

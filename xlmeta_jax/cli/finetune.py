@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
                                        example="gin/finetune/tydiqa.gin")
     if flags is None:
         return {}
-    logs.quiet_start(import_tensorflow=True)
+    logs.quiet_start()
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True)
     # After parsing: gin logs every include-path probe at INFO.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -113,8 +113,9 @@ def main(argv: Sequence[str]) -> dict:
         raise trainer.ConfigError(f"unknown arguments: {rest} (see --help)")
     if not flags.gin_files:
         raise trainer.ConfigError("give at least one --gin_file (e.g. --gin_file=gin/demo.gin)")
-    # TensorFlow (the input pipeline's tf.data) imported now, without its start-up lines.
-    logs.quiet_start(import_tensorflow=True)
+    # TensorFlow (the input pipeline's tf.data) imported without its start-up lines, when
+    # first needed: a refused input never pays for it.
+    logs.quiet_start()
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths,
                       check_macros=True)
     return run_configured()

@@ -23,6 +23,7 @@ All scores that the scripts report in percent are returned in percent.
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import string
 import sys
@@ -70,12 +71,15 @@ def squad_exact_match(prediction: str, ground_truth: str) -> bool:
 # MLQA
 # ----------------------------------------------------------------------------------------
 
-# Every Unicode punctuation character plus ASCII punctuation (ASCII symbols such as
-# '$' or '+' are category S*, so the union matters).
-MLQA_PUNCT = frozenset(
-    {chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith("P")}
-    | set(string.punctuation)
-)
+@functools.cache
+def mlqa_punctuation() -> frozenset[str]:
+    """Every Unicode punctuation character plus ASCII punctuation (ASCII symbols such as
+    '$' or '+' are category S*, so the union matters). Built on first use: a scan of
+    every code point, which every command importing the scorers would otherwise pay."""
+    return frozenset(
+        {chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith("P")}
+        | set(string.punctuation))
+
 # Languages the MLQA script splits on whitespace / with mixed CJK segmentation.
 MLQA_WHITESPACE_LANGS = ("en", "es", "hi", "vi", "de", "ar")
 MLQA_MIXED_SEGMENTATION_LANGS = ("zh",)
@@ -95,9 +99,9 @@ _CJK = re.compile(r"[\u4e00-\u9fa5]")
 
 def mlqa_mixed_segmentation(text: str) -> list[str]:
     """MLQA's Chinese tokenisation: each CJK character / punctuation mark is a token."""
-    segs, pending = [], ""
+    segs, pending, punct = [], "", mlqa_punctuation()
     for char in text:
-        if _CJK.search(char) or char in MLQA_PUNCT:
+        if _CJK.search(char) or char in punct:
             if pending:
                 segs.extend(pending.split())
                 pending = ""
@@ -121,7 +125,8 @@ def mlqa_normalize(text: str, lang: str) -> str:
     """``normalize_answer(s, lang)`` of MLQA's evaluation script."""
     _check_mlqa_lang(lang)
     text = text.lower()
-    text = "".join(ch for ch in text if ch not in MLQA_PUNCT)
+    punct = mlqa_punctuation()
+    text = "".join(ch for ch in text if ch not in punct)
     if lang in _MLQA_ARTICLES:
         text = _MLQA_ARTICLES[lang].sub(" ", text)
     if lang in MLQA_MIXED_SEGMENTATION_LANGS:

@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 # The scores compared (keys of a task's evaluation in results.json).
 SCORES = ("english", "average_target")
@@ -69,7 +68,9 @@ def t_interval(differences: Sequence[float], level: float = 0.95) -> tuple[float
     d = np.asarray(differences, dtype=np.float64)
     if d.size < 2:
         return None
-    half = scipy_stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+    from scipy import stats  # noqa: PLC0415 - scipy.stats: 1 s at import, for this one quantile
+
+    half = stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
     return float(d.mean() - half), float(d.mean() + half)
 
 
