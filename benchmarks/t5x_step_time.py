@@ -21,10 +21,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from xlmeta_jax import errors
+from xlmeta_jax.data import feeding
 from xlmeta_jax.interop.t5x import model as t5x_model
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.model.optimizer import OptimizerConfig
-from xlmeta_jax.pretrain import step, synthetic
+from xlmeta_jax.pretrain import step
 
 
 def measure(size: str, batch: int, length: int, steps: int, rounds: int,
@@ -36,7 +37,7 @@ def measure(size: str, batch: int, length: int, steps: int, rounds: int,
     overrides = {"dtype": dtype} if dtype else {}
     cfg = network.get_config(size, pad_token_id=0, **overrides)
     opt = OptimizerConfig(total_steps=1_000_000, warmup_steps=10)
-    host = synthetic.mlm_batch(np.random.default_rng(0), batch, length, cfg.vocab_size)
+    host = feeding.mlm_batch(np.random.default_rng(0), batch, length, cfg.vocab_size)
     host = {k: host[k] for k in mlm.STEP_FEATURES}
 
     # Ours.

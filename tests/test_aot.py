@@ -10,7 +10,7 @@ import pytest
 
 from xlmeta_jax import errors
 from xlmeta_jax.model import mlm, network
-from xlmeta_jax.pretrain import flops, hardware
+from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.tools import aot, aot_compile
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -207,7 +207,7 @@ def test_tiny_run_flops_match_the_analytic_count(tiny_on_v4_8):
     c = results[0].base
     phase = run.phases[0]
     slots = phase.slots
-    analytic = flops.mlm_flops_per_token(run.model, phase.sequence_length, slots) * (
+    analytic = hardware.mlm_flops_per_token(run.model, phase.sequence_length, slots) * (
         phase.batch_size * phase.sequence_length / tpu.num_devices)
     assert 1.0 <= c.xla_flops / analytic <= 2.5
     est = aot.estimate(run, phase, c, tpu)

@@ -10,7 +10,7 @@ import pytest
 
 from xlmeta_jax.model import mlm
 from xlmeta_jax.model.network import get_config
-from xlmeta_jax.pretrain import flops
+from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.tools import bench
 
 
@@ -67,8 +67,8 @@ def test_flops_per_token_hand_checked():
     per_layer = 2 * (4 * 64 * 64 + 2 * 64 * 128) + 2 * (2 * 16 * 64)  # 69632
     head = 2 * (64 * 64 + 64 * 1024)  # per position where the head runs: 139264
     assert mlm.max_predictions(16, 0.15) == 4
-    assert flops.mlm_flops_per_token(cfg, 16, 4) == 3 * (2 * per_layer + head * 4 / 16)
-    assert flops.mlm_flops_per_token(cfg, 16, 4, masked_head=False) == 3 * (
+    assert hardware.mlm_flops_per_token(cfg, 16, 4) == 3 * (2 * per_layer + head * 4 / 16)
+    assert hardware.mlm_flops_per_token(cfg, 16, 4, masked_head=False) == 3 * (
         2 * per_layer + head
     )
 
@@ -80,7 +80,7 @@ def test_modernbert_flops_count_the_local_window():
     dense = 2 * (4 * 64 * 64 + 3 * 64 * 96)
     layers = 4 * dense + 2 * 2 * 64 * (256 + 33 + 33 + 256)
     head = 2 * (64 * 64 + 64 * 1024)
-    assert flops.mlm_flops_per_token(cfg, 256, 40) == 3 * (layers + head * 40 / 256)
+    assert hardware.mlm_flops_per_token(cfg, 256, 40) == 3 * (layers + head * 40 / 256)
 
 
 def test_variants_and_bad_options():
@@ -122,7 +122,7 @@ def test_dropout_draws_hand_checked():
     # tiny: h=64, 2 layers, 8 heads; L=16. Hidden: 64 * (1 + 2*2) = 320 per token;
     # attention probabilities: 2 layers * 8 heads * 16 keys = 256 per token.
     cfg = get_config("tiny")
-    assert flops.dropout_mask_elements_per_token(cfg, 16) == 320 + 256
-    assert flops.dropout_mask_elements_per_token(cfg, 16, attention_dropout=False) == 320
+    assert hardware.dropout_mask_elements_per_token(cfg, 16) == 320 + 256
+    assert hardware.dropout_mask_elements_per_token(cfg, 16, attention_dropout=False) == 320
     off = get_config("tiny", dropout_rate=0.0, attention_dropout_rate=0.0)
-    assert flops.dropout_mask_elements_per_token(off, 16) == 0
+    assert hardware.dropout_mask_elements_per_token(off, 16) == 0

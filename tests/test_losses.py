@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xlmeta_jax.data import feeding
 from xlmeta_jax.model import losses, network
-from xlmeta_jax.pretrain import flops, synthetic
+from xlmeta_jax.pretrain import hardware
 
 _CFG = network.get_config("tiny", pad_token_id=0, dropout_rate=0.0, attention_dropout_rate=0.0)
 
@@ -42,15 +43,15 @@ def test_weighted_cross_entropy_is_fp32_for_bf16_logits():
 def test_mlm_flops_per_token_hand_computed():
     cfg = types.SimpleNamespace(hidden_size=2, mlp_dim=3, vocab_size=5, num_layers=1)
     # per layer: 2*(4*4 + 2*2*3) + 2*(2*4*2) = 88; head: 2*(4 + 10) = 28 (x 2/4 slots).
-    assert flops.mlm_flops_per_token(cfg, 4, 2) == 3 * (88 + 14)
-    assert flops.mlm_flops_per_token(cfg, 4, 2, masked_head=False) == 3 * (88 + 28)
+    assert hardware.mlm_flops_per_token(cfg, 4, 2) == 3 * (88 + 14)
+    assert hardware.mlm_flops_per_token(cfg, 4, 2, masked_head=False) == 3 * (88 + 28)
 
 
 @pytest.fixture(scope="module")
 def model_and_batch():
     model = network.XLMRForMaskedLM(_CFG)
     rng = np.random.default_rng(0)
-    batch = synthetic.mlm_batch(rng, 4, 32, _CFG.vocab_size)
+    batch = feeding.mlm_batch(rng, 4, 32, _CFG.vocab_size)
     # Row 2 ends in padding: its tail is never a prediction target.
     batch["inputs"][2, 24:] = 0
     batch["targets"][2, 24:] = 0

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from xlmeta_jax.data import feeding
 from xlmeta_jax.model import mlm
-from xlmeta_jax.pretrain import synthetic
 
 
 def test_max_predictions():
@@ -33,7 +33,7 @@ def test_bad_masking_is_rejected(kwargs, message):
 
 
 def test_synthetic_batch_is_consistent():
-    b = synthetic.mlm_batch(np.random.default_rng(1), 3, 40, 100)
+    b = feeding.mlm_batch(np.random.default_rng(1), 3, 40, 100)
     slots = mlm.max_predictions(40, 0.15)
     assert tuple(b) == mlm.FEATURES
     assert b["mlm_positions"].shape == (3, slots)
@@ -54,7 +54,7 @@ def test_a_higher_masking_rate_is_never_capped_by_the_slots():
     """Raising the rate raises the slots: the selection is exactly round(rate (L - 1))."""
     length = 64
     for rate in (0.15, 0.3, 0.5):
-        b = synthetic.mlm_batch(np.random.default_rng(0), 4, length, 1000,
+        b = feeding.mlm_batch(np.random.default_rng(0), 4, length, 1000,
                                 masking=mlm.Masking(rate=rate))
         assert b["mlm_positions"].shape == (4, mlm.max_predictions(length, rate))
         np.testing.assert_array_equal(
@@ -69,7 +69,7 @@ def test_synthetic_stream_sends_what_the_step_reads():
     from xlmeta_jax.model import partitioning
 
     mesh = partitioning.create_mesh(data=-1, devices=jax.devices()[:1])
-    it = synthetic.SyntheticMLMIterator(
+    it = feeding.SyntheticMLMIterator(
         sequence_length=32, global_batch_size=4, mesh=mesh, seed=0, vocab_size=100,
         masking=mlm.Masking(rate=0.3),
     )

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xlmeta_jax.data import feeding
 from xlmeta_jax.model import losses, mlm, network, partitioning
 from xlmeta_jax.model.optimizer import OptimizerConfig
-from xlmeta_jax.pretrain import step, synthetic
+from xlmeta_jax.pretrain import step
 
 # (2, 2, 2) splits every axis and is in the quick loop; the others are slow-marked variants.
 MESHES = [
@@ -58,7 +59,8 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from xlmeta_jax.model import network, partitioning
-from xlmeta_jax.pretrain import step, synthetic
+from xlmeta_jax.data import feeding
+from xlmeta_jax.pretrain import step
 from xlmeta_jax.model.optimizer import OptimizerConfig
 
 jax.config.update("jax_disable_most_optimizations", True)
@@ -79,7 +81,7 @@ jax.jit(lookup).lower(
 ).compile()
 done("CONTROL")
 fns = step.make_step_functions(network.get_config("tiny", pad_token_id=0), OptimizerConfig(), mesh)
-batch = synthetic.mlm_batch(np.random.default_rng(0), 8, 32, 1024)
+batch = feeding.mlm_batch(np.random.default_rng(0), 8, 32, 1024)
 batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
 jax.jit(fns.train_step).lower(fns.abstract_state, batch).compile()
 done("STEP")
@@ -115,7 +117,7 @@ def remat_probe(request):
 
 
 def _batch():
-    batch = synthetic.mlm_batch(np.random.default_rng(0), 8, 32, CFG.vocab_size)
+    batch = feeding.mlm_batch(np.random.default_rng(0), 8, 32, CFG.vocab_size)
     # Padded tails in two rows exercise the attention mask and position ids.
     for row in (1, 6):
         batch["inputs"][row, 20:] = 0
@@ -436,7 +438,7 @@ NO_DROPOUT = network.get_config("tiny", pad_token_id=0, dropout_rate=0.0,
 def _wide_batch():
     """32 rows (8 per microbatch of 4 on data x fsdp = 4), with uneven masked counts:
     a mean of microbatch means would then differ from the batch mean."""
-    batch = synthetic.mlm_batch(np.random.default_rng(1), 32, 32, CFG.vocab_size)
+    batch = feeding.mlm_batch(np.random.default_rng(1), 32, 32, CFG.vocab_size)
     batch["mlm_weights"][1::4, 3:] = 0.0  # microbatch 1 predicts far fewer tokens
     return batch
 

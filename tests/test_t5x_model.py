@@ -265,11 +265,11 @@ def test_microbatched_t5x_trainer_equals_one_batch():
     # num_microbatches=4 through MaskedLMTrainer against t5x's own step without
     # microbatches, on the same 32 rows: the same loss (normalised over the whole
     # batch's predictions, not a mean of microbatch means) and the same update.
-    from xlmeta_jax.pretrain import synthetic
+    from xlmeta_jax.data import feeding
 
     cfg = network.get_config("tiny", dropout_rate=0.0, attention_dropout_rate=0.0)
     model, opt = _model(cfg)
-    batch = synthetic.mlm_batch(np.random.default_rng(2), 32, LENGTH, cfg.vocab_size)
+    batch = feeding.mlm_batch(np.random.default_rng(2), 32, LENGTH, cfg.vocab_size)
     batch = {k: batch[k] for k in mlm.STEP_FEATURES}
     batch["mlm_weights"][1::4, 3:] = 0.0  # one microbatch predicts far fewer tokens
     shapes = {k: v.shape for k, v in batch.items()}

@@ -20,6 +20,7 @@ import pytest
 
 from xlmeta_jax import errors
 from xlmeta_jax.cli import train
+from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.model import mlm, network
 from xlmeta_jax.pretrain import checkpoints, handoff, loading, trainer
@@ -196,13 +197,13 @@ def test_nan_loss_stops_naming_step_and_never_checkpoints_nan(tmp_path):
 def test_steps_that_predict_nothing_stop_the_run(tmp_path, monkeypatch):
     # Blocks without a masked position (here: every weight zeroed) train nothing: the run
     # stops at the first progress line, as for a non-finite loss, not with exit 0.
-    class Unmasked(trainer.SyntheticMLMIterator):
+    class Unmasked(feeding.SyntheticMLMIterator):
         def _global_numpy(self, index):
             batch = dict(super()._global_numpy(index))
             batch["mlm_weights"] = np.zeros_like(batch["mlm_weights"])
             return batch
 
-    monkeypatch.setattr(trainer, "SyntheticMLMIterator", Unmasked)
+    monkeypatch.setattr(feeding, "SyntheticMLMIterator", Unmasked)
     phases = [trainer.Phase("phase1", "synthetic", 6, 8, 32)]
     with pytest.raises(errors.NothingTrainedError,
                        match=r"\[phase1\] steps 1 to 2 predicted no token"):

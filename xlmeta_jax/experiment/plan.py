@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import jax
 
+from xlmeta_jax.data.feeding import SyntheticMLMIterator
 from xlmeta_jax.evaluation import tasks
 from xlmeta_jax.experiment.arms import phase_tokens
 from xlmeta_jax.experiment.runner import (
@@ -29,7 +30,6 @@ from xlmeta_jax.experiment.runner import (
 from xlmeta_jax.model import partitioning
 from xlmeta_jax.pretrain import checkpoints
 from xlmeta_jax.pretrain import step as step_lib
-from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
 
 def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float, float]:

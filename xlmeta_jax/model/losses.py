@@ -1,7 +1,7 @@
 """Masked-LM loss and metrics (the "model" layer in t5x's split).
 
 Batches are dicts of [batch, ...] arrays in the format of :mod:`xlmeta_jax.model.mlm`,
-from the data pipeline (``xlmeta_jax.data``) or :mod:`xlmeta_jax.pretrain.synthetic`; the
+from the data pipeline or its synthetic stream (:mod:`xlmeta_jax.data.feeding`); the
 loss reads ``mlm.STEP_FEATURES`` (``inputs`` and the gathered ``mlm_*`` slots), or
 ``mlm.FULL_HEAD_FEATURES`` with the full-vocabulary head, and ``mlm.PACKED_FEATURES``
 where the batch holds them (rows packed from whole documents).

@@ -34,9 +34,10 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from xlmeta_jax import errors
+from xlmeta_jax.data import feeding
 from xlmeta_jax.errors import CheckpointError, NoSpaceError, first_line, no_space
 from xlmeta_jax.model.network import EncoderConfig
-from xlmeta_jax.pretrain import checksums, iterator_item
+from xlmeta_jax.pretrain import checksums
 
 STATE, DATA, META = "state", "data", "meta"
 STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax's per-step file (commit time, item names)
@@ -164,7 +165,7 @@ class PhaseCheckpoints:
             options=options,
             item_handlers={
                 STATE: ocp.StandardCheckpointHandler(),
-                DATA: iterator_item.DataIteratorHandler(),
+                DATA: feeding.DataIteratorHandler(),
                 META: ocp.JsonCheckpointHandler(),
             },
         )
@@ -191,7 +192,7 @@ class PhaseCheckpoints:
             META: ocp.args.JsonSave(meta),
         }
         if iterator is not None:
-            items[DATA] = iterator_item.DataIteratorSave(iterator)
+            items[DATA] = feeding.DataIteratorSave(iterator)
         try:
             return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
         except Exception as e:
@@ -226,7 +227,7 @@ class PhaseCheckpoints:
         self.read_meta(step)  # a readable-metadata check with a clear message first
         items = {STATE: ocp.args.StandardRestore(abstract_state), META: ocp.args.JsonRestore()}
         if iterator is not None:
-            items[DATA] = iterator_item.DataIteratorRestore(iterator)
+            items[DATA] = feeding.DataIteratorRestore(iterator)
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except CheckpointError:

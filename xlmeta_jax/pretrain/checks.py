@@ -12,8 +12,9 @@ import jax
 import sentencepiece as spm
 
 from xlmeta_jax import errors, files
+from xlmeta_jax.data import feeding
 from xlmeta_jax.model import layers, mlm, network, partitioning
-from xlmeta_jax.pretrain import checkpoints, iterator_item, run_dir, step
+from xlmeta_jax.pretrain import checkpoints, run_dir, step
 from xlmeta_jax.pretrain.phases import CONFIGURABLE, MERGE_CONFIGURABLE, Merge, Phase
 
 
@@ -336,7 +337,7 @@ def check_stored_run(model_dir: str, phases: Sequence[Phase],
         if latest == phase.num_steps:
             complete.add(phase.name)
             continue
-        stored = iterator_item.stored_process_count(step_dir)
+        stored = feeding.stored_process_count(step_dir)
         if stored not in (None, jax.process_count()) and new_process_count is None:
             raise run_dir.RunConfigMismatch(
                 f"[{phase.name}] {step_dir} was written by {stored} "

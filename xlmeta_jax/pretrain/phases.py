@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 
 from xlmeta_jax import errors
-from xlmeta_jax.data import rates
+from xlmeta_jax.data import feeding, rates
 from xlmeta_jax.data import task_names as names
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.data.languages import language_problem
@@ -25,7 +25,7 @@ from xlmeta_jax.model.optimizer import OptimizerConfig
 from xlmeta_jax.pretrain import merging
 
 # Phase.task of a stream of random tokens (no corpus).
-SYNTHETIC = "synthetic"
+SYNTHETIC = feeding.SYNTHETIC
 # Tasks with no languages or alpha to set (a phase of theirs may set its mask rate only).
 MONOLINGUAL = (names.ENGLISH_TEXT_TASK, names.ENGLISH_TFDS_TASK, SYNTHETIC)
 

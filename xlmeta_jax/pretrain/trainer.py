@@ -29,13 +29,11 @@ import jax
 from xlmeta_jax import errors, files
 from xlmeta_jax.data import feeding, seeds
 from xlmeta_jax.data.corpora import Corpora
-from xlmeta_jax.model import mlm, network, partitioning
+from xlmeta_jax.model import network, partitioning
 from xlmeta_jax.pretrain import (
     checkpoints,
-    flops,
     handoff,
     hardware,
-    iterator_item,
     merging,
     progress,
     run_dir,
@@ -51,7 +49,6 @@ from xlmeta_jax.pretrain.checks import (
     validate,
 )
 from xlmeta_jax.pretrain.phases import SYNTHETIC, Merge, Phase, fmt_tokens, tokens_before
-from xlmeta_jax.pretrain.synthetic import SyntheticMLMIterator
 
 __all__ = ["SYNTHETIC", "Merge", "Phase", "train"]
 
@@ -295,22 +292,14 @@ def _train_all(cfg: _RunConfig, mesh, stop: signals.StopSignals, complete: set[s
 
 def _make_iterator(cfg: _RunConfig, phase: Phase, seed: int, mesh):
     """A phase's iterator of global batches, from its seqio task (or synthetic data)."""
-    if phase.task == SYNTHETIC:
-        return SyntheticMLMIterator(
-            sequence_length=phase.sequence_length,
-            global_batch_size=phase.batch_size,
-            mesh=mesh,
-            seed=seed,
-            vocab_size=cfg.model.vocab_size,
-            # The masking setting (gin: MASK_RATE, or the phase's) shapes synthetic batches too.
-            masking=phase.corpora(cfg.corpora).masking,
-            features=mlm.step_features(cfg.corpora.packed),
-        )
-    source = phase.registered_source(cfg.phases, cfg.corpora)
-    cached = {} if phase.use_cached is None else {"use_cached": phase.use_cached}
-    return cfg.feeder(source, sequence_length=phase.sequence_length,
-                      global_batch_size=phase.batch_size, mesh=mesh, seed=seed,
-                      features=mlm.step_features(cfg.corpora.packed), **cached)
+    source = SYNTHETIC if phase.task == SYNTHETIC else phase.registered_source(
+        cfg.phases, cfg.corpora)
+    # The masking setting (gin: MASK_RATE, or the phase's) shapes synthetic batches too.
+    return feeding.phase_batches(
+        source, sequence_length=phase.sequence_length, global_batch_size=phase.batch_size,
+        mesh=mesh, seed=seed, masking=phase.corpora(cfg.corpora).masking,
+        packed=cfg.corpora.packed, vocab_size=cfg.model.vocab_size,
+        use_cached=phase.use_cached, feeder=cfg.feeder)
 
 
 def _stream_seed(cfg: _RunConfig, index: int, phase: Phase) -> tuple[int, bool]:
@@ -328,7 +317,7 @@ def _stream_seed(cfg: _RunConfig, index: int, phase: Phase) -> tuple[int, bool]:
         return phase_seed, False
     step_dir = ckpt.step_dir(latest)
     meta = checkpoints.read_meta(step_dir)
-    stored = iterator_item.stored_process_count(step_dir)
+    stored = feeding.stored_process_count(step_dir)
     if stored in (None, jax.process_count()):
         return int(meta.get("stream_seed", phase_seed)), False
     # (Allowed by train.new_process_count='reseed': checked by checks.check_stored_run.)
@@ -435,7 +424,7 @@ def _train_phase(cfg: _RunConfig, mesh, stop: signals.StopSignals, index: int, p
     writer = progress.Writer(os.path.join(cfg.model_dir, phase.name, "train"))
     # The batches' prediction slots, as the masking rate sets them (xlmeta_jax.model.mlm).
     slots = iterator.element_spec["mlm_positions"].shape[-1]
-    flops_per_token = flops.mlm_flops_per_token(model, phase.sequence_length, slots)
+    flops_per_token = hardware.mlm_flops_per_token(model, phase.sequence_length, slots)
     tokens_per_step = phase.tokens_per_step()
     # Tokens the model has seen before this phase (its init_from chain's), so curves of
     # phases of other shapes line up on TensorBoard's by_tokens/ scalars.

@@ -29,7 +29,7 @@ from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.data import corpora
 from xlmeta_jax.experiment.arms import Budget, arm_phases
 from xlmeta_jax.model import mlm, network, partitioning
-from xlmeta_jax.pretrain import checks, flops
+from xlmeta_jax.pretrain import checks, hardware
 from xlmeta_jax.pretrain.hardware import TpuSlice, UnknownSliceError, tpu_slice
 from xlmeta_jax.tools.aot_compile import (
     Compiled,
@@ -144,7 +144,7 @@ def _recompute_factor(model: network.EncoderConfig, length: int, slots: int,
     attention = 2 * (2 * length * h)
     recomputed = {"none": 0.0, "dots": 0.0, "dots_no_batch": attention,
                   "save_named": attention, "full": dense + attention}[policy]
-    total = flops.mlm_flops_per_token(model, length, slots) / 3.0
+    total = hardware.mlm_flops_per_token(model, length, slots) / 3.0
     return 1.0 + n * recomputed / (3.0 * total)
 
 
@@ -161,7 +161,7 @@ def estimate(run: RunConfig, phase: PhaseShape, c: Compiled, tpu: TpuSlice) -> E
     """Roofline step time: max(analytic FLOPs incl. recompute / peak, XLA bytes / HBM BW)."""
     slots = phase.slots
     tokens = phase.batch_size * phase.sequence_length
-    per_device = flops.mlm_flops_per_token(run.model, phase.sequence_length, slots) * (
+    per_device = hardware.mlm_flops_per_token(run.model, phase.sequence_length, slots) * (
         tokens / tpu.num_devices)
     hw = per_device * _recompute_factor(run.model, phase.sequence_length, slots,
                                         c.variant.remat_policy)

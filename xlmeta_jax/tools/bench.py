@@ -26,7 +26,7 @@ override of :class:`xlmeta_jax.model.network.EncoderConfig`'s fields (through
         --variants="default;full_head=true;scan_layers=false;remat_policy=full"
 
 FLOPs are model FLOPs (matmuls only, forward + backward = 3x forward) from
-:func:`xlmeta_jax.pretrain.flops.mlm_flops_per_token`; the LM head is counted only at the
+:func:`xlmeta_jax.pretrain.hardware.mlm_flops_per_token`; the LM head is counted only at the
 masked slots, since that is all our step computes. Importing this module imports
 neither TensorFlow, seqio, gin nor torch: the library entry points
 (:func:`run_ours`, :func:`run`) take an ``EncoderConfig``; the command line reads
@@ -48,10 +48,11 @@ import jax
 import numpy as np
 
 from xlmeta_jax import errors
+from xlmeta_jax.data import feeding
 from xlmeta_jax.model import mlm, partitioning
 from xlmeta_jax.model.network import EncoderConfig, resolve_attention_impl
 from xlmeta_jax.model.optimizer import OptimizerConfig
-from xlmeta_jax.pretrain import flops, hardware, synthetic
+from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.pretrain.step import RNG_IMPLS, make_step_functions
 from xlmeta_jax.tools import bench_report, profiling, timing
 from xlmeta_jax.tools.bench_hf import HFRun, hf_available
@@ -155,7 +156,7 @@ class OursRun(timing.TimedRun):
             cfg, opt_cfg, self.mesh, seed=opts.seed, full_head=opts.full_head,
             rng_impl=opts.rng_impl,
         )
-        host_batch = synthetic.mlm_batch(
+        host_batch = feeding.mlm_batch(
             np.random.default_rng(opts.seed), opts.batch, opts.length, cfg.vocab_size
         )
         self.slots = host_batch["mlm_positions"].shape[1]
@@ -189,7 +190,7 @@ class OursRun(timing.TimedRun):
         opts, cfg = self.opts, self.cfg
         loss = timing.check_finite(float(self.metrics["loss"]), str(opts))
         tokens = opts.batch * opts.length
-        flops_per_token = flops.mlm_flops_per_token(
+        flops_per_token = hardware.mlm_flops_per_token(
             cfg, opts.length, self.slots, masked_head=not opts.full_head
         )
         tflops = flops_per_token * tokens / step_time / 1e12
@@ -225,7 +226,7 @@ class OursRun(timing.TimedRun):
             "model_tflops_per_s": tflops,
             # PRNG work of the dropout masks (32-bit draws per step), to read the profile's
             # "dropout masks" row against.
-            "dropout_draws_per_step": flops.dropout_mask_elements_per_token(
+            "dropout_draws_per_step": hardware.dropout_mask_elements_per_token(
                 cfg, opts.length) * tokens * cfg.dropout_mask_bits / 32,
             "peak_tflops_per_device": None if peak is None else peak / 1e12,
             "mfu": mfu,

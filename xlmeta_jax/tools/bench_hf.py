@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from xlmeta_jax.data import feeding
 from xlmeta_jax.interop.hf import modernbert_layout
 from xlmeta_jax.interop.hf import weights as hf
 from xlmeta_jax.interop.hf.hf_config import special_ids
 from xlmeta_jax.model.network import EncoderConfig
-from xlmeta_jax.pretrain import flops, synthetic
+from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.tools import timing
 
 
@@ -73,7 +74,7 @@ class HFRun(timing.TimedRun):
             [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
             lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
         )
-        host = synthetic.mlm_batch(np.random.default_rng(seed), batch, length, cfg.vocab_size)
+        host = feeding.mlm_batch(np.random.default_rng(seed), batch, length, cfg.vocab_size)
         self.slots = host["mlm_positions"].shape[1]
         self.ids = torch.from_numpy(host["inputs"].astype(np.int64)).to(device)
         self.labels = torch.from_numpy(
@@ -113,7 +114,7 @@ class HFRun(timing.TimedRun):
         """The run's figures at ``step_time`` seconds per step."""
         tokens = self.batch * self.length
         # HF's own computation: LM head at every position.
-        flops_per_token = flops.mlm_flops_per_token(
+        flops_per_token = hardware.mlm_flops_per_token(
             self.cfg, self.length, self.slots, masked_head=False
         )
         return {
