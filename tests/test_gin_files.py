@@ -153,13 +153,6 @@ def test_phase2_learning_rate_follows_phase1_by_default(monkeypatch, tmp_path):
     assert p1.optimizer.warmup_steps == p2.optimizer.warmup_steps == 10000
 
 
-def test_unknown_model_field_is_named():
-    from xlmeta_jax.model import network
-
-    with pytest.raises(ValueError, match=r"\['dtyp'\] are not EncoderConfig fields"):
-        network.get_config("tiny", dtyp="float32")
-
-
 # ---------------------------------------------------------------------------
 # What each command's --help lists works with that command.
 # ---------------------------------------------------------------------------

@@ -78,11 +78,6 @@ def test_sharded_masks_equal_unsharded():
     np.testing.assert_array_equal(sharded, fn(x))
 
 
-def test_bad_mask_bits_is_named():
-    with pytest.raises(ValueError, match="dropout_mask_bits=12 must be 8, 16 or 32"):
-        network.get_config("tiny", dropout_mask_bits=12)
-
-
 # ---------------------------------------------------------------------------
 # The attention kernels honour the padding mask.
 # ---------------------------------------------------------------------------
