@@ -135,8 +135,10 @@ def test_mmbert_demo_runs_every_stage_merges_and_exports(toy_cc100, tmp_path):
         "--gin.WARMUP_TOKENS=256", "--gin.CHECKPOINT_TOKENS=2048",
         f"--gin.VOCAB_PATH='{toy_cc100['vocab']}'", f"--gin.CC100_DIR='{data / 'xling'}'",
         f"--gin.ENGLISH_FILES=['{data / 'xling' / 'en.txt'}']",
-        f"--gin.CC100_LANGUAGES={list(TOY_LANGUAGES)!r}",
-        "--gin.BASE_LANGUAGES=['en', 'de', 'ru', 'ar', 'hi']",
+        # Fewer languages than the demo's 15 and 5: each is one more seqio task to build
+        # per stage (about 0.8 s of tf.data tracing each, 8 stages).
+        f"--gin.CC100_LANGUAGES={list(TOY_LANGUAGES[:6])!r}",
+        "--gin.BASE_LANGUAGES=['en', 'de', 'ru']",
     ]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

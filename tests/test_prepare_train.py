@@ -36,7 +36,7 @@ include 'pretrain.gin'
 include 'native/run.gin'
 include 'data/cc100.gin'
 MODEL_DIR = %gin.REQUIRED
-xlmeta_jax.pretrain.trainer.train.checkpoint_every = 2
+xlmeta_jax.pretrain.trainer.train.checkpoint_every = 1
 xlmeta_jax.pretrain.trainer.train.keep_checkpoints = None
 xlmeta_jax.pretrain.trainer.train.log_every = 1
 xlmeta_jax.pretrain.trainer.train.phases = [@xlmeta_jax.pretrain.trainer.Phase()]
@@ -95,9 +95,10 @@ def _one(cmd):
     return done.returncode, done.stdout + done.stderr
 
 
-def _unfinished(model_dir):
-    """The run as a preemption at step 2 leaves it: the final checkpoint gone."""
-    shutil.rmtree(model_dir / "xlmr" / "4")
+def _unfinished(model_dir, at=3):
+    """The run as a preemption after step ``at`` leaves it: the later checkpoints gone."""
+    for step in range(at + 1, 5):
+        shutil.rmtree(model_dir / "xlmr" / str(step))
     os.remove(model_dir / "summary.json")
 
 
@@ -130,14 +131,14 @@ def test_pod_start_reads_prepared_statistics_and_resumes_on_another_process_coun
     assert code == 0 and "counting" in out, out[-3000:]
 
     reseed = "--gin.train.new_process_count='reseed'"
-    # 2 -> 1.
-    _unfinished(run)
+    # 2 -> 1: preempted after step 2.
+    _unfinished(run, at=2)
     at_2 = checkpoints.restore_params(run / "xlmr" / "2")
     code, out = _one(_cmd(pod, run))
     lines = [line for line in out.splitlines() if "error:" in line]
     assert code == 2 and len(lines) == 1 and "new_process_count" in lines[0], out[-3000:]
     assert "written by 2 processes, this run has 1" in lines[0]
-    assert not (run / "xlmr" / "4").exists()
+    assert not (run / "xlmr" / "3").exists()
     code, out = _one(_cmd(pod, run, None, reseed))
     assert code == 0, out[-3000:]
     assert "restarts from seed" in out and "[xlmr] step 4/4" in out
@@ -148,11 +149,9 @@ def test_pod_start_reads_prepared_statistics_and_resumes_on_another_process_coun
     moved = [np.abs(np.asarray(a) - np.asarray(b)).max()
              for a, b in zip(_leaves(at_2), _leaves(after))]
     assert 0 < max(moved) < 1.0
-    # 1 -> 2.
-    run = tmp_path / "one_to_two"
-    code, out = _one(_cmd(pod, run))
-    assert code == 0, out[-3000:]
-    _unfinished(run)
+    # 1 -> 2: the same run preempted after step 3, which the one process wrote.
+    assert checkpoints.read_meta(run / "xlmr" / "3")["process_count"] == 1
+    _unfinished(run, at=3)
     codes, outs = _two(_cmd(pod, run), salt=431, expected=(2, 2))
     assert codes == [2, 2] and "written by 1 process, this run has 2" in outs[0]
     codes, outs = _two(_cmd(pod, run, None, reseed), salt=437)
