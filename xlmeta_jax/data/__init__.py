@@ -13,7 +13,9 @@ the model, train step or benchmark; none uses gin):
 * ``preprocessors``  — tokenize, pack and mask inside tf.data;
 * ``task_names``, ``tasks`` — the seqio tasks and mixtures and their registration
   (``tasks.register``; the top-level ``tasks`` package re-exports them);
-* ``feeding``        — ``make_mlm_iterator``: sharded global batches, save/restore;
+* ``feeding``        — a phase's sharded global batches in one call (``phase_batches``):
+  a seqio source's (``make_mlm_iterator``) or the synthetic stream's, save/restore,
+  and the iterator's Orbax checkpoint item;
 * ``english_pd``, ``demo_corpus``, ``experiment_corpus`` — corpus builders: the shared
   public-domain English as text files, the demo's corpus, the CPU experiment's corpus.
 
