@@ -13,7 +13,9 @@ from errors_fixtures import train_argv, write_gin
 from xlmeta_jax import errors
 from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.cli import train as train_cli
-from xlmeta_jax.data import vocabulary
+from xlmeta_jax.data import corpora, vocabulary
+from xlmeta_jax.model import network
+from xlmeta_jax.model.optimizer import OptimizerConfig
 from xlmeta_jax.pretrain import progress
 
 
@@ -88,6 +90,23 @@ def test_vocabulary_corpus_refused_in_one_line(capsys, tmp_path, name, data, par
               "xlmeta_jax.data.vocabulary", *parts)
 
 
+@pytest.mark.parametrize("build", [
+    lambda: corpora.Corpora(languages=[]),
+    lambda: OptimizerConfig(learning_rate=float("inf"), warmup_steps=0, total_steps=4),
+    lambda: network.get_config("tiny", num_heads=3),
+], ids=["Corpora", "OptimizerConfig", "EncoderConfig"])
+def test_every_setting_error_crosses_processes_whole(build):
+    # Each kind of refusal, whatever its constructor takes, pickles to the same class, line
+    # and setting (a Beam worker's or a pool's error reaches the command as it was raised).
+    with pytest.raises(errors.SettingError) as raised:
+        build()
+    e = raised.value
+    e.name("A_MACRO")
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is type(e) and str(back) == str(e) and str(e).startswith("A_MACRO: ")
+    assert (back.configurable, back.field, back.value) == (e.configurable, e.field, e.value)
+
+
 @pytest.mark.parametrize("languages, part", [
     ([], "the language list is empty"),
     ("en", "expected a list of codes, got the string 'en'"),
@@ -96,7 +115,6 @@ def test_vocabulary_corpus_refused_in_one_line(capsys, tmp_path, name, data, par
 def test_cc100_languages_errors_name_the_macro(languages, part):
     from xlmeta_jax.cli import configurables
     from xlmeta_jax.cli import flags as gin_flags
-    from xlmeta_jax.data import corpora
 
     # Refused where the settings are built; named by the field without gin ...
     with pytest.raises(errors.SettingError) as e:

@@ -43,7 +43,6 @@ class SettingError(UserError, ValueError):
 
     def __init__(self, configurable: str, field: str, value: Any, message: str, *,
                  scope: str | None = None, context: str = ""):
-        # The positional arguments as args: the error pickles and unpickles as it is.
         super().__init__(configurable, field, value, message)
         # The configurable's full name (the one gin files bind), e.g. xlmeta_jax.model.mlm.Masking.
         self.configurable = configurable
@@ -70,6 +69,15 @@ class SettingError(UserError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.context}{self.setting}: {self.message}"
+
+    def __reduce__(self):
+        # Crosses processes whole (a Beam worker, a pool), whatever a subclass's constructor
+        # takes: rebuilt from its args and attributes, not by calling the constructor.
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type[SettingError], args: tuple) -> SettingError:
+    return cls.__new__(cls, *args)
 
 
 # How commands that parse gin name a SettingError's setting (cli/flags.py sets it).

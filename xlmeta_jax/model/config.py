@@ -52,9 +52,6 @@ class ModelConfigError(errors.SettingError):
         # Outside a command that knows the binding: named as the config's own field.
         self.setting = f"EncoderConfig.{field}"
 
-    def __reduce__(self):
-        return type(self), (self.field, self.value, self.message)
-
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
