@@ -59,7 +59,7 @@ def _assert_refused(out, *parts):
     (["--gin.xlmeta_jax.model.network.get_config.pad_token_id=3"],
      ["EncoderConfig.pad_token_id=3 differs from the pad id"]),
     (["--gin.WARMUP_STEPS=10000"],
-     ["OptimizerConfig.warmup_steps: must be in [0, total_steps=4], got 10000"]),
+     ["WARMUP_STEPS: must be in [0, total_steps=4], got 10000"]),
     # Phase 2's corpus, checked by phase 2 (phase 1 registers only the English it reads).
     (["--gin.CC100_LANGUAGES=['en', 'af']", "--gin.PHASE=2"],
      ["CC-100 language 'af': no file matches"]),
@@ -84,7 +84,7 @@ def test_the_quiet_command_prints_the_error_line_alone(corpus, tmp_path):
     out = _t5x_train(tmp_path / "run", corpus, "--gin.WARMUP_STEPS=10000",
                      command="xlmeta_jax.t5x_train")
     _assert_refused(out,
-                    "OptimizerConfig.warmup_steps: must be in [0, total_steps=4], got 10000")
+                    "WARMUP_STEPS: must be in [0, total_steps=4], got 10000")
     assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
 
 

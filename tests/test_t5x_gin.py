@@ -72,6 +72,11 @@ def _task(args) -> str:
     return _evaluate(gin.query_parameter("xlmeta_jax.cli.configurables.registered.name"))
 
 
+def _stage():
+    """The phase a t5x run file trains (``STAGE``), as gin/t5x/phase.gin reads it."""
+    return _evaluate(gin.query_parameter("STAGE/macro.value"))
+
+
 def test_every_t5x_gin_file_has_a_header_naming_its_command():
     files = t5x_gin_files()
     assert {"gin/meta.gin", "gin/xlmr.gin", "gin/t5x/run.gin", "gin/t5x/mesh.gin"} <= set(
@@ -94,7 +99,7 @@ def test_meta_gin_phase_1(tmp_path):
     args = _train_args(["gin/meta.gin"], f"MODEL_DIR = '{tmp_path}'")
     assert _evaluate(args["model_dir"]) == str(tmp_path / "phase1")
     assert _evaluate(args["total_steps"]) == 100000
-    assert _task(args) == "xlmeta_english_text"
+    assert _stage().phase.source() == "xlmeta_english_text"
     # train's model passes our trainer's checks first (xlmeta_jax/interop/t5x/checks.py).
     assert args["model"].configurable.wrapped is t5x_checks.checked_model
     model = _model()
@@ -150,7 +155,7 @@ def test_meta_gin_phase_2_starts_from_phase_1(tmp_path):
     assert _evaluate(args["random_seed"]) == seeds.phase_seeds(["xlmeta_cc100"], 0)[0] != 0
     assert _evaluate(args["model_dir"]) == str(tmp_path / "phase2")
     assert _evaluate(args["total_steps"]) == 400000
-    assert _task(args) == "xlmeta_cc100"
+    assert _stage().phase.source() == "xlmeta_cc100"
     with pytest.raises(t5x_phases.PhaseError, match="phase1/checkpoint_100000"):
         _evaluate(gin.query_parameter("t5x_phases.PhaseInitializer.init_params_from"))
     (tmp_path / "phase1" / "checkpoint_100000").mkdir(parents=True)

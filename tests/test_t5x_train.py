@@ -20,6 +20,7 @@ from t5x_toy import corpus_flags, require_t5x, write_corpus
 require_t5x()
 
 from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
+from xlmeta_jax.model import network  # noqa: E402
 from xlmeta_jax.pretrain import loading  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -153,18 +154,36 @@ def _check_phase2_starts_from_phase1_final_params_with_fresh_optimizer(runs):
 
 
 def test_phase2_before_phase1_names_the_missing_checkpoint(tmp_path):
+    from xlmeta_jax.data.corpora import Corpora
+    from xlmeta_jax.interop.t5x import stages
+    from xlmeta_jax.model.optimizer import OptimizerConfig
+    from xlmeta_jax.pretrain.phases import Phase
+
+    phases = [Phase("phase1", "xlmeta_english_text", num_steps=4, batch_size=8,
+                    sequence_length=64, optimizer=OptimizerConfig(total_steps=4, warmup_steps=1)),
+              Phase("phase2", "xlmeta_cc100", num_steps=6, batch_size=8, sequence_length=64,
+                    optimizer=OptimizerConfig(total_steps=6, warmup_steps=1), init_from="phase1",
+                    reset_optimizer=True, reset_schedule=True)]
+
+    def stage(phase):
+        return stages.of_run(phases, phase, str(tmp_path), network.get_config("tiny"),
+                             Corpora())
+
     with pytest.raises(t5x_phases.PhaseError, match=r"phase1/checkpoint_4, which does not exist"):
-        t5x_phases.init_params_from(str(tmp_path), phase=2, init_steps=4)
-    with pytest.raises(t5x_phases.PhaseError, match="PHASE=3"):
-        t5x_phases.phase_dir(str(tmp_path), 3)
-    assert t5x_phases.init_params_from(str(tmp_path), phase=1, init_steps=4) is None
+        stages.init_from(stage(2))
+    for bad in (3, 0, True):
+        with pytest.raises(t5x_phases.PhaseError, match=f"PHASE={bad}"):
+            stage(bad)
+    assert stages.init_from(stage(1)) is None
+    (tmp_path / "phase1" / "checkpoint_4").mkdir(parents=True)
+    assert stages.init_from(stage(2)) == str(tmp_path / "phase1" / "checkpoint_4")
 
 
 def test_t5x_run_dirs_are_read_as_a_shell_would(tmp_path, monkeypatch):
     # MODEL_DIR='~/runs/meta' is the home folder's, for t5x's run too (t5x's own gfile
     # would take the '~' as a folder name).
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert t5x_phases.phase_dir("~/runs/meta", 2) == str(tmp_path / "runs" / "meta" / "phase2")
+    assert t5x_phases.phase_dir("~/runs/meta") == str(tmp_path / "runs" / "meta")
     assert t5x_phases.phase_dir("$HOME/runs/xlmr") == str(tmp_path / "runs" / "xlmr")
 
 

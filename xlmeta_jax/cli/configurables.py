@@ -14,10 +14,12 @@ binding names where its code is:
   the registered tasks and the synthetic stream both take it from here
   (``Corpora.masking`` is not a gin binding);
 * ``xlmeta_jax.data.feeding.make_mlm_iterator`` — the feeder's options;
+* ``xlmeta_jax.pretrain.trainer.Phase`` — a phase of a run (gin/phases/*.gin, which our
+  trainer's run files and t5x's gin/meta.gin both read);
 * ``xlmeta_jax.cli.configurables.registered`` — registers the corpora a task reads and
   names it, e.g. t5x's ``mixture_or_task_name = @registered()``.
 
-Our own commands' names (the trainer's ``train`` and ``Phase``, the experiment, the
+Our own commands' names (the trainer's ``train`` and ``Merge``, the experiment, the
 fine-tuning, the corpus builders) are in :mod:`xlmeta_jax.cli.runs`, which t5x configs
 do not import: ``--gin.train.X`` stays t5x's ``train``. Importing this module imports
 neither TensorFlow nor seqio.
@@ -31,6 +33,7 @@ from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import corpora, feeding
 from xlmeta_jax.model import mlm, network, optimizer
+from xlmeta_jax.pretrain import phases
 
 # A setting refused where its object is built (errors.SettingError) is named, in every
 # command's line, by the gin binding or macro it came from: ours and t5x's trainer both
@@ -53,6 +56,9 @@ Masking = gin.external_configurable(mlm.Masking, module="xlmeta_jax.model.mlm")
 make_mlm_iterator = gin.external_configurable(
     feeding.make_mlm_iterator, module="xlmeta_jax.data.feeding"
 )
+
+# ---------------------------------------------------------------------------- the phases
+Phase = gin.external_configurable(phases.Phase, module="xlmeta_jax.pretrain.trainer")
 
 
 def masking() -> mlm.Masking:

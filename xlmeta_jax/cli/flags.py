@@ -251,8 +251,10 @@ def apply_gin(
 
 _BAD_TOKEN = re.compile(r"Failed to parse token '(.*)'")
 _INCLUDE = re.compile(r"""^include\s+['"]([^'"]+)['"]""", re.MULTILINE)
-# What only t5x's run files hold: t5x's train script as gin's dynamic-registration module.
-_T5X_RUN_FILE = re.compile(r"^import __main__ as train_script", re.MULTILINE)
+# What only t5x's run files hold: t5x's train script as gin's dynamic-registration module,
+# or an include of t5x's run settings (gin/t5x/run.gin, phase.gin) that bind it.
+_T5X_RUN_FILE = re.compile(r"^(import __main__ as train_script|include 'gin/t5x/\w+\.gin')",
+                           re.MULTILINE)
 
 
 def _read_text(path: str) -> str:

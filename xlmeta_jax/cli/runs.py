@@ -6,7 +6,8 @@ Registered under the module path of the object each configures
 this module, t5x's do not (its own ``train`` would be ambiguous with ours). The
 settings both trainers share: :mod:`xlmeta_jax.cli.configurables`.
 
-* ``xlmeta_jax.pretrain.trainer.{train,Phase}`` — our trainer's run (gin/native/*.gin);
+* ``xlmeta_jax.pretrain.trainer.{train,Merge}`` — our trainer's run (gin/native/*.gin;
+  its ``Phase`` is in :mod:`.configurables`, which t5x's gin/meta.gin reads too);
 * ``xlmeta_jax.experiment.runner.experiment`` — the experiment (gin/experiments/*.gin);
 * ``finetune.*`` and ``evaluate_retrieval.*`` — the evaluation command
   (gin/finetune/*.gin): :func:`finetune_config` builds a
@@ -42,7 +43,6 @@ prepare_shared_corpus = gin.external_configurable(
     experiment_corpus.prepare_shared_corpus, module="xlmeta_jax.data.experiment_corpus")
 
 # ---------------------------------------------------------------------------- pretraining
-Phase = gin.external_configurable(trainer.Phase, module="xlmeta_jax.pretrain.trainer")
 Merge = gin.external_configurable(trainer.Merge, module="xlmeta_jax.pretrain.trainer")
 train = gin.external_configurable(
     trainer.train, module="xlmeta_jax.pretrain.trainer",

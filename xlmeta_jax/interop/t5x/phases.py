@@ -1,20 +1,20 @@
 r"""The phases of a staged run as one ``python -m t5x.train`` command each.
 
 t5x's ``train`` runs one dataset, one optimizer and one schedule, so a run of several
-phases runs its gin file once per phase with the same flags and ``--gin.PHASE=n``.
-Meta-pretraining (gin/meta.gin) has two:
+phases runs one command per phase. Each phase is our trainer's ``Phase``, defined once
+(:mod:`.stages` derives the t5x settings of one): meta-pretraining's two
+(gin/phases/meta.gin) by ``python -m t5x.train --gin_file=gin/meta.gin --gin.PHASE=n``,
+and any phase of a run file of our trainer (gin/native/*.gin) by ``python -m
+xlmeta_jax.t5x_train --phase=NAME``:
 
-* phase 1 trains on English into ``MODEL_DIR/phase1/``;
+* phase 1 of meta-pretraining trains on English into ``MODEL_DIR/phase1/``;
 * phase 2 trains on the alpha-sampled mixture into ``MODEL_DIR/phase2/``, starting
   from the parameters of phase 1's final checkpoint (``checkpoint_<META_STEPS>``):
   only the parameters are read (:class:`PhaseInitializer`), while the optimizer
-  state and the step (hence the learning-rate schedule) start fresh.
-
-Any phase of a run file of our own trainer (gin/native/*.gin, a list of ``Phase``)
-runs the same way through ``python -m xlmeta_jax.t5x_train --phase=NAME``
-(:mod:`.stages`, gin/t5x/stage.gin): a phase that continues another's optimizer state
-and schedule starts from that phase's whole state (``PhaseInitializer(keep_optimizer=
-True)``), so that one schedule spans the stages of a curriculum.
+  state and the step (hence the learning-rate schedule) start fresh;
+* a phase that continues another's optimizer state and schedule starts from that
+  phase's whole state (``PhaseInitializer(keep_optimizer=True)``), so that one schedule
+  spans the stages of a curriculum.
 
 Each phase directory holds t5x's own layout (``checkpoint_<step>/``, ``config.gin``,
 ``train/`` summaries) plus ``xlmeta_model.json`` (the encoder configuration and
@@ -49,15 +49,14 @@ from xlmeta_jax.pretrain import checkpoints
 # Written next to t5x's checkpoints: the encoder configuration and vocabulary.
 MODEL_INFO = checkpoints.T5X_MODEL_INFO
 _CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)$")
-# The phase directories of gin/meta.gin under MODEL_DIR, in training order.
-PHASES = ("phase1", "phase2")
 
 
 class PhaseError(errors.UserError, ValueError):
     """A phase cannot start (bad PHASE, or the phase before has not finished)."""
 
 
-def _check_phase(phase: int, names: Sequence[str] = PHASES) -> int:
+def check_phase(phase: int, names: Sequence[str]) -> int:
+    """``phase`` (the ``PHASE`` macro, 1-based), checked against the run's phase names."""
     if isinstance(phase, bool) or phase not in range(1, len(names) + 1):
         raise PhaseError(
             f"gin macro PHASE={phase!r}: this run has phases 1 to {len(names)} "
@@ -66,34 +65,16 @@ def _check_phase(phase: int, names: Sequence[str] = PHASES) -> int:
     return int(phase)
 
 
-def select(phase: int, choices: Sequence[Any]) -> Any:
-    """``choices[phase - 1]``: the phase's task, step count, ... (gin)."""
-    return choices[_check_phase(phase, _numbered(len(choices))) - 1]
-
-
-def phase_dir(model_dir: str, phase: int | None = None, names: Sequence[str] = PHASES) -> str:
-    """``MODEL_DIR/<name>``, the directory t5x writes phase N to (``MODEL_DIR`` for None).
-
-    Args:
-      model_dir: the run's directory (MODEL_DIR).
-      phase: 1-based phase number (PHASE), or None.
-      names: the run's phase directories in order.
-    """
+def phase_dir(model_dir: str) -> str:
+    """``MODEL_DIR``, checked to be set, absolute (``gs://`` kept)."""
     if not model_dir:
         raise PhaseError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")
-    model_dir = _absolute(model_dir)
-    if phase is None:
-        return model_dir
-    return os.path.join(model_dir, names[_check_phase(phase, names) - 1])
+    return _absolute(model_dir)
 
 
 def total_steps(steps: Sequence[int]) -> int:
     """Sum of step counts (the baseline's budget: META_STEPS + XLING_STEPS)."""
     return int(sum(steps))
-
-
-def _numbered(count: int) -> list[str]:
-    return [f"phase{i + 1}" for i in range(count)]
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -105,28 +86,6 @@ def checkpoint_steps(directory: str) -> list[int]:
         for name in tf.io.gfile.listdir(directory)
         if (m := _CHECKPOINT_DIR.match(name.rstrip("/")))
     )
-
-
-def init_params_from(model_dir: str, phase: int, init_steps: int | None = None,
-                     names: Sequence[str] = PHASES) -> str | None:
-    """The checkpoint a phase starts from: None for phase 1.
-
-    Phase N starts from phase N-1's final checkpoint, ``checkpoint_<init_steps>``
-    (META_STEPS). Only
-    consulted while the phase has no checkpoint of its own (t5x resumes a phase from its
-    own latest checkpoint first).
-
-    Raises:
-      PhaseError: when that checkpoint does not exist and phase N has not saved yet.
-    """
-    phase = _check_phase(phase, names)
-    if phase == 1:
-        return None
-    return source_checkpoint(
-        phase_dir(model_dir, phase, names), phase_dir(model_dir, phase - 1, names), init_steps,
-        f"phase {phase} starts from phase {phase - 1}'s",
-        f"run phase {phase - 1} to step {init_steps} first (same command with "
-        f"--gin.PHASE={phase - 1})")
 
 
 def source_checkpoint(directory: str, source_dir: str, step: int, starts: str,
@@ -254,7 +213,7 @@ def summarize_config(
     task: str | None = None,
     phase: int | None = None,
     train_steps: int | None = None,
-    names: Sequence[str] = PHASES,
+    names: Sequence[str] | None = None,
 ) -> None:
     """t5x's ``summarize_gin_config``, plus ``MODEL_DIR/xlmeta_model.json``.
 
@@ -273,7 +232,7 @@ def summarize_config(
         "vocab_path": _absolute(vocab_path) if vocab_path else None,
         "task": task,
         "phase": phase,
-        "phases": list(names) if phase is not None else None,
+        "phases": list(names) if phase is not None and names else None,
         "train_steps": train_steps,
     }
     with tf.io.gfile.GFile(os.path.join(model_dir, MODEL_INFO), "w") as f:

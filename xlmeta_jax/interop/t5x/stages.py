@@ -29,7 +29,7 @@ import os
 from collections.abc import Sequence
 
 from xlmeta_jax import errors, logs
-from xlmeta_jax.data import seeds
+from xlmeta_jax.data import seeds, tasks
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.interop.t5x import phases as t5x_phases
 from xlmeta_jax.model import mlm, network, optimizer
@@ -54,6 +54,8 @@ class Stage:
       seed: the run seed.
       microbatches: gradient accumulation (MICROBATCHES).
       checkpoint_every, keep_checkpoints, log_every: as our trainer's ``train``.
+      by_number: the command names phases by number (gin/meta.gin's ``--gin.PHASE=2``),
+        not by name (``--phase=stage2``).
     """
 
     model_dir: str
@@ -67,6 +69,7 @@ class Stage:
     checkpoint_every: int = 1000
     keep_checkpoints: int | None = 3
     log_every: int = 100
+    by_number: bool = False
 
     def __post_init__(self):
         phase = self.phase
@@ -119,6 +122,17 @@ class Stage:
         index = self.index if index is None else index
         return self.start_step(index) + self.phases[index].num_steps
 
+    def source_words(self, index: int) -> tuple[str, str]:
+        """What the error of a phase whose source (phase ``index``) has not finished says:
+        who starts from its final checkpoint, and what to run first."""
+        if self.by_number:
+            n, m = self.index + 1, index + 1
+            return (f"phase {n} starts from phase {m}'s", f"run phase {m} to step "
+                    f"{self.end_step(index)} first (same command with --gin.PHASE={m})")
+        name = self.phases[index].name
+        return (f"phase {self.phase.name!r} starts from phase {name!r}'s",
+                f"run it first (the same command with --phase={name})")
+
     def phase_dir(self, index: int | None = None) -> str:
         index = self.index if index is None else index
         return os.path.join(self.model_dir, self.phases[index].name)
@@ -139,18 +153,35 @@ _current: list[Stage] = []
 
 
 def set_current(stage: Stage) -> None:
-    """Makes ``stage`` the one gin/t5x/stage.gin's bindings read (the command sets it)."""
+    """Makes ``stage`` the one :func:`current` returns (``--phase``'s command sets it)."""
     _current[:] = [stage]
 
 
 def current() -> Stage:
-    """The stage the command derived (gin: every binding of gin/t5x/stage.gin)."""
+    """The stage ``python -m xlmeta_jax.t5x_train --phase`` derived (gin/t5x/stage.gin's
+    ``STAGE``)."""
     if not _current:
         raise StageError(
             "gin/t5x/stage.gin trains one phase of a run file of our trainer: run it as "
             "python -m xlmeta_jax.t5x_train --gin_file=gin/native/RUN.gin --phase=NAME "
             "(docs/t5x.md)")
     return _current[0]
+
+
+def of_run(phases: Sequence[Phase], phase: int, model_dir: str, model: network.EncoderConfig,
+           corpora: Corpora, vocab_path: str | None = None, seed: int = 0) -> Stage:
+    """Phase ``phase`` (1-based: the ``PHASE`` macro) of a phase list that a t5x run file
+    includes (gin/meta.gin's ``STAGE``: the phases of gin/phases/meta.gin, which our
+    trainer's gin/native/meta.gin runs in one command).
+
+    Raises:
+      t5x_phases.PhaseError: ``PHASE`` out of range, or ``MODEL_DIR`` unset.
+    """
+    phases = tuple(phases)
+    index = t5x_phases.check_phase(phase, [p.name for p in phases]) - 1
+    return Stage(model_dir=t5x_phases.phase_dir(model_dir), phases=phases, index=index,
+                 model=model, corpora=corpora, vocab_path=vocab_path, seed=seed,
+                 by_number=True)
 
 
 def select_phase(phases: Sequence[Phase], wanted: str) -> int:
@@ -165,122 +196,128 @@ def select_phase(phases: Sequence[Phase], wanted: str) -> int:
 
 
 # ---------------------------------------------------------------------------------- gin
+# What gin/t5x/phase.gin binds t5x's settings to, each a function of the stage (``STAGE``).
 
 
-def model_dir() -> str:
+def model_dir(stage: Stage) -> str:
     """``MODEL_DIR``: the run's directory (the phase writes its own under it)."""
-    return current().model_dir
+    return stage.model_dir
 
 
-def phase_dir() -> str:
+def phase_dir(stage: Stage) -> str:
     """The directory t5x writes this phase to: ``MODEL_DIR/<name>``."""
-    return current().phase_dir()
+    return stage.phase_dir()
 
 
-def vocab_path() -> str | None:
-    return current().vocab_path
+def vocab_path(stage: Stage) -> str | None:
+    return stage.vocab_path
 
 
-def task() -> str:
+def task(stage: Stage) -> str:
     """Registers the corpora the phase reads, with its own data as our trainer registers
-    it, and returns the task or mixture it reads (``MIXTURE_OR_TASK_NAME``)."""
-    stage = current()
-    source = stage.phase.registered_source(stage.phases, stage.corpora)
+    it, and returns the task or mixture it reads (``MIXTURE_OR_TASK_NAME``).
+
+    Only those corpora: a t5x command trains one phase (phase 1 of meta-pretraining on
+    English neither needs nor checks phase 2's corpora, which its own command does).
+    """
+    phase = stage.phase
+    reading = tasks.reading(phase.task, phase.corpora(stage.corpora))
+    own = {phase.view_suffix(): reading} if phase.source() != phase.task else None
+    source = tasks.check_registered(phase.source(), tasks.register(reading, views=own))
     if not _described:  # gin evaluates the name once per binding that reads it
         _described.append(source)
-        if note := stage.phase.steps_note():
+        if note := phase.steps_note():
             logs.progress.info("%s", note)
-        logs.progress.info("[%s] reads %s", stage.phase.name,
-                           stage.phase.describe_data(stage.corpora))
+        logs.progress.info("[%s] reads %s", phase.name, phase.describe_data(stage.corpora))
     return source
 
 
 _described: list[str] = []
 
 
-def train_steps() -> int:
+def train_steps(stage: Stage) -> int:
     """``TRAIN_STEPS``: the state's step at which the phase ends."""
-    return current().end_step()
+    return stage.end_step()
 
 
-def start_step() -> int:
-    return current().start_step()
+def start_step(stage: Stage) -> int:
+    return stage.start_step()
 
 
-def batch_size() -> int:
-    return current().phase.batch_size
+def batch_size(stage: Stage) -> int:
+    return stage.phase.batch_size
 
 
-def sequence_length() -> int:
-    return current().phase.sequence_length
+def sequence_length(stage: Stage) -> int:
+    return stage.phase.sequence_length
 
 
-def microbatches() -> int:
-    return current().microbatches
+def microbatches(stage: Stage) -> int:
+    return stage.microbatches
 
 
-def model_config() -> network.EncoderConfig:
-    return current().model_config()
+def model_config(stage: Stage) -> network.EncoderConfig:
+    return stage.model_config()
 
 
-def masking() -> mlm.Masking:
-    return current().masking()
+def masking(stage: Stage) -> mlm.Masking:
+    return stage.masking()
 
 
-def optimizer_config() -> optimizer.OptimizerConfig:
+def optimizer_config(stage: Stage) -> optimizer.OptimizerConfig:
     """The phase's optimizer and schedule (over the steps of the phases it continues)."""
-    return current().phase.optimizer_config()
+    return stage.phase.optimizer_config()
 
 
-def random_seed() -> int:
+def run_seed(stage: Stage) -> int:
+    return stage.seed
+
+
+def random_seed(stage: Stage) -> int:
     """t5x's ``RANDOM_SEED`` (init and dropout): the run seed for a phase that starts
     fresh, the phase's own data seed for one that starts from another phase."""
-    stage = current()
     return stage.seed if stage.source_phase is None else stage.data_seed()
 
 
-def data_seed() -> int:
+def data_seed(stage: Stage) -> int:
     """The phase's data seed (each host's stream derives its own from it)."""
-    return current().data_seed()
+    return stage.data_seed()
 
 
-def init_from() -> str | None:
+def init_from(stage: Stage) -> str | None:
     """The checkpoint the phase starts from: its source phase's final one (None: fresh).
 
     Raises:
       t5x_phases.PhaseError: the source has not finished and this phase has no
         checkpoint of its own yet.
     """
-    stage = current()
     source = stage.source_phase
     if source is None:
         return None
     index = stage.names.index(source.name)
-    return t5x_phases.source_checkpoint(
-        stage.phase_dir(), stage.phase_dir(index), stage.end_step(index),
-        f"phase {stage.phase.name!r} starts from phase {source.name!r}'s",
-        f"run it first (the same command with --phase={source.name})")
+    return t5x_phases.source_checkpoint(stage.phase_dir(), stage.phase_dir(index),
+                                        stage.end_step(index), *stage.source_words(index))
 
 
-def keeps_state() -> bool:
-    return current().keeps_state()
+def keeps_state(stage: Stage) -> bool:
+    return stage.keeps_state()
 
 
-def phase_number() -> int:
-    return current().index + 1
+def phase_number(stage: Stage) -> int:
+    return stage.index + 1
 
 
-def phase_names() -> tuple[str, ...]:
-    return current().names
+def phase_names(stage: Stage) -> tuple[str, ...]:
+    return stage.names
 
 
-def checkpoint_every() -> int:
-    return current().checkpoint_every
+def checkpoint_every(stage: Stage) -> int:
+    return stage.checkpoint_every
 
 
-def keep_checkpoints() -> int | None:
-    return current().keep_checkpoints
+def keep_checkpoints(stage: Stage) -> int | None:
+    return stage.keep_checkpoints
 
 
-def log_every() -> int:
-    return current().log_every
+def log_every(stage: Stage) -> int:
+    return stage.log_every
