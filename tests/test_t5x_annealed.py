@@ -32,9 +32,9 @@ STAGES = {  # stage: (languages, alpha, mask rate)
 }
 
 
-def _stage(model_dir, corpus, phase, log):
+def _stage(model_dir, corpus, phase, log, *extra):
     """``python -m xlmeta_jax.t5x_train --phase=stageN`` on gin/native/annealed.gin, the run
-    file our trainer reads, with our trainer's flags."""
+    file our trainer reads, with our trainer's flags (and ``extra``)."""
     flags = [f"--gin.STAGE{n}_LANGUAGES={langs!r}" for n, (langs, _, _) in STAGES.items()]
     cmd = [
         sys.executable, "-m", "xlmeta_jax.t5x_train", "--gin_file=gin/native/annealed.gin",
@@ -45,7 +45,7 @@ def _stage(model_dir, corpus, phase, log):
         f"--gin.BATCH_SIZE={BATCH}", f"--gin.SEQUENCE_LENGTH={LENGTH}",
         f"--gin.LEARNING_RATE={LR}", f"--gin.WARMUP_STEPS={WARMUP}",
         f"--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every={STEPS}",
-        "--gin.xlmeta_jax.pretrain.trainer.train.log_every=1",
+        "--gin.xlmeta_jax.pretrain.trainer.train.log_every=1", *extra,
     ]
     env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true",
                XLA_FLAGS="--xla_force_host_platform_device_count=1",
@@ -80,7 +80,11 @@ def _scalars(run_dir, tag) -> dict[int, float]:
 def test_annealed_stages_under_t5x(shared_data, tmp_path):
     corpus = write_corpus(shared_data, str(tmp_path / "corpus"))
     run = tmp_path / "run"
-    logs = {n: _stage(run, corpus, n, tmp_path / f"stage{n}.log") for n in STAGES}
+    # Stage 3 on t5x's explicit mesh (its add-on file and macro go to t5x, the rest of the
+    # flags to the run file).
+    mesh = {3: ["--gin_file=gin/t5x/mesh.gin", "--gin.MESH_SHAPE=(1, 1)"]}
+    logs = {n: _stage(run, corpus, n, tmp_path / f"stage{n}.log", *mesh.get(n, []))
+            for n in STAGES}
 
     # Each stage says what it reads, under the names (and so the data seeds) our trainer
     # gives these stages.

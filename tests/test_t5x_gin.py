@@ -252,6 +252,25 @@ def test_a_phase_of_our_run_file_derives_its_t5x_settings(run_file, phase, bindi
         seeds.phase_seeds(sources, 0)[stage.index])
 
 
+def test_a_phase_takes_t5x_mesh_file(tmp_path):
+    # python -m xlmeta_jax.t5x_train --gin_file=gin/native/annealed.gin --phase=stage2
+    #   --gin_file=gin/t5x/mesh.gin --gin.MESH_SHAPE="(4, 2)": t5x's add-on and its macro go
+    # to t5x, after gin/t5x/stage.gin; the run file to our trainer's parse.
+    from xlmeta_jax.cli import t5x_stage
+
+    argv = t5x_stage.stage_argv("stage2", [
+        "--gin_file=gin/native/annealed.gin", "--gin_file=gin/t5x/mesh.gin",
+        "--gin.MESH_SHAPE=(4, 2)", f"--gin.MODEL_DIR='{tmp_path}'",
+        "--gin.VOCAB_PATH='/unused/spm.model'", "--alsologtostderr"], "gin/t5x/stage.gin")
+    assert argv == ["--gin_file=gin/t5x/stage.gin", "--gin_file=gin/t5x/mesh.gin",
+                    "--gin_bindings=MESH_SHAPE = (4, 2)", "--alsologtostderr"]
+    args = _train_args(["gin/t5x/stage.gin", "gin/t5x/mesh.gin"], "MESH_SHAPE = (4, 2)")
+    partitioner = _evaluate(args["partitioner"])
+    assert isinstance(partitioner, t5x_model.MeshPartitioner)
+    assert dict(partitioner.mesh.shape) == {"data": 4, "model": 2}
+    assert _evaluate(args["model_dir"]) == str(tmp_path / "stage2")
+
+
 @pytest.mark.parametrize("run_file, phase, bindings, words", [
     ("gin/native/annealed.gin", "stage4", [], ["--phase=stage4", "stage1, stage2, stage3"]),
     ("gin/native/annealed.gin", "0", [], ["--phase=0", "1 to 3"]),

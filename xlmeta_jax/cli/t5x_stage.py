@@ -8,6 +8,8 @@ would be ambiguous with ours).
 
 from __future__ import annotations
 
+import re
+
 import gin
 
 from xlmeta_jax import files
@@ -54,11 +56,50 @@ def configured_stage(wanted: str) -> stages.Stage:
         log_every=gin_flags.bound(q + "log_every", 100))
 
 
+# A t5x gin file added to a run (gin/t5x/mesh.gin): t5x's dynamic registration, and no
+# t5x run settings of its own (a run file, gin/meta.gin, includes gin/t5x/run.gin).
+_DYNAMIC = re.compile(r"^from __gin__ import dynamic_registration", re.MULTILINE)
+_T5X_INCLUDE = re.compile(r"^include 'gin/t5x/", re.MULTILINE)
+_MACRO = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
+
+
+def _t5x_addon(path: str) -> str | None:
+    """The text of ``path`` when it is a t5x add-on (gin/t5x/mesh.gin), else None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None  # our parse names it
+    return text if _DYNAMIC.search(text) and not _T5X_INCLUDE.search(text) else None
+
+
+def split_t5x_addons(flags: gin_flags.GinFlags) -> tuple[gin_flags.GinFlags, list[str]]:
+    """The run file's gin flags, and t5x's own flags for the add-on files among them.
+
+    ``--gin_file=gin/t5x/mesh.gin --gin.MESH_SHAPE="(4, 2)"`` configures t5x's
+    partitioner, which our trainer's run file does not know: the add-on file and the
+    bindings of the macros it defines go to t5x, after gin/t5x/stage.gin.
+    """
+    addons = {f: text for f in flags.gin_files if (text := _t5x_addon(f)) is not None}
+    macros = {m for text in addons.values() for m in _MACRO.findall(text)}
+
+    def theirs(binding: str) -> bool:
+        return binding.partition("=")[0].strip() in macros
+
+    ours = gin_flags.GinFlags(
+        gin_files=[f for f in flags.gin_files if f not in addons],
+        bindings=[b for b in flags.bindings if not theirs(b)],
+        search_paths=flags.search_paths, remaining=flags.remaining)
+    return ours, [*(f"--gin_file={f}" for f in addons),
+                  *(f"--gin_bindings={b}" for b in flags.bindings if theirs(b))]
+
+
 def stage_argv(wanted: str, argv: list[str], stage_gin: str) -> list[str]:
     """Derives the phase ``wanted`` of the run file in ``argv``'s gin flags; returns t5x's
-    arguments for it (``stage_gin``, gin/t5x/stage.gin, and the flags that are not gin's)."""
+    arguments for it (``stage_gin``, gin/t5x/stage.gin, t5x's add-on files with their
+    bindings, and the flags that are not gin's)."""
     try:
-        flags = gin_flags.parse_gin_flags(argv)
+        flags, addons = split_t5x_addons(gin_flags.parse_gin_flags(argv))
     except ValueError as e:
         raise stages.StageError(str(e)) from None
     if not flags.gin_files:
@@ -72,4 +113,4 @@ def stage_argv(wanted: str, argv: list[str], stage_gin: str) -> list[str]:
     # t5x parses its own config (gin/t5x/stage.gin) into the one global config.
     gin.clear_config()
     stages.set_current(stage)
-    return [f"--gin_file={stage_gin}", *flags.remaining]
+    return [f"--gin_file={stage_gin}", *addons, *flags.remaining]

@@ -52,7 +52,8 @@ Any phase of a run file of our own trainer (gin/native/*.gin), one command per p
 
   --phase=NAME   the phase to train (its name, or its number from 1); the run file's gin
                  flags are read as python -m xlmeta_jax.train reads them, and every t5x
-                 setting of the phase derives from its Phase (gin/t5x/stage.gin)
+                 setting of the phase derives from its Phase (gin/t5x/stage.gin);
+                 an explicit mesh: --gin_file=gin/t5x/mesh.gin --gin.MESH_SHAPE="(4, 2)"
 
 t5x's flags (absl) follow.
 """
