@@ -65,7 +65,7 @@ def measure(size: str, batch: int, length: int, steps: int, rounds: int,
     def run_ours(n):
         nonlocal state
         for _ in range(n):
-            state, metrics = fns.train_step_jit(state, ours_batch)
+            state, metrics = fns.train_step_jit(state, ours_batch, fns.seed_arg())
         jax.block_until_ready((state, metrics))
 
     def run_t5x(n):

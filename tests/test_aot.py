@@ -234,7 +234,7 @@ def test_packed_modernbert_compiles_with_the_splash_kernel():
                                    optimizer.OptimizerConfig(total_steps=10, warmup_steps=1), mesh,
                                    packed=True)
     batch = aot_compile.abstract_batch(8, 128, 20, fns.batch_sharding, packed=True)
-    lowered = fns.train_step_jit.lower(fns.abstract_state, batch)
+    lowered = fns.train_step_jit.lower(fns.abstract_state, batch, fns.seed_spec)
     assert "tpu_custom_call" in lowered.as_text()
     assert lowered.compile().memory_analysis().temp_size_in_bytes > 0
 

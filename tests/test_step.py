@@ -283,6 +283,19 @@ def test_same_seed_and_step_give_same_dropout(host_state0):
     assert abs(float(evaluated["loss"]) - metrics[0]["loss"]) > 1e-4
 
 
+def test_another_seed_is_the_same_program_with_other_dropout(host_state0):
+    # The seed is an argument of the step: phases and runs that differ only in their seed
+    # share one compiled program (and the compilation cache's entry), not one each.
+    fns, other = _fns((2, 2, 2)), _fns((2, 2, 2), seed=SEED + 1)
+    batch = {k: BATCH[k] for k in mlm.STEP_FEATURES}
+    texts = [f.train_step_jit.lower(f.abstract_state, batch, f.seed_spec).as_text()
+             for f in (fns, other)]
+    assert texts[0] == texts[1]
+    metrics, _ = _cached_run((2, 2, 2), host_state0)
+    _, m_other = other.train_step(jax.device_put(host_state0, other.state_sharding), BATCH)
+    assert _host(m_other)["loss"] != metrics[0]["loss"]
+
+
 @pytest.mark.slow
 def test_rbg_dropout_is_deterministic_and_resumable(host_state0, baseline):
     # XLA's RngBitGenerator (rng_impl="rbg"): another stream than threefry's, but
@@ -525,6 +538,6 @@ def test_microbatches_shrink_step_memory():
     temps = {}
     for k in (1, 4):
         fns = step.make_step_functions(NO_DROPOUT, OPT, _fns((2, 2, 2)).mesh, microbatches=k)
-        compiled = fns.train_step_jit.lower(fns.abstract_state, batch).compile()
+        compiled = fns.train_step_jit.lower(fns.abstract_state, batch, fns.seed_spec).compile()
         temps[k] = compiled.memory_analysis().temp_size_in_bytes
     assert temps[4] < 0.75 * temps[1], temps

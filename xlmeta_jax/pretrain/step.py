@@ -17,6 +17,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -65,9 +66,14 @@ class StepFunctions:
     eval_step: Callable
     # Sharding of every batch array.
     batch_sharding: NamedSharding
-    # The jitted train step itself (takes exactly the step's features; no checks), for
-    # ahead-of-time lowering: ``train_step_jit.lower(state, batch).compile()``.
+    # The jitted train step itself (takes exactly the step's features and the dropout
+    # seed; no checks), for ahead-of-time lowering:
+    # ``train_step_jit.lower(state, batch, seed_spec).compile()``.
     train_step_jit: Callable = None
+    # The dropout seed's abstract value (replicated int32), and seed_arg() -> the seed
+    # ``train_step`` passes to ``train_step_jit``, placed on the mesh on first use.
+    seed_spec: Any = None
+    seed_arg: Callable = None
 
 
 def _dummy_inputs(cfg: EncoderConfig):
@@ -176,14 +182,20 @@ def make_step_functions(
     init = jax.jit(_with_rules(init_fn), out_shardings=state_sharding)
     from_params = jax.jit(from_params_fn, in_shardings=(state_sharding.params,),
                           out_shardings=state_sharding, donate_argnums=(0,))
-    base_key = jax.random.key(seed, impl=rng_impl)
+    # The seed is an argument, not a constant of the program: the phases and runs that
+    # differ only in their seed (each phase has its own) share one compiled step.
+    seed_spec = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+
+    @functools.cache
+    def seed_arg():  # placed on first use: an AOT compile's mesh has no device memory
+        return jax.device_put(np.int32(seed), replicated)
 
     def sums_fn(params, batch, key):
         return losses.mlm_sums(model, params, batch, rngs={"dropout": key},
                                deterministic=False, full_head=full_head)
 
-    def train_step_fn(state: TrainState, batch):
-        dropout_key = jax.random.fold_in(base_key, state.step)
+    def train_step_fn(state: TrainState, batch, seed):
+        dropout_key = jax.random.fold_in(jax.random.key(seed, impl=rng_impl), state.step)
         grads, sums = accumulated_grads(
             sums_fn, state.params, batch, dropout_key, microbatches=microbatches,
             rows_sharding=NamedSharding(mesh, partitioning.batch_spec(1)),
@@ -211,7 +223,7 @@ def make_step_functions(
     batch_shardings = {k: batch_sharding for k in features}
     train_step = jax.jit(
         _with_rules(train_step_fn),
-        in_shardings=(state_sharding, batch_shardings),
+        in_shardings=(state_sharding, batch_shardings, replicated),
         out_shardings=(state_sharding, replicated),
         donate_argnums=(0,),
     )
@@ -228,10 +240,12 @@ def make_step_functions(
         abstract_state=abstract,
         init=init,
         from_params=from_params,
-        train_step=lambda s, b: train_step(s, _select(b, features)),
+        train_step=lambda s, b: train_step(s, _select(b, features), seed_arg()),
         eval_step=lambda s, b: eval_step(s, _select(b, features)),
         batch_sharding=batch_sharding,
         train_step_jit=train_step,
+        seed_spec=seed_spec,
+        seed_arg=seed_arg,
     )
 
 

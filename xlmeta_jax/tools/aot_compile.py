@@ -232,7 +232,7 @@ def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int
     t0 = time.time()
     try:
         with _no_compilation_cache():
-            compiled = fns.train_step_jit.lower(fns.abstract_state, batch).compile()
+            compiled = fns.train_step_jit.lower(fns.abstract_state, batch, fns.seed_spec).compile()
     except jax.errors.JaxRuntimeError as e:
         text = str(e)
         if "RESOURCE_EXHAUSTED" not in text:

@@ -169,7 +169,8 @@ class OursRun(timing.TimedRun):
         t0 = time.perf_counter()
         # Compiled ahead of time, so the profile can map the executable's ops back to
         # the model (``profile``); it is the same program ``fns.train_step`` runs.
-        self.step = fns.train_step_jit.lower(self.state, self.batch).compile()
+        self.seed = fns.seed_arg()
+        self.step = fns.train_step_jit.lower(self.state, self.batch, self.seed).compile()
         self._run(1)
         self.first_step_s = time.perf_counter() - t0
         self.compile_s = timing.compile_clock() - compile_before
@@ -178,7 +179,7 @@ class OursRun(timing.TimedRun):
 
     def _run(self, n: int) -> None:
         for _ in range(n):
-            self.state, self.metrics = self.step(self.state, self.batch)
+            self.state, self.metrics = self.step(self.state, self.batch, self.seed)
         jax.block_until_ready((self.state, self.metrics))
 
     def profile(self, trace_dir: str, steps: int = 3) -> profiling.Breakdown:
