@@ -64,15 +64,17 @@ class Runner:
         self.params = jax.device_put(params, self.replicated)
         self.opt_state = jax.device_put(tx.init(params), self.replicated)
         self.step = 0
-        base_key = jax.random.key(seed)
+        # An argument, not a constant of the program: the runs of other seeds share its
+        # compiled step.
+        self.seed = jnp.int32(seed)
 
-        def train_step(params, opt_state, step, batch):
+        def train_step(params, opt_state, step, batch, seed):
             def loss_fn(p):
                 out = model.apply(
                     {"params": p},
                     batch["input_ids"],
                     deterministic=False,
-                    rngs={"dropout": jax.random.fold_in(base_key, step)},
+                    rngs={"dropout": jax.random.fold_in(jax.random.key(seed), step)},
                 )
                 return head_loss(model, out, batch)
 
@@ -103,7 +105,7 @@ class Runner:
     def train_step(self, batch: dict[str, np.ndarray]) -> float:
         with self._context():
             self.params, self.opt_state, loss = self._train(
-                self.params, self.opt_state, jnp.int32(self.step), self._put(batch)
+                self.params, self.opt_state, jnp.int32(self.step), self._put(batch), self.seed
             )
         self.step += 1
         return loss
