@@ -183,8 +183,8 @@ def test_t5x_run_dirs_are_read_as_a_shell_would(tmp_path, monkeypatch):
     # MODEL_DIR='~/runs/meta' is the home folder's, for t5x's run too (t5x's own gfile
     # would take the '~' as a folder name).
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert t5x_phases.phase_dir("~/runs/meta") == str(tmp_path / "runs" / "meta")
-    assert t5x_phases.phase_dir("$HOME/runs/xlmr") == str(tmp_path / "runs" / "xlmr")
+    assert t5x_phases.run_dir("~/runs/meta") == str(tmp_path / "runs" / "meta")
+    assert t5x_phases.run_dir("$HOME/runs/xlmr") == str(tmp_path / "runs" / "xlmr")
 
 
 def _check_t5x_checkpoint_fine_tunes_and_exports(runs, shared_data, tmp_path):

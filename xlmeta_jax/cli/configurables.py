@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import gin
 
-from xlmeta_jax import errors, logs
+from xlmeta_jax import errors
 from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import corpora, feeding
 from xlmeta_jax.model import mlm, network, optimizer
@@ -85,19 +85,15 @@ def register(settings: corpora.Corpora | None = None) -> tuple[str, ...]:
 
 
 @gin.configurable(module="xlmeta_jax.cli.configurables")
-def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None,
-               view: str | None = None) -> str:
+def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None) -> str:
     """Registers the corpora ``name`` reads and returns its name, checked to be registered.
 
-    Only those: a t5x run trains on one task or mixture (phase 1 of meta-pretraining on
-    English does not check or count phase 2's corpora, which its own run does).
+    Only those: a t5x run trains on one task or mixture (the XLM-R baseline's mixture;
+    one phase of a run's ``Phase`` list registers its own, ``interop.t5x.stages.task``).
 
     Args:
       name: a task or mixture name (xlmeta_jax/data/task_names.py), e.g. ``'xlmeta_cc100'``.
       settings: the corpus settings (default: the gin-bound ones, see :func:`register`).
-      view: a suffix the registered names get (``'.stage2'``: ``xlmeta_cc100.stage2``), as
-        our trainer names a phase with data of its own (``Phase.source``), so that a
-        stage's data seeds are the ones our trainer gives it; None: ``name`` itself.
 
     Raises:
       CorpusError: naming the setting that registers ``name`` when it is missing.
@@ -105,16 +101,4 @@ def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio/TensorFlow only to read a corpus
 
     reading = tasks.reading(name, corpora_settings() if settings is None else settings)
-    if view is None:
-        return tasks.check_registered(name, register(reading))
-    source = tasks.check_registered(name + view, tasks.register(reading, views={view: reading}))
-    if source not in _described:  # gin evaluates the name once per binding that reads it
-        _described.add(source)
-        languages = (f"{len(reading.languages)} languages" if reading.languages is not None
-                     else "every language")
-        logs.progress.info("[%s] reads %s, %s, alpha %g, mask rate %g", view.lstrip("."),
-                           source, languages, reading.alpha, reading.masking.rate)
-    return source
-
-
-_described: set[str] = set()
+    return tasks.check_registered(name, register(reading))

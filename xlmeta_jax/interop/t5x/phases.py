@@ -65,7 +65,7 @@ def check_phase(phase: int, names: Sequence[str]) -> int:
     return int(phase)
 
 
-def phase_dir(model_dir: str) -> str:
+def run_dir(model_dir: str) -> str:
     """``MODEL_DIR``, checked to be set, absolute (``gs://`` kept)."""
     if not model_dir:
         raise PhaseError("MODEL_DIR is not set (bind --gin.MODEL_DIR=\"'/path'\")")

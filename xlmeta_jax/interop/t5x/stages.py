@@ -179,7 +179,7 @@ def of_run(phases: Sequence[Phase], phase: int, model_dir: str, model: network.E
     """
     phases = tuple(phases)
     index = t5x_phases.check_phase(phase, [p.name for p in phases]) - 1
-    return Stage(model_dir=t5x_phases.phase_dir(model_dir), phases=phases, index=index,
+    return Stage(model_dir=t5x_phases.run_dir(model_dir), phases=phases, index=index,
                  model=model, corpora=corpora, vocab_path=vocab_path, seed=seed,
                  by_number=True)
 
