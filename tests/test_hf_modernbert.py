@@ -209,17 +209,17 @@ def test_a_transformers_folder_is_an_initial_checkpoint(hf_folder):
     when the gin model is of its family and shape; fine-tuning asks for the vocabulary its
     ids come from, which the folder does not hold (transformers' own tokenizer files)."""
     from xlmeta_jax.evaluation import encoders
-    from xlmeta_jax.pretrain import handoff
+    from xlmeta_jax.pretrain import loading
 
     cfg = network.get_config("modernbert_tiny", vocab_size=120, hidden_size=32, num_heads=4,
                              mlp_dim=48, local_window=8)
-    params = handoff.initial_params(str(hf_folder), cfg)
+    params = loading.initial_params(str(hf_folder), cfg)
     _assert_gives_the_folders_logits(hf_folder, cfg, params)
     xlmr = network.get_config("tiny", vocab_size=120, hidden_size=32, num_heads=4, mlp_dim=48,
                               num_layers=4)
     with pytest.raises(errors.UserError, match="its encoder is of the 'modernbert' family, the "
                        "configured model of the 'xlmr' family"):
-        handoff.initial_params(str(hf_folder), xlmr)
+        loading.initial_params(str(hf_folder), xlmr)
     with pytest.raises(FileNotFoundError, match="has no sentencepiece.bpe.model; pass "
                        "vocab_path"):
         encoders.load_encoder(str(hf_folder))

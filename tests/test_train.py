@@ -23,7 +23,7 @@ from xlmeta_jax.cli import train
 from xlmeta_jax.data import feeding
 from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.model import mlm, network
-from xlmeta_jax.pretrain import checkpoints, handoff, loading, trainer
+from xlmeta_jax.pretrain import checkpoints, loading, trainer
 from xlmeta_jax.pretrain import checks as validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -428,17 +428,17 @@ def _handoff(step_dir, monkeypatch, **flags):
             raise AssertionError("built a fresh state beside the restored one")
 
         fns = dataclasses.replace(fns, init=fresh_state, from_params=fresh_state)
-    return fns, handoff.handoff_state(fns, step_dir, **flags)
+    return fns, loading.handoff_state(fns, step_dir, **flags)
 
 
 def _counts(opt_state):
     return [int(x) for path, x in jax.tree_util.tree_leaves_with_path(opt_state)
-            if handoff.is_count(path)]
+            if loading.is_count(path)]
 
 
 def _moments(opt_state):
     return [np.asarray(x) for path, x in jax.tree_util.tree_leaves_with_path(opt_state)
-            if not handoff.is_count(path)]
+            if not loading.is_count(path)]
 
 
 @pytest.mark.parametrize("reset_schedule", [True, False])

@@ -32,8 +32,8 @@ from xlmeta_jax.data.corpora import Corpora
 from xlmeta_jax.model import network, partitioning
 from xlmeta_jax.pretrain import (
     checkpoints,
-    handoff,
     hardware,
+    loading,
     merging,
     progress,
     run_dir,
@@ -372,13 +372,13 @@ def _initial_state(cfg: _RunConfig, index: int, phase: Phase, fns: step.StepFunc
                       meta.get("initialized_from"), dict(meta.get("metrics") or {}))
     if phase.init_from is not None:
         provenance = _final_checkpoint(cfg, phase)
-        state = handoff.handoff_state(fns, provenance, reset_optimizer=phase.reset_optimizer,
+        state = loading.handoff_state(fns, provenance, reset_optimizer=phase.reset_optimizer,
                                       reset_schedule=phase.reset_schedule)
         log.info("[%s] initialised from %s (reset_optimizer=%s, reset_schedule=%s)",
                  phase.name, provenance, phase.reset_optimizer, phase.reset_schedule)
         return _Start(state, 0, int(state.step), provenance, {})
     if index == 0 and cfg.initial_checkpoint_path:
-        params = handoff.initial_params(cfg.initial_checkpoint_path, cfg.model)
+        params = loading.initial_params(cfg.initial_checkpoint_path, cfg.model)
         state = fns.from_params(jax.device_put(params, fns.state_sharding.params))
         log.info("[%s] parameters from %s", phase.name, cfg.initial_checkpoint_path)
         return _Start(state, 0, 0, cfg.initial_checkpoint_path, {})
