@@ -222,7 +222,11 @@ def apply_gin(
                 f"gin file {f!r} not found (searched: {', '.join(search)})"
             )
         resolved.append(found)
-        _check_not_t5x_run_file(found, f)
+        if _T5X_RUN_FILE.search(_read_text(found)):  # gin/meta.gin, gin/xlmr.gin
+            raise GinConfigError(
+                f"gin file {f} is a run file of t5x's trainer: run it with python -m "
+                f"t5x.train --gin_file={f} (or python -m xlmeta_jax.t5x_train); this "
+                "command's run files are gin/native/*.gin and gin/demo*.gin")
         cycle = _include_cycle(found, search)
         if cycle:
             raise GinConfigError(f"gin config: gin file {found} includes itself: "
@@ -255,6 +259,7 @@ _INCLUDE = re.compile(r"""^include\s+['"]([^'"]+)['"]""", re.MULTILINE)
 # or an include of t5x's run settings (gin/t5x/run.gin, phase.gin) that bind it.
 _T5X_RUN_FILE = re.compile(r"^(import __main__ as train_script|include 'gin/t5x/\w+\.gin')",
                            re.MULTILINE)
+_T5X_DYNAMIC = re.compile(r"^from __gin__ import dynamic_registration", re.MULTILINE)
 
 
 def _read_text(path: str) -> str:
@@ -265,13 +270,11 @@ def _read_text(path: str) -> str:
         return ""  # gin's own parse reports it
 
 
-def _check_not_t5x_run_file(path: str, given: str) -> None:
-    """Refuses t5x's run files (gin/meta.gin, gin/xlmr.gin) given to our commands."""
-    if _T5X_RUN_FILE.search(_read_text(path)):
-        raise GinConfigError(
-            f"gin file {given} is a run file of t5x's trainer: run it with python -m "
-            f"t5x.train --gin_file={given} (or python -m xlmeta_jax.t5x_train); this "
-            "command's run files are gin/native/*.gin and gin/demo*.gin")
+def is_t5x_addon(path: str) -> bool:
+    """Whether ``path`` is a t5x file a run adds (gin/t5x/mesh.gin): t5x's dynamic
+    registration without t5x's run settings (which a run file includes from gin/t5x/)."""
+    text = _read_text(path)
+    return bool(_T5X_DYNAMIC.search(text)) and "\ninclude 'gin/t5x/" not in f"\n{text}"
 
 
 def _include_cycle(path: str, search: Sequence[str], chain: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ would be ambiguous with ours).
 
 from __future__ import annotations
 
+import pathlib
 import re
 
 import gin
@@ -56,21 +57,7 @@ def configured_stage(wanted: str) -> stages.Stage:
         log_every=gin_flags.bound(q + "log_every", 100))
 
 
-# A t5x gin file added to a run (gin/t5x/mesh.gin): t5x's dynamic registration, and no
-# t5x run settings of its own (a run file, gin/meta.gin, includes gin/t5x/run.gin).
-_DYNAMIC = re.compile(r"^from __gin__ import dynamic_registration", re.MULTILINE)
-_T5X_INCLUDE = re.compile(r"^include 'gin/t5x/", re.MULTILINE)
 _MACRO = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
-
-
-def _t5x_addon(path: str) -> str | None:
-    """The text of ``path`` when it is a t5x add-on (gin/t5x/mesh.gin), else None."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError):
-        return None  # our parse names it
-    return text if _DYNAMIC.search(text) and not _T5X_INCLUDE.search(text) else None
 
 
 def split_t5x_addons(flags: gin_flags.GinFlags) -> tuple[gin_flags.GinFlags, list[str]]:
@@ -80,8 +67,8 @@ def split_t5x_addons(flags: gin_flags.GinFlags) -> tuple[gin_flags.GinFlags, lis
     partitioner, which our trainer's run file does not know: the add-on file and the
     bindings of the macros it defines go to t5x, after gin/t5x/stage.gin.
     """
-    addons = {f: text for f in flags.gin_files if (text := _t5x_addon(f)) is not None}
-    macros = {m for text in addons.values() for m in _MACRO.findall(text)}
+    addons = [f for f in flags.gin_files if gin_flags.is_t5x_addon(f)]
+    macros = {m for f in addons for m in _MACRO.findall(pathlib.Path(f).read_text("utf-8"))}
 
     def theirs(binding: str) -> bool:
         return binding.partition("=")[0].strip() in macros
