@@ -7,6 +7,8 @@ import contextlib
 import fcntl
 import os
 import pathlib
+import shutil
+import subprocess
 import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -136,3 +138,22 @@ def demo_data(tmp_path_factory) -> pathlib.Path:
         demo_corpus.prepare_demo(os.fspath(model_dir))
     return model_dir / "demo_data"
 
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> pathlib.Path:
+    """One finished tiny two-phase run (``errors_fixtures.RUN_GIN``), trained once for the
+    session by the command itself and shared by both workers. Read only: a module takes
+    its own copy (``errors_fixtures.copy_run``), so that reruns, locks and damage stay
+    in that copy."""
+    from errors_fixtures import env, train_cmd, write_gin
+
+    with _session_lock(tmp_path_factory, "finished_run") as folder:
+        model_dir, done = folder / "run", folder / "run.done"
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # an earlier worker's failed build
+            folder.mkdir(parents=True)
+            out = subprocess.run(train_cmd(write_gin(folder), model_dir), env=env(), cwd=REPO,
+                                 capture_output=True, text=True, timeout=600)
+            assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+            done.touch()
+    return model_dir

@@ -54,14 +54,10 @@ def run_gin(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def finished(run_gin, tmp_path_factory):
-    """One finished two-phase run (STEPS steps each), made once for the module."""
-    model_dir = tmp_path_factory.mktemp("finished")
-    gin.clear_config()
-    code = errors.run_command(train_cli.main, train_argv(run_gin, model_dir), prog=PROG)
-    gin.clear_config()
-    assert code == 0
-    return model_dir
+def finished(finished_run, tmp_path_factory):
+    """This module's copy of the session's finished two-phase run (STEPS steps each;
+    conftest.finished_run)."""
+    return copy_run(finished_run, tmp_path_factory.mktemp("finished") / "run")
 
 
 def _one_line(err: str, *parts: str) -> None:
