@@ -260,6 +260,7 @@ _INCLUDE = re.compile(r"""^include\s+['"]([^'"]+)['"]""", re.MULTILINE)
 _T5X_RUN_FILE = re.compile(r"^(import __main__ as train_script|include 'gin/t5x/\w+\.gin')",
                            re.MULTILINE)
 _T5X_DYNAMIC = re.compile(r"^from __gin__ import dynamic_registration", re.MULTILINE)
+_T5X_SETTINGS = re.compile(r"^include 'gin/t5x/", re.MULTILINE)
 
 
 def _read_text(path: str) -> str:
@@ -270,11 +271,11 @@ def _read_text(path: str) -> str:
         return ""  # gin's own parse reports it
 
 
-def is_t5x_addon(path: str) -> bool:
-    """Whether ``path`` is a t5x file a run adds (gin/t5x/mesh.gin): t5x's dynamic
-    registration without t5x's run settings (which a run file includes from gin/t5x/)."""
+def t5x_addon_text(path: str) -> str | None:
+    """The text of ``path`` when it is a t5x file a run adds (gin/t5x/mesh.gin): t5x's
+    dynamic registration without t5x's run settings (a run file includes them), else None."""
     text = _read_text(path)
-    return bool(_T5X_DYNAMIC.search(text)) and "\ninclude 'gin/t5x/" not in f"\n{text}"
+    return text if _T5X_DYNAMIC.search(text) and not _T5X_SETTINGS.search(text) else None
 
 
 def _include_cycle(path: str, search: Sequence[str], chain: tuple[str, ...] = ()

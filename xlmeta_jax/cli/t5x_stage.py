@@ -8,7 +8,6 @@ would be ambiguous with ours).
 
 from __future__ import annotations
 
-import pathlib
 import re
 
 import gin
@@ -67,8 +66,9 @@ def split_t5x_addons(flags: gin_flags.GinFlags) -> tuple[gin_flags.GinFlags, lis
     partitioner, which our trainer's run file does not know: the add-on file and the
     bindings of the macros it defines go to t5x, after gin/t5x/stage.gin.
     """
-    addons = [f for f in flags.gin_files if gin_flags.is_t5x_addon(f)]
-    macros = {m for f in addons for m in _MACRO.findall(pathlib.Path(f).read_text("utf-8"))}
+    addons = {f: text for f in flags.gin_files
+              if (text := gin_flags.t5x_addon_text(f)) is not None}
+    macros = {m for text in addons.values() for m in _MACRO.findall(text)}
 
     def theirs(binding: str) -> bool:
         return binding.partition("=")[0].strip() in macros

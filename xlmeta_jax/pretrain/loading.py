@@ -23,7 +23,6 @@ from etils import epath
 
 from xlmeta_jax.errors import CheckpointError, first_line
 from xlmeta_jax.interop.hf import weights as hf
-from xlmeta_jax.model import network
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import checkpoints, step
 from xlmeta_jax.pretrain.checkpoints import (
@@ -173,6 +172,7 @@ def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
     params = jax.tree.map(np.asarray, params)
     return cfg, params, meta.get("vocab_path")
 
+
 def is_count(path) -> bool:
     """Whether an optimizer-state leaf is a step counter (optax's ``count``)."""
     return any(getattr(k, "name", None) == "count" for k in path)
@@ -229,7 +229,7 @@ def _counts_at(opt_state, value: jax.Array):
     )
 
 
-def initial_params(path: str, model: network.EncoderConfig):
+def initial_params(path: str, model: EncoderConfig):
     """Params from INITIAL_CHECKPOINT_PATH: an xlmeta_jax checkpoint or an HF directory."""
     if os.path.isfile(os.path.join(path, "config.json")):
         cfg, params = hf.load_hf(path)
