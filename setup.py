@@ -37,7 +37,7 @@ _RUNTIME = [
 
 _TEST = [
     "pytest>=8",
-    "pytest-xdist>=3.8",  # --no-loadscope-reorder (pyproject.toml)
+    "pytest-xdist>=3.5",
     # CPU build; other torch releases pull multi-GB CUDA builds.
     "torch==2.13.0",
     "transformers>=4.45",

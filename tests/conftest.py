@@ -42,11 +42,9 @@ def pytest_collection_modifyitems(config, items):
     """The modules holding end-to-end (``slow``) tests run first, each in its collection
     order, the others after them.
 
-    pyproject.toml's ``--dist=loadfile --no-loadscope-reorder`` gives each xdist worker
-    whole modules in this order: the long modules start at once, and the tail of the
-    session, where one worker may wait for the other, holds only the short in-process
-    modules. (In alphabetical order a module of minute-long runs could start last; in
-    xdist's own, by number of tests, the modules of one or two long runs start last.)
+    Under ``-n`` xdist hands tests out in this order: the long runs start at once, and the
+    tail of the session, where one worker may wait for the other, holds only short
+    in-process tests. (In alphabetical order a module of minute-long runs could start last.)
     """
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module.__name__ not in slow)
