@@ -38,7 +38,7 @@ SHARED_DATA = pathlib.Path(
 )
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(items):
     """The modules holding end-to-end (``slow``) tests run first, each in its collection
     order, the others after them.
 

@@ -510,9 +510,12 @@ def test_microbatch_gradients_are_normalised_over_the_whole_batch():
 
     grads, sums = jax.jit(lambda p, b: step.accumulated_grads(
         sums_fn, p, b, key, microbatches=4))(params, batch)
+    def microbatch_loss(p, rows, i):
+        return sums_fn(p, rows, jax.random.fold_in(key, i))[0]
+
     # One compiled gradient for the four microbatches (they share a shape): op by op,
     # the tiny model's backward pass takes half a minute on 2 cores.
-    grad_fn = jax.jit(jax.grad(lambda p, rows, i: sums_fn(p, rows, jax.random.fold_in(key, i))[0]))
+    grad_fn = jax.jit(jax.grad(microbatch_loss))
     expected, total = None, 0.0
     for i in range(4):
         rows = {k: v[i::4] for k, v in batch.items()}
@@ -527,7 +530,7 @@ def test_microbatch_gradients_are_normalised_over_the_whole_batch():
     # Each microbatch draws its own dropout masks: with one shared key the four
     # microbatches of a batch of four copies of the same rows would give equal sums.
     copies = {k: jnp.repeat(v[:8], 4, axis=0) for k, v in batch.items()}
-    loss_sum = jax.jit(lambda p, rows, i: sums_fn(p, rows, jax.random.fold_in(key, i))[0])
+    loss_sum = jax.jit(microbatch_loss)
     per_microbatch = [float(loss_sum(params, {k: v[i::4] for k, v in copies.items()}, i))
                       for i in range(4)]
     assert len(set(per_microbatch)) == 4
