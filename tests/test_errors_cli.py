@@ -1,15 +1,13 @@
 """The commands as a user runs them: one stderr line per bad input, exit status, run
-untouched, clean logs, ``--help`` everywhere, Ctrl-C. Representative cases of the
-table in test_errors.py, each in a subprocess with the commands' own log settings."""
+untouched, clean logs, ``--help`` everywhere. Representative cases of the table in
+test_errors.py, each in a subprocess with the commands' own log settings. (Ctrl-C, its one
+line and the resume: tests/test_train.py's interrupted run.)"""
 
 from __future__ import annotations
 
 import os
-import pathlib
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from errors_fixtures import (
@@ -197,45 +195,3 @@ def test_tensorflow_stays_quiet_when_the_user_sets_its_log_level(tmp_path):
                           "--gin.VOCAB_PATH='/nonexistent.model'"],
                          env=e, cwd=REPO, capture_output=True, text=True, timeout=300)
     _assert_one_line(out, "vocabulary file /nonexistent.model does not exist")
-
-
-def test_ctrl_c_stops_with_a_checkpoint_and_resumes_exactly(run_gin, tmp_path):
-    import jax
-    import numpy as np
-
-    from xlmeta_jax.pretrain import checkpoints, loading
-
-    steps = ["--gin.META_STEPS=30", "--gin.XLING_STEPS=2"]
-    ref = tmp_path / "ref"
-    out = _run(train_cmd(run_gin, ref, *steps), timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-
-    model_dir = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(run_gin, model_dir, *steps), env=_user_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    marker = model_dir / "phase1" / "2" / "commit_success.txt"
-    t0 = time.time()
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() - t0 < 300
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == errors.EXIT_INTERRUPTED, stdout[-2000:] + stderr[-2000:]
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and "[phase1] stopped at step" in lines[0], stderr
-    assert "rerunning the same command resumes from" in lines[0]
-    stopped_at = pathlib.Path(lines[0].rsplit(" ", 1)[-1])
-    assert (stopped_at / "commit_success.txt").exists()
-    assert not [p for p in (model_dir / "phase1").iterdir() if "tmp" in p.name]
-    assert (model_dir / run_dir.LOCK_NAME).read_text() == ""
-
-    out = _run(train_cmd(run_gin, model_dir, *steps), timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert f"resuming from {stopped_at}" in out.stdout
-    assert not _foreign_lines(out.stderr), out.stderr  # no absl/Orbax notices on resume
-    for phase in ("phase1", "phase2"):
-        a = checkpoints.restore_params(loading.find_step_dir(ref / phase))
-        b = checkpoints.restore_params(loading.find_step_dir(model_dir / phase))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
