@@ -1,7 +1,8 @@
 """Cluster environments (SLURM, Open MPI, Cloud TPU) as ``jax.distributed`` reads them, the
 precedence of explicit flags, the single-host refusal, and ``slurm/run.sbatch``'s srun line.
 
-The two-process SLURM training run is ``test_train.py::test_two_processes_match_one``.
+The two-process SLURM training run (resumed exactly as the two tasks of a job step) is
+``test_host_streams.py::test_two_process_run_on_the_mixture_resumes_exactly``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
   and arms reading the same source the same ones (``xlmeta_jax.data.seeds``).
 * Two processes (the pod case, ``tests/multihost.py``): the same, read through each
   process's own ``jax.process_index``; and ``python -m xlmeta_jax.train`` on the mixture,
-  stopped in both processes and restarted, ends with the parameters of the
-  uninterrupted two-process run, bit for bit.
+  stopped in both processes and restarted (as the two tasks of a SLURM job step), ends
+  with the parameters of the uninterrupted two-process run, bit for bit.
 """
 
 from __future__ import annotations
@@ -156,17 +156,22 @@ def _draw_here():
             for ex in ds.take(BLOCKS).as_numpy_iterator()]
 
 
-def _run_two(cmd, salt, on_line=None, expected=(0, 0), fresh=None):
+def _run_two(cmd, salt, on_line=None, expected=(0, 0), fresh=None, slurm=False):
     """Both processes of ``cmd``; retried once when gloo's rendezvous may have timed out.
 
     ``on_line`` is a function making each attempt's line watcher (its own state); a retry
     starts from an empty ``fresh`` folder (the run's MODEL_DIR), so it repeats the run
-    from its start rather than resuming the failed attempt.
+    from its start rather than resuming the failed attempt. ``slurm``: started as the two
+    tasks of a SLURM job step (no flags; JAX reads SLURM's environment).
     """
     for attempt in range(2):
         if attempt and fresh is not None:
             shutil.rmtree(fresh, ignore_errors=True)
-        codes, outs = two_processes(cmd, port(salt + attempt), on_line and on_line())
+        if slurm:
+            codes, outs = two_processes(cmd, None, on_line and on_line(),
+                                        slurm_job=port(salt + attempt))
+        else:
+            codes, outs = two_processes(cmd, port(salt + attempt), on_line and on_line())
         if tuple(codes) == expected or attempt or not gloo_timed_out(outs):
             break
     return codes, outs
@@ -287,8 +292,13 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path, monkeypat
     assert 3 <= int(step) < 8
     assert [p.name for p in (stopped / "xlmr").iterdir() if p.name.isdigit()] == [step]
     assert (stopped / "xlmr" / step / "commit_success.txt").exists()
-    codes, outs = _run_two(cmd(stopped), salt=227)
+    # Resumed as srun starts a job step's two tasks (no flags: SLURM's environment), which
+    # must make the same two-process run as the flags did.
+    codes, outs = _run_two(cmd(stopped), salt=227, slurm=True)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    for i in range(2):
+        assert (f"jax.distributed from the SLURM environment: process {i} of 2, 4 local "
+                "devices") in outs[i], outs[i][-3000:]
     assert f"resuming from {stopped / 'xlmr' / step} (step {step}/8)" in outs[0], outs[0]
     want = checkpoints.restore_params(reference / "xlmr" / "8")
     got = checkpoints.restore_params(stopped / "xlmr" / "8")
