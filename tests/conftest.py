@@ -5,6 +5,7 @@ XLA_FLAGS must be set before jax is imported anywhere, hence at conftest import.
 
 import contextlib
 import fcntl
+import json
 import os
 import pathlib
 import shutil
@@ -100,8 +101,8 @@ def english_spm(english_lines, tmp_path_factory) -> str:
     """A 1000-piece English SentencePiece model with our special ids (pad 0, eos 1, ...)."""
     from xlmeta_jax.data import vocabulary
 
-    prefix = tmp_path_factory.mktemp("english_spm") / "en"
-    return vocabulary.train_sentencepiece(prefix, 1000, sentences=english_lines)
+    return _built_once(tmp_path_factory, "english_spm", lambda folder: (
+        vocabulary.train_sentencepiece(folder / "en", 1000, sentences=english_lines)))
 
 
 @pytest.fixture(scope="session")
@@ -112,11 +113,14 @@ def toy_cc100(shared_data, tmp_path_factory) -> dict:
     """
     from data_toy import train_toy_vocabulary, write_cc100_dir
 
-    root = tmp_path_factory.mktemp("toy_cc100")
-    cc_dir = str(root / "cc100")
-    docs = write_cc100_dir(shared_data, cc_dir)
-    vocab = train_toy_vocabulary(cc_dir, str(root / "vocab" / "toy"))
-    return {"root": root, "cc_dir": cc_dir, "docs": docs, "vocab": vocab}
+    def build(root):
+        cc_dir = str(root / "cc100")
+        docs = write_cc100_dir(shared_data, cc_dir)
+        vocab = train_toy_vocabulary(cc_dir, str(root / "vocab" / "toy"))
+        return {"root": str(root), "cc_dir": cc_dir, "docs": docs, "vocab": vocab}
+
+    built = _built_once(tmp_path_factory, "toy_cc100", build)
+    return {**built, "root": pathlib.Path(built["root"])}
 
 
 @contextlib.contextmanager
@@ -135,6 +139,19 @@ def _session_lock(tmp_path_factory, name: str):
             yield folder
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _built_once(tmp_path_factory, name: str, build):
+    """``build(folder)``'s result, built once for the whole session: by the first process
+    to ask (under xdist, every worker is a session of its own), then read back by the
+    others. The result must be JSON (paths as strings); the folder is read only after."""
+    with _session_lock(tmp_path_factory, name) as folder:
+        done = folder.parent / f"{name}.json"
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # an earlier worker's failed build
+            folder.mkdir(parents=True)
+            done.write_text(json.dumps(build(folder)))
+        return json.loads(done.read_text())
 
 
 @pytest.fixture(scope="session")
@@ -159,13 +176,11 @@ def finished_run(tmp_path_factory) -> pathlib.Path:
     in that copy."""
     from errors_fixtures import env, train_cmd, write_gin
 
-    with _session_lock(tmp_path_factory, "finished_run") as folder:
-        model_dir, done = folder / "run", folder / "run.done"
-        if not done.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # an earlier worker's failed build
-            folder.mkdir(parents=True)
-            out = subprocess.run(train_cmd(write_gin(folder), model_dir), env=env(), cwd=REPO,
-                                 capture_output=True, text=True, timeout=600)
-            assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-            done.touch()
-    return model_dir
+    def build(folder):
+        model_dir = folder / "run"
+        out = subprocess.run(train_cmd(write_gin(folder), model_dir), env=env(), cwd=REPO,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return str(model_dir)
+
+    return pathlib.Path(_built_once(tmp_path_factory, "finished_run", build))
