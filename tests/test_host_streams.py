@@ -162,7 +162,7 @@ def _run_two(cmd, salt, on_line=None, expected=(0, 0), fresh=None, slurm=False):
     ``on_line`` is a function making each attempt's line watcher (its own state); a retry
     starts from an empty ``fresh`` folder (the run's MODEL_DIR), so it repeats the run
     from its start rather than resuming the failed attempt. ``slurm``: started as the two
-    tasks of a SLURM job step (no flags; JAX reads SLURM's environment).
+    tasks of a SLURM job step (no flags: SLURM's variables say which process is which).
     """
     for attempt in range(2):
         if attempt and fresh is not None:

@@ -154,8 +154,8 @@ def test_ctrl_c_then_kill_resume_to_the_uninterrupted_run(reference_run, run_gin
     """One run stopped twice, each time resumed by the same command: Ctrl-C in phase 1 (a
     checkpoint of that step, one line, exit 130), then kill -9 in phase 2 (resumed from its
     last checkpoint, never re-initialised from phase 1). It ends with the uninterrupted
-    run's parameters, metrics and merge, bit for bit. (kill -9 within a phase's first
-    checkpoints: tests/test_soak.py, and the experiment's in tests/test_experiment_e2e.py.)"""
+    run's parameters, metrics and merge, bit for bit. (kill -9 in phase 1: the random kills
+    of tests/test_soak.py, and the experiment's in tests/test_experiment_e2e.py.)"""
     ref_dir, _ = reference_run
     model_dir = tmp_path / "run"
 
