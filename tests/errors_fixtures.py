@@ -68,6 +68,25 @@ def env() -> dict:
     return e
 
 
+def user_env(base: dict | None = None) -> dict:
+    """``base`` (default: :func:`env`) as a user's shell has it: the commands' own
+    TensorFlow log settings, not the tests', and no debug tracebacks."""
+    e = dict(env() if base is None else base)
+    e.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    e.pop("XLMETA_DEBUG", None)
+    return e
+
+
+def foreign_lines(stderr: str) -> list[str]:
+    """The stderr lines that are not our command's own (third-party notices, tracebacks).
+
+    Whether a third-party notice appears can depend on timing (Orbax's "waiting for previous
+    save" on a loaded machine); tests assert that none leaks through, never on timing.
+    """
+    return [line for line in stderr.splitlines()
+            if line.strip() and not line.startswith("xlmeta_jax.")]
+
+
 def digest(folder) -> dict[str, str]:
     """Content hash of every file under ``folder`` (what "no checkpoint changed" compares)."""
     out = {}

@@ -16,8 +16,9 @@ from errors_fixtures import (
     array_files,
     copy_run,
     digest,
-    env,
+    foreign_lines,
     train_cmd,
+    user_env,
     write_gin,
 )
 
@@ -29,15 +30,8 @@ from xlmeta_jax.pretrain import run_dir
 # the same cases in-process.
 pytestmark = pytest.mark.slow
 
-def _user_env() -> dict:
-    e = env()
-    # What a user gets: the commands' own TensorFlow log settings, not the tests'.
-    e.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    return e
-
-
 def _run(cmd, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, env=_user_env(), cwd=REPO, capture_output=True, text=True,
+    return subprocess.run(cmd, env=user_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -52,16 +46,6 @@ def finished(finished_run, tmp_path_factory):
     return copy_run(finished_run, tmp_path_factory.mktemp("finished") / "run")
 
 
-def _foreign_lines(stderr: str) -> list[str]:
-    """The stderr lines that are not our command's own (third-party notices, tracebacks).
-
-    Whether a third-party notice appears can depend on timing (Orbax's "waiting for previous
-    save" on a loaded machine); tests assert that none leaks through, never on timing.
-    """
-    return [line for line in stderr.splitlines()
-            if line.strip() and not line.startswith("xlmeta_jax.")]
-
-
 def _assert_one_line(out, *parts, code=errors.EXIT_USER_ERROR):
     assert out.returncode == code, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
@@ -74,7 +58,7 @@ def test_rerun_of_finished_run_is_quiet_and_changes_nothing(finished, run_gin):
     before = digest(finished)
     out = _run(train_cmd(run_gin, finished))
     assert out.returncode == 0, out.stderr
-    assert not _foreign_lines(out.stderr), out.stderr  # no TensorFlow/absl/gin noise
+    assert not foreign_lines(out.stderr), out.stderr  # no TensorFlow/absl/gin noise
     assert "[phase2] already complete" in out.stdout
     assert digest(finished) == before
 
@@ -178,7 +162,7 @@ def test_t5x_command_without_t5x_says_how_to_install_it(tmp_path):
     # ModuleNotFoundError and importlib.util.find_spec answers None, as without it).
     hide = tmp_path / "sitecustomize.py"
     hide.write_text("import sys\nsys.modules['t5x'] = None\n")
-    e = _user_env()
+    e = user_env()
     e["PYTHONPATH"] = os.pathsep.join([str(tmp_path), e.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-m", "xlmeta_jax.t5x_train", "--help"], env=e,
                          cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -188,7 +172,7 @@ def test_t5x_command_without_t5x_says_how_to_install_it(tmp_path):
 
 def test_tensorflow_stays_quiet_when_the_user_sets_its_log_level(tmp_path):
     # TF_CPP_MIN_LOG_LEVEL=3 asks for less: TensorFlow's import-time lines stay away too.
-    e = dict(_user_env(), TF_CPP_MIN_LOG_LEVEL="3")
+    e = dict(user_env(), TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run([sys.executable, "-m", "xlmeta_jax.tools.caching",
                           "--task=xlmeta_cc100", f"--cache_dir={tmp_path}",
                           "--gin_file=gin/data/cc100.gin", f"--gin.CC100_DIR='{tmp_path}'",

@@ -17,6 +17,7 @@ import jax
 import multihost
 import numpy as np
 import pytest
+from errors_fixtures import foreign_lines, user_env
 
 from xlmeta_jax import errors
 from xlmeta_jax.cli import train
@@ -142,13 +143,6 @@ def _wait_for(path, proc, timeout=300):
         time.sleep(0.02)
 
 
-def _user_env() -> dict:
-    """The tests' environment with the command's own TensorFlow log settings (a user's)."""
-    e = _env()
-    e.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    return e
-
-
 @pytest.mark.slow
 def test_ctrl_c_then_kill_resume_to_the_uninterrupted_run(reference_run, run_gin, tmp_path):
     """One run stopped twice, each time resumed by the same command: Ctrl-C in phase 1 (a
@@ -160,7 +154,7 @@ def test_ctrl_c_then_kill_resume_to_the_uninterrupted_run(reference_run, run_gin
     model_dir = tmp_path / "run"
 
     # 1. Ctrl-C once phase 1 has a checkpoint: it stops at a step boundary, saving that step.
-    proc = subprocess.Popen(_cmd(run_gin, model_dir), env=_user_env(), cwd=REPO,
+    proc = subprocess.Popen(_cmd(run_gin, model_dir), env=user_env(_env()), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(model_dir / "phase1" / "5" / "commit_success.txt", proc)
@@ -183,7 +177,7 @@ def test_ctrl_c_then_kill_resume_to_the_uninterrupted_run(reference_run, run_gin
     # 2. The same command resumes there; kill -9 once phase 2 has a checkpoint.
     log = tmp_path / "resumed.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(_cmd(run_gin, model_dir), env=_user_env(), cwd=REPO,
+        proc = subprocess.Popen(_cmd(run_gin, model_dir), env=user_env(_env()), cwd=REPO,
                                 stdout=out, stderr=out)
         try:
             _wait_for(model_dir / "phase2" / "5" / "commit_success.txt", proc)
@@ -195,15 +189,14 @@ def test_ctrl_c_then_kill_resume_to_the_uninterrupted_run(reference_run, run_gin
     assert not (model_dir / "phase2" / str(STEPS)).exists()
 
     # 3. Again: phase 2 resumes from its own checkpoint, and the run finishes quietly.
-    out = subprocess.run(_cmd(run_gin, model_dir), env=_user_env(), cwd=REPO,
+    out = subprocess.run(_cmd(run_gin, model_dir), env=user_env(_env()), cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[phase1] already complete" in out.stdout
     assert "[phase2] resuming from" in out.stdout
     assert "[phase2] initialised from" not in out.stdout
     # No absl, Orbax or TensorFlow notices on a resume: only the command's own lines.
-    assert not [line for line in out.stderr.splitlines()
-                if line.strip() and not line.startswith("xlmeta_jax.")], out.stderr
+    assert not foreign_lines(out.stderr), out.stderr
     for phase in ("phase1", "phase2"):
         ref_params, ref_meta = _final_params(ref_dir, phase)
         params, meta = _final_params(model_dir, phase)
