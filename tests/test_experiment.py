@@ -4,18 +4,28 @@ checks, resume bookkeeping and the dry-run estimate."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
 import numpy as np
 import pytest
 
+from xlmeta_jax.cli import runs
 from xlmeta_jax.experiment import arms, plan, runner
 from xlmeta_jax.model import network
 from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import trainer
 
 BUDGET = arms.Budget(meta_steps=300, xling_steps=900, batch_size=32, sequence_length=128)
 OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=60)
+
+
+@functools.cache
+def _curricula():
+    """The annealed arm's stages, as gin/native/annealed.gin defines them (read as the
+    experiment's command reads them)."""
+    return runs.curricula(["annealed"])
 
 
 def _phases(arm, budget=BUDGET, opt=OPT):
@@ -127,7 +137,7 @@ def _experiment(model_dir, **overrides):
         model=network.EncoderConfig(vocab_size=100, num_layers=1, hidden_size=16, num_heads=2,
                                     mlp_dim=32, max_position_embeddings=34),
         optimizer=OptimizerConfig(warmup_steps=2), english_task="en_task",
-        xling_mixture="xling_mix", tasks=("pawsx", "tatoeba"),
+        xling_mixture="xling_mix", tasks=("pawsx", "tatoeba"), curricula=_curricula(),
     )
     kw.update(overrides)
     return runner.experiment(**kw)
@@ -259,7 +269,8 @@ def test_plan_measures_the_step_when_nothing_ran_yet(tmp_path):
 def test_annealed_arm_trains_meta_tokens_in_three_stages_on_one_schedule():
     stages = arms.arm_phases("annealed", BUDGET, english_task="en_task",
                              xling_mixture="xling_mix", optimizer=OPT,
-                             languages=["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"])
+                             languages=["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"],
+                             curricula=_curricula())
     assert arms.phase_tokens(stages) == arms.phase_tokens(_phases("meta"))
     assert [p.num_steps for p in stages] == [840, 240, 120]
     # The largest languages first (CC-100 tokens), then more, then all ten.
@@ -275,6 +286,36 @@ def test_annealed_arm_trains_meta_tokens_in_three_stages_on_one_schedule():
         "wsd", 1200, 120, "1-sqrt")
     assert opt.learning_rate == 1e-3 and opt.warmup_steps == 60
     assert "annealed" not in arms.ARMS and "annealed" in arms.ALL_ARMS
+
+
+def test_a_curriculum_arm_scales_its_run_files_stages():
+    """Nothing of the stages is the arm's own: another file's stages give another arm."""
+    def stage(name, steps, languages, alpha, mask, after=None):
+        return trainer.Phase(
+            name=name, task="xlmeta_cc100", num_steps=steps, batch_size=64, sequence_length=512,
+            languages=languages, alpha=alpha, mask_rate=mask, init_from=after,
+            reset_optimizer=after is None, reset_schedule=False, optimizer=OptimizerConfig(
+                total_steps=4000, warmup_steps=10, schedule="wsd", decay_steps=3000,
+                decay_shape="linear"))
+    file_stages = (stage("wide", 1000, None, 0.5, 0.2),
+                   stage("narrow", 3000, ["en", "vi", "ru", "id", "fa"], 0.9, 0.1, "wide"))
+    langs = ["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"]
+    wide, narrow = arms.arm_phases("annealed", BUDGET, english_task="en_task",
+                                   xling_mixture="xling_mix", optimizer=OPT, languages=langs,
+                                   curricula={"annealed": file_stages})
+    # A quarter and three quarters of the 1200 steps; 5% of CC-100's languages: 1 of 10.
+    assert [(p.name, p.task, p.num_steps, p.batch_size, p.sequence_length) for p in (
+        wide, narrow)] == [("wide", "xling_mix", 300, 32, 128),
+                           ("narrow", "xling_mix", 900, 32, 128)]
+    assert len(wide.languages) == 10 and narrow.languages == ("en",)
+    assert [(p.alpha, p.mask_rate, p.init_from, p.reset_optimizer, p.reset_schedule)
+            for p in (wide, narrow)] == [(0.5, 0.2, None, True, False),
+                                         (0.9, 0.1, "wide", False, False)]
+    # The experiment's peak and warm-up; the file's shape; the cool-down over the last stage.
+    opt = narrow.optimizer_config()
+    assert wide.optimizer_config() == opt
+    assert (opt.learning_rate, opt.warmup_steps, opt.total_steps, opt.schedule,
+            opt.decay_steps, opt.decay_shape) == (1e-3, 60, 1200, "wsd", 900, "linear")
 
 
 def _chain_tokens(phases, last):

@@ -25,10 +25,12 @@ from typing import Any
 
 import gin
 
+from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import demo_corpus, experiment_corpus
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
 from xlmeta_jax.evaluation.finetune import FineTuneConfig
 from xlmeta_jax.evaluation.settings import RetrievalSettings
+from xlmeta_jax.experiment import arms as experiment_arms
 from xlmeta_jax.experiment import runner
 from xlmeta_jax.pretrain import trainer
 
@@ -51,7 +53,25 @@ train = gin.external_configurable(
 # ----------------------------------------------------------------------------- experiment
 experiment = gin.external_configurable(runner.experiment, module="xlmeta_jax.experiment.runner",
                                        denylist=["corpora", "feeder", "config_text", "train",
-                                                 "train_settings", "finetunes"])
+                                                 "train_settings", "finetunes", "curricula"])
+
+
+def curricula(arms: Sequence[str], search_paths: Sequence[str] = ()
+              ) -> dict[str, tuple[trainer.Phase, ...]]:
+    """The phases of the run file each curriculum arm among ``arms`` scales.
+
+    Each file of ``xlmeta_jax.experiment.arms.CURRICULA`` (gin/native/annealed.gin) is
+    parsed on its own, as our trainer parses it, and its ``train.phases`` read: the
+    stages are defined once, there. gin holds one config at a time, so this replaces
+    the parsed config; callers read theirs first and parse it again after.
+    """
+    stages = {}
+    for arm in dict.fromkeys(arms):
+        if arm in experiment_arms.CURRICULA:
+            gin_flags.apply_gin([experiment_arms.CURRICULA[arm]], [], search_paths,
+                                finalize=False)
+            stages[arm] = tuple(gin_flags.bound("xlmeta_jax.pretrain.trainer.train.phases", ()))
+    return stages
 
 
 @gin.configurable(module="xlmeta_jax.cli.runs")

@@ -13,12 +13,14 @@ share the number of tokens:
                data, no phases; registered by ``tasks.register`` with
                ``Corpora.joint_english_share``).
 ``xling_only`` the mixture for XLING_STEPS: meta without its phase 1.
-``annealed``   META_STEPS + XLING_STEPS on the mixture in three stages (70/20/10% of the
-               steps) whose languages grow (the largest 30%, 60%, then all of the
-               experiment's languages, by CC-100 size) while alpha (0.7, 0.5, 0.3) and
-               the masking rate (30, 15, 5%) fall, on one warm-up-stable-decay schedule
-               with a 1-sqrt cool-down over stage 3 (gin/native/annealed.gin's shape).
-               Not among the default arms; name it in ``experiment.arms``.
+``annealed``   gin/native/annealed.gin's stages at META_STEPS + XLING_STEPS on the
+               mixture (:data:`CURRICULA`): each stage takes its share of the file's
+               steps (70/20/10%) and as large a share of the experiment's languages,
+               largest first by CC-100 size, as the file's stage takes of CC-100's 100
+               (30%, 60%, all); its alpha (0.7, 0.5, 0.3), masking rate (30, 15, 5%),
+               hand-offs and schedule shape (warm-up-stable-decay, a 1-sqrt cool-down
+               over stage 3) are the file's. Not among the default arms; name it in
+               ``experiment.arms``.
 ``mmbert``     mmBERT's recipe (gin/native/mmbert.gin's shape, a ModernBERT size) at the
                tokens of META_STEPS + XLING_STEPS: base (77% of the tokens, the largest
                60% of the languages, alpha 0.7, 30% masking, RoPE base 10k), ext (20%, at
@@ -35,7 +37,7 @@ share the number of tokens:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from xlmeta_jax import errors
 from xlmeta_jax.data import task_names as names
@@ -52,8 +54,10 @@ MMBERT_STAGES = {"base": (0.77, 1, 0.6, 0.7, 0.3, 10000.0),
                  "ext": (0.20, 2, 1.0, 0.5, 0.15, 160000.0),
                  "decay_cont": (0.03, 2, 1.0, 0.5, 0.05, 160000.0),
                  "decay_all": (0.03, 2, 1.0, 0.3, 0.05, 160000.0)}
-# The annealed arm's stages: share of the steps, of the languages, alpha, masking rate.
-ANNEALED_STAGES = ((0.7, 0.3, 0.7, 0.3), (0.2, 0.6, 0.5, 0.15), (0.1, 1.0, 0.3, 0.05))
+# The curriculum arms and the run file of our trainer whose stages each scales: the stages
+# are defined once, there (python -m xlmeta_jax.train and t5x's stages read the same file);
+# the experiment's command reads them (xlmeta_jax.cli.runs.curricula).
+CURRICULA = {"annealed": "native/annealed.gin"}
 
 
 class ArmError(errors.UserError, ValueError):
@@ -84,7 +88,8 @@ class Budget:
 
 
 def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: str,
-               optimizer: OptimizerConfig, languages: Sequence[str] | None = None
+               optimizer: OptimizerConfig, languages: Sequence[str] | None = None,
+               curricula: Mapping[str, Sequence[trainer.Phase]] | None = None
                ) -> list[trainer.Phase]:
     """The trainer phases of one arm.
 
@@ -100,6 +105,8 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
       optimizer: AdamW settings shared by every phase.
       languages: the mixture's languages (None: all 100); the annealed arm's stages
         take the largest of them first.
+      curricula: per arm of :data:`CURRICULA`, the phases its run file binds
+        (``train.phases``), which the arm scales to the budget.
 
     Raises:
       ArmError: for an unknown arm or a warm-up longer than a phase.
@@ -130,8 +137,12 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
         return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":
         return [phase("xling", xling_mixture, budget.xling_steps)]
-    if arm == "annealed":
-        return _annealed(budget, xling_mixture, optimizer, languages)
+    if arm in CURRICULA:
+        stages = (curricula or {}).get(arm)
+        if not stages:
+            raise ValueError(f"arm {arm!r} scales the phases of gin/{CURRICULA[arm]}: pass "
+                             "them as curricula (xlmeta_jax.cli.runs.curricula reads them)")
+        return _scaled_stages(arm, stages, budget, xling_mixture, optimizer, languages)
     if arm == "mmbert":
         return _mmbert(budget, xling_mixture, optimizer, languages, total)
     if arm == "meta_mmbert":
@@ -141,27 +152,42 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
     raise ArmError(f"unknown arm {arm!r}; expected some of {ALL_ARMS}")
 
 
-def _annealed(budget: Budget, mixture: str, optimizer: OptimizerConfig,
-              languages: Sequence[str] | None) -> list[trainer.Phase]:
+def _scaled_stages(arm: str, stages: Sequence[trainer.Phase], budget: Budget, mixture: str,
+                   optimizer: OptimizerConfig, languages: Sequence[str] | None
+                   ) -> list[trainer.Phase]:
+    """A run file's chain of stages at the budget: META_STEPS + XLING_STEPS on ``mixture``.
+
+    Each stage keeps its name, hand-off (init_from, resets), alpha and masking rate; it
+    takes its share of the file's steps (the last stage the rest), and as large a share
+    of the experiment's languages, largest first by CC-100 size, as the file's stage
+    takes of CC-100's 100 (the file's lists are the largest languages). One schedule
+    spans the stages, the experiment's ``optimizer`` with the file's schedule shape; its
+    cool-down covers the stages the file's covers.
+    """
     total = budget.meta_steps + budget.xling_steps
-    first, second = (round(share * total) for share, *_ in ANNEALED_STAGES[:2])
-    steps = (first, second, total - first - second)
-    if min(steps) < 1 or optimizer.warmup_steps > first:
-        raise ArmError(f"arm 'annealed': its stages of {steps} steps need each >= 1 and the "
-                       f"first >= warmup_steps={optimizer.warmup_steps} (raise META_STEPS / "
-                       "XLING_STEPS or lower WARMUP_STEPS)")
+    file_steps = [stage.num_steps for stage in stages]
+    steps = [round(n / sum(file_steps) * total) for n in file_steps[:-1]]
+    steps.append(total - sum(steps))
+    if min(steps) < 1 or optimizer.warmup_steps > steps[0]:
+        raise ArmError(f"arm {arm!r}: its stages of {tuple(steps)} steps need each >= 1 and "
+                       f"the first >= warmup_steps={optimizer.warmup_steps} (raise META_STEPS "
+                       "/ XLING_STEPS or lower WARMUP_STEPS)")
     chosen = set(XLMR_LANGUAGES if languages is None else languages)
     ordered = [lang for lang in BY_CC100_SIZE if lang in chosen]
-    schedule = dataclasses.replace(optimizer, total_steps=total, schedule="wsd",
-                                   decay_steps=steps[2], decay_shape="1-sqrt")
+    shape = stages[-1].optimizer_config()
+    tails = [sum(file_steps[k:]) for k in range(len(stages))]
+    decay = (sum(steps[tails.index(shape.decay_steps):]) if shape.decay_steps in tails
+             else round(shape.decay_steps / sum(file_steps) * total))
+    schedule = dataclasses.replace(optimizer, total_steps=total, schedule=shape.schedule,
+                                   decay_steps=decay, decay_shape=shape.decay_shape)
     phases = []
-    for i, ((_, lang_share, alpha, mask_rate), n) in enumerate(zip(ANNEALED_STAGES, steps)):
-        count = max(1, round(lang_share * len(ordered)))
-        phases.append(trainer.Phase(
-            name=f"stage{i + 1}", task=mixture, num_steps=n, batch_size=budget.batch_size,
+    for stage, n in zip(stages, steps):
+        count = len(ordered) if stage.languages is None else max(
+            1, round(len(stage.languages) / len(XLMR_LANGUAGES) * len(ordered)))
+        phases.append(dataclasses.replace(
+            stage, task=mixture, num_steps=n, num_tokens=None, batch_size=budget.batch_size,
             sequence_length=budget.sequence_length, optimizer=schedule,
-            init_from=f"stage{i}" if i else None, reset_optimizer=False, reset_schedule=False,
-            languages=tuple(ordered[:count]), alpha=alpha, mask_rate=mask_rate))
+            languages=tuple(ordered[:count])))
     return phases
 
 

@@ -77,6 +77,7 @@ def experiment(
     train: Callable[..., dict] = trainer.train,
     train_settings: dict | None = None,
     finetunes: dict | None = None,
+    curricula: dict | None = None,
 ) -> Experiment:
     """The experiment's settings, checked (gin entry point of the experiment).
 
@@ -109,6 +110,8 @@ def experiment(
       train_settings: the mesh_shape, rng_impl and microbatches ``train`` applies.
       finetunes: per task, its ``FineTuneConfig`` (the checkpoint, folder and seed are
         set per run); a task without one is refused when it is evaluated.
+      curricula: per curriculum arm among ``arms`` (``arms.CURRICULA``), the phases of
+        its run file (``xlmeta_jax.cli.runs.curricula`` reads them).
     """
     arms = tuple(arms)
     bad = [a for a in arms if a not in ALL_ARMS]
@@ -158,6 +161,7 @@ def experiment(
                                         sequence_length).english_share),
         feeder=feeder, config_text=config_text, train=train,
         train_settings=dict(train_settings or {}), finetunes=dict(finetunes or {}),
+        curricula=dict(curricula or {}),
     )
     for arm in arms:
         try:

@@ -53,11 +53,13 @@ class Experiment:
     # Each task's evaluation: its FineTuneConfig with the experiment's settings; the
     # checkpoint, folder and seed are filled in per run (see evaluation_config).
     finetunes: dict = dataclasses.field(default_factory=dict)
+    # Per curriculum arm (arms.CURRICULA), the phases of the run file it scales.
+    curricula: dict = dataclasses.field(default_factory=dict)
 
     def phases(self, arm: str) -> list[trainer.Phase]:
         return arm_phases(arm, self.budget, english_task=self.english_task,
                           xling_mixture=self.xling_mixture, optimizer=self.optimizer,
-                          languages=self.corpora.languages)
+                          languages=self.corpora.languages, curricula=self.curricula)
 
     def merge(self, arm: str) -> trainer.Merge | None:
         return arm_merge(arm)

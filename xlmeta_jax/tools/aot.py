@@ -25,6 +25,7 @@ import jax
 from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import experiment as experiment_cli
 from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.cli import runs
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.data import corpora
 from xlmeta_jax.experiment.arms import Budget, arm_phases
@@ -123,8 +124,10 @@ def _experiment_run():
     optimizer = gin_cli.bound(q + "optimizer", None)
     arms = list(gin_cli.bound(q + "arms", ("meta",)))
     seeds = list(gin_cli.bound(q + "seeds", (0, 1)))
+    # Last: reading the curriculum arms' run files replaces the parsed config.
+    curricula = runs.curricula(arms)
     phases_of = {a: arm_phases(a, budget, english_task="english", xling_mixture="xling",
-                               optimizer=optimizer) for a in arms}
+                               optimizer=optimizer, curricula=curricula) for a in arms}
     shown = phases_of.get("meta") or phases_of[arms[0]]
     total = sum(p.num_steps for a in arms for p in phases_of[a]) * len(seeds)
     note = (f"the experiment's {len(arms)} arms x {len(seeds)} seeds = {total:,} steps")
