@@ -134,6 +134,7 @@ def test_hf_export_of_corrupted_metadata(finished, tmp_path):
     ("xlmeta_jax.data.prepare", ["--input", "--shard_bytes", "--vocab_sample_lines", "--tokenize",
                                  "--runner", "--overwrite"]),
     ("benchmarks.prepare_bench", ["--mb", "--startup_mb"]),
+    ("benchmarks.beam_log_options", ["--workers", "log options"]),
     ("xlmeta_jax.data.vocabulary", ["--prepared", "--vocab_sample_lines"]),
 ])
 def test_every_command_has_a_help(module, parts):
