@@ -23,9 +23,9 @@ OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=60)
 
 @functools.cache
 def _curricula():
-    """The annealed arm's stages, as gin/native/annealed.gin defines them (read as the
-    experiment's command reads them)."""
-    return runs.curricula(["annealed"])
+    """The curriculum arms' run files, gin/native/annealed.gin and gin/native/mmbert.gin,
+    read as the experiment's command reads them."""
+    return runs.curricula(arms.ALL_ARMS)
 
 
 def _phases(arm, budget=BUDGET, opt=OPT):
@@ -289,7 +289,7 @@ def test_annealed_arm_trains_meta_tokens_in_three_stages_on_one_schedule():
 
 
 def test_a_curriculum_arm_scales_its_run_files_stages():
-    """Nothing of the stages is the arm's own: another file's stages give another arm."""
+    """The stages' settings are the run file's: another file's stages give another arm."""
     def stage(name, steps, languages, alpha, mask, after=None):
         return trainer.Phase(
             name=name, task="xlmeta_cc100", num_steps=steps, batch_size=64, sequence_length=512,
@@ -302,7 +302,7 @@ def test_a_curriculum_arm_scales_its_run_files_stages():
     langs = ["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"]
     wide, narrow = arms.arm_phases("annealed", BUDGET, english_task="en_task",
                                    xling_mixture="xling_mix", optimizer=OPT, languages=langs,
-                                   curricula={"annealed": file_stages})
+                                   curricula={"annealed": arms.Curriculum(file_stages)})
     # A quarter and three quarters of the 1200 steps; 5% of CC-100's languages: 1 of 10.
     assert [(p.name, p.task, p.num_steps, p.batch_size, p.sequence_length) for p in (
         wide, narrow)] == [("wide", "xling_mix", 300, 32, 128),
@@ -316,6 +316,17 @@ def test_a_curriculum_arm_scales_its_run_files_stages():
     assert wide.optimizer_config() == opt
     assert (opt.learning_rate, opt.warmup_steps, opt.total_steps, opt.schedule,
             opt.decay_steps, opt.decay_shape) == (1e-3, 60, 1200, "wsd", 900, "linear")
+
+    # The mmBERT arms take their stages' settings and their merge from gin/native/mmbert.gin.
+    recipe = _curricula()["mmbert"]
+    edited = {"mmbert": arms.Curriculum(
+        tuple(dataclasses.replace(p, alpha=0.45, mask_rate=0.2) if p.name == "ext" else p
+              for p in recipe.phases), dataclasses.replace(recipe.merge, density=0.5))}
+    mm = arms.arm_phases("mmbert", BUDGET, english_task="en_task", xling_mixture="xling_mix",
+                         optimizer=OPT, curricula=edited)
+    assert [(p.name, p.alpha, p.mask_rate) for p in mm][:2] == [("base", 0.7, 0.3),
+                                                                ("ext", 0.45, 0.2)]
+    assert arms.arm_merge("mmbert", edited).density == 0.5
 
 
 def _chain_tokens(phases, last):
@@ -331,7 +342,8 @@ def _chain_tokens(phases, last):
 def test_mmbert_pair_trains_the_budget_with_and_without_the_english_stage():
     langs = ["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"]
     stages = {arm: arms.arm_phases(arm, BUDGET, english_task="en_task",
-                                   xling_mixture="xling_mix", optimizer=OPT, languages=langs)
+                                   xling_mixture="xling_mix", optimizer=OPT, languages=langs,
+                                   curricula=_curricula())
               for arm in ("mmbert", "meta_mmbert")}
     mm, meta = stages["mmbert"], stages["meta_mmbert"]
     # 77/20/3% of 1200 steps' tokens; ext and the decay at twice the length.
@@ -356,7 +368,7 @@ def test_mmbert_pair_trains_the_budget_with_and_without_the_english_stage():
     assert (opt.schedule, opt.total_steps, opt.decay_steps, opt.warmup_steps) == (
         "wsd", 924 + 120 + 18, 18, 60)
     # Both end in a TIES merge of the two branches against ext.
-    merge = arms.arm_merge("meta_mmbert")
+    merge = arms.arm_merge("meta_mmbert", _curricula())
     assert (merge.branches, merge.base, merge.method) == (("decay_cont", "decay_all"), "ext",
                                                           "ties")
-    assert arms.arm_merge("meta") is None
+    assert arms.arm_merge("meta", _curricula()) is None

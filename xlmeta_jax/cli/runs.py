@@ -57,21 +57,25 @@ experiment = gin.external_configurable(runner.experiment, module="xlmeta_jax.exp
 
 
 def curricula(arms: Sequence[str], search_paths: Sequence[str] = ()
-              ) -> dict[str, tuple[trainer.Phase, ...]]:
-    """The phases of the run file each curriculum arm among ``arms`` scales.
+              ) -> dict[str, experiment_arms.Curriculum]:
+    """What the run file of each curriculum arm among ``arms`` binds.
 
-    Each file of ``xlmeta_jax.experiment.arms.CURRICULA`` (gin/native/annealed.gin) is
-    parsed on its own, as our trainer parses it, and its ``train.phases`` read: the
-    stages are defined once, there. gin holds one config at a time, so this replaces
-    the parsed config; callers read theirs first and parse it again after.
+    Each file of ``xlmeta_jax.experiment.arms.CURRICULA`` (gin/native/annealed.gin,
+    gin/native/mmbert.gin) is parsed on its own, as our trainer parses it, and its
+    ``train.phases`` and ``train.merge`` read: the stages are defined once, there. gin
+    holds one config at a time, so this replaces the parsed config; callers read theirs
+    first and parse it again after.
     """
-    stages = {}
+    read: dict[str, experiment_arms.Curriculum] = {}
     for arm in dict.fromkeys(arms):
-        if arm in experiment_arms.CURRICULA:
-            gin_flags.apply_gin([experiment_arms.CURRICULA[arm]], [], search_paths,
-                                finalize=False)
-            stages[arm] = tuple(gin_flags.bound("xlmeta_jax.pretrain.trainer.train.phases", ()))
-    return stages
+        path = experiment_arms.CURRICULA.get(arm)
+        if path is not None and path not in read:
+            gin_flags.apply_gin([path], [], search_paths, finalize=False)
+            q = "xlmeta_jax.pretrain.trainer.train."
+            read[path] = experiment_arms.Curriculum(
+                tuple(gin_flags.bound(q + "phases", ())), gin_flags.bound(q + "merge", None))
+    return {arm: read[experiment_arms.CURRICULA[arm]]
+            for arm in dict.fromkeys(arms) if arm in experiment_arms.CURRICULA}
 
 
 @gin.configurable(module="xlmeta_jax.cli.runs")

@@ -21,16 +21,15 @@ share the number of tokens:
                hand-offs and schedule shape (warm-up-stable-decay, a 1-sqrt cool-down
                over stage 3) are the file's. Not among the default arms; name it in
                ``experiment.arms``.
-``mmbert``     mmBERT's recipe (gin/native/mmbert.gin's shape, a ModernBERT size) at the
-               tokens of META_STEPS + XLING_STEPS: base (77% of the tokens, the largest
-               60% of the languages, alpha 0.7, 30% masking, RoPE base 10k), ext (20%, at
-               twice the sequence length, all languages, 0.5, 15%, RoPE 160k), then two
-               decay branches from ext (3% each: the continued mixture at 0.5 and every
-               language at 0.3; 5% masking, 1-sqrt), merged with TIES against ext; one
-               warm-up-stable-decay schedule. Not a default arm.
-``meta_mmbert`` the same with the English stage in front: English for META_STEPS (its own
-               schedule, as meta's phase 1), then mmBERT's stages in XLING_STEPS' tokens
-               from its parameters with fresh moments and schedule. Not a default arm.
+``mmbert``     mmBERT's recipe at the tokens of META_STEPS + XLING_STEPS (a ModernBERT
+               size): gin/native/mmbert.gin's stages base, ext and two of its decay
+               branches, with the file's languages (as a share, as ``annealed``),
+               alpha, masking, RoPE bases, hand-offs, schedule shape and TIES merge
+               (against ext). The budget is the arm's (:data:`MMBERT_ARM_STAGES`): base
+               77% of the tokens, ext 20% at twice the sequence length, each branch 3%
+               (the continued mixture and every language; the file's English-heavy
+               branch and its batch-size ramp are left out, a small batch has no ramp).
+               Not a default arm.
 =============  ==========================================================================
 """
 
@@ -48,20 +47,31 @@ from xlmeta_jax.pretrain import trainer
 # The default arms; every arm the experiment accepts is in ALL_ARMS.
 ARMS = ("meta", "xlmr", "joint", "xling_only")
 ALL_ARMS = (*ARMS, "annealed", "mmbert", "meta_mmbert")
-# mmBERT's stages: share of the tokens, length (x the budget's), share of the languages,
-# alpha, masking rate, RoPE base (global and local). The decay's share is each branch's.
-MMBERT_STAGES = {"base": (0.77, 1, 0.6, 0.7, 0.3, 10000.0),
-                 "ext": (0.20, 2, 1.0, 0.5, 0.15, 160000.0),
-                 "decay_cont": (0.03, 2, 1.0, 0.5, 0.05, 160000.0),
-                 "decay_all": (0.03, 2, 1.0, 0.3, 0.05, 160000.0)}
 # The curriculum arms and the run file of our trainer whose stages each scales: the stages
 # are defined once, there (python -m xlmeta_jax.train and t5x's stages read the same file);
 # the experiment's command reads them (xlmeta_jax.cli.runs.curricula).
-CURRICULA = {"annealed": "native/annealed.gin"}
+CURRICULA = {"annealed": "native/annealed.gin", "mmbert": "native/mmbert.gin",
+             "meta_mmbert": "native/mmbert.gin"}
+# The mmBERT arms' budget: which of gin/native/mmbert.gin's stages they train, each one's
+# share of the tokens and its length (x the budget's). A decay branch's share is its own.
+MMBERT_ARM_STAGES = {"base": (0.77, 1), "ext": (0.20, 2), "decay_cont": (0.03, 2),
+                     "decay_all": (0.03, 2)}
 
 
 class ArmError(errors.UserError, ValueError):
     """An unknown arm or a budget an arm cannot train with."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Curriculum:
+    """What a run file of our trainer binds: its phases (``train.phases``) and its
+    merge step (``train.merge``)."""
+
+    phases: tuple[trainer.Phase, ...]
+    merge: trainer.Merge | None = None
+
+    def stage(self, name: str) -> trainer.Phase:
+        return next(p for p in self.phases if p.name == name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +99,7 @@ class Budget:
 
 def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: str,
                optimizer: OptimizerConfig, languages: Sequence[str] | None = None,
-               curricula: Mapping[str, Sequence[trainer.Phase]] | None = None
+               curricula: Mapping[str, Curriculum] | None = None
                ) -> list[trainer.Phase]:
     """The trainer phases of one arm.
 
@@ -105,8 +115,8 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
       optimizer: AdamW settings shared by every phase.
       languages: the mixture's languages (None: all 100); the annealed arm's stages
         take the largest of them first.
-      curricula: per arm of :data:`CURRICULA`, the phases its run file binds
-        (``train.phases``), which the arm scales to the budget.
+      curricula: per arm of :data:`CURRICULA`, what its run file binds, which the
+        arm scales to the budget.
 
     Raises:
       ArmError: for an unknown arm or a warm-up longer than a phase.
@@ -137,19 +147,34 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
         return [phase("joint", names.JOINT_MIXTURE, total)]
     if arm == "xling_only":
         return [phase("xling", xling_mixture, budget.xling_steps)]
-    if arm in CURRICULA:
-        stages = (curricula or {}).get(arm)
-        if not stages:
-            raise ValueError(f"arm {arm!r} scales the phases of gin/{CURRICULA[arm]}: pass "
-                             "them as curricula (xlmeta_jax.cli.runs.curricula reads them)")
-        return _scaled_stages(arm, stages, budget, xling_mixture, optimizer, languages)
+    if arm not in ALL_ARMS:
+        raise ArmError(f"unknown arm {arm!r}; expected some of {ALL_ARMS}")
+    curriculum = _curriculum(arm, curricula)
+    if arm == "annealed":
+        return _scaled_stages(arm, curriculum.phases, budget, xling_mixture, optimizer,
+                              languages)
     if arm == "mmbert":
-        return _mmbert(budget, xling_mixture, optimizer, languages, total)
-    if arm == "meta_mmbert":
-        return [phase("english", english_task, budget.meta_steps),
-                *_mmbert(budget, xling_mixture, optimizer, languages, budget.xling_steps,
-                         after="english")]
-    raise ArmError(f"unknown arm {arm!r}; expected some of {ALL_ARMS}")
+        return _mmbert(curriculum, budget, xling_mixture, optimizer, languages, total)
+    return [phase("english", english_task, budget.meta_steps),
+            *_mmbert(curriculum, budget, xling_mixture, optimizer, languages,
+                     budget.xling_steps, after="english")]
+
+
+def _curriculum(arm: str, curricula: Mapping[str, Curriculum] | None) -> Curriculum:
+    curriculum = (curricula or {}).get(arm)
+    if curriculum is None:
+        raise ValueError(f"arm {arm!r} scales gin/{CURRICULA[arm]}: pass what it binds as "
+                         "curricula (xlmeta_jax.cli.runs.curricula reads it)")
+    return curriculum
+
+
+def _largest(ordered: Sequence[str], stage: trainer.Phase) -> tuple[str, ...]:
+    """As large a share of ``ordered`` (largest first) as the run file's stage takes of
+    CC-100's 100 languages (its lists are the largest ones; None: all)."""
+    if stage.languages is None:
+        return tuple(ordered)
+    count = max(1, round(len(stage.languages) / len(XLMR_LANGUAGES) * len(ordered)))
+    return tuple(ordered[:count])
 
 
 def _scaled_stages(arm: str, stages: Sequence[trainer.Phase], budget: Budget, mixture: str,
@@ -180,52 +205,60 @@ def _scaled_stages(arm: str, stages: Sequence[trainer.Phase], budget: Budget, mi
              else round(shape.decay_steps / sum(file_steps) * total))
     schedule = dataclasses.replace(optimizer, total_steps=total, schedule=shape.schedule,
                                    decay_steps=decay, decay_shape=shape.decay_shape)
-    phases = []
-    for stage, n in zip(stages, steps):
-        count = len(ordered) if stage.languages is None else max(
-            1, round(len(stage.languages) / len(XLMR_LANGUAGES) * len(ordered)))
-        phases.append(dataclasses.replace(
-            stage, task=mixture, num_steps=n, num_tokens=None, batch_size=budget.batch_size,
-            sequence_length=budget.sequence_length, optimizer=schedule,
-            languages=tuple(ordered[:count])))
-    return phases
+    return [dataclasses.replace(
+        stage, task=mixture, num_steps=n, num_tokens=None, batch_size=budget.batch_size,
+        sequence_length=budget.sequence_length, optimizer=schedule,
+        languages=_largest(ordered, stage)) for stage, n in zip(stages, steps)]
 
 
-def arm_merge(arm: str) -> trainer.Merge | None:
-    """The arm's merge step: mmBERT's decay branches, merged with TIES against ext."""
-    if arm not in ("mmbert", "meta_mmbert"):
+def arm_merge(arm: str, curricula: Mapping[str, Curriculum] | None = None
+              ) -> trainer.Merge | None:
+    """The arm's merge step: its run file's, of the branches the arm trains (mmBERT's
+    decay branches, merged with TIES against ext); None for an arm without one."""
+    if arm not in CURRICULA:
         return None
-    return trainer.Merge(branches=("decay_cont", "decay_all"), base="ext", method="ties")
+    merge = _curriculum(arm, curricula).merge
+    if merge is None:
+        return None
+    kept = tuple(b for b in merge.branches if b in MMBERT_ARM_STAGES)
+    return dataclasses.replace(merge, branches=kept) if arm != "annealed" else merge
 
 
-def _mmbert(budget: Budget, mixture: str, optimizer: OptimizerConfig,
+def _mmbert(curriculum: Curriculum, budget: Budget, mixture: str, optimizer: OptimizerConfig,
             languages: Sequence[str] | None, steps_of_budget: int, after: str | None = None
             ) -> list[trainer.Phase]:
-    """mmBERT's stages in ``steps_of_budget`` steps' tokens (MMBERT_STAGES)."""
+    """The run file's mmBERT stages in ``steps_of_budget`` steps' tokens (MMBERT_ARM_STAGES).
+
+    Each stage keeps the file's languages (as a share), alpha, masking rate, RoPE bases
+    and hand-off; the first starts from ``after`` (fresh moments and schedule) or from
+    scratch. One schedule of the file's shape spans a branch's chain, its cool-down the
+    decay stage.
+    """
     tokens = steps_of_budget * budget.tokens_per_step
     chosen = set(XLMR_LANGUAGES if languages is None else languages)
     ordered = [lang for lang in BY_CC100_SIZE if lang in chosen]
     steps = {name: max(1, round(share * tokens / (budget.tokens_per_step * scale)))
-             for name, (share, scale, *_) in MMBERT_STAGES.items()}
+             for name, (share, scale) in MMBERT_ARM_STAGES.items()}
     chain = steps["base"] + steps["ext"] + steps["decay_all"]
     if optimizer.warmup_steps > steps["base"]:
         raise ArmError(f"arm 'mmbert': its base stage of {steps['base']} steps is shorter than "
                        f"warmup_steps={optimizer.warmup_steps} (raise XLING_STEPS or lower "
                        "WARMUP_STEPS)")
-    schedule = dataclasses.replace(optimizer, total_steps=chain, schedule="wsd",
-                                   decay_steps=steps["decay_all"], decay_shape="1-sqrt")
+    shape = curriculum.stage("decay_all").optimizer_config()
+    schedule = dataclasses.replace(optimizer, total_steps=chain, schedule=shape.schedule,
+                                   decay_steps=steps["decay_all"],
+                                   decay_shape=shape.decay_shape)
     phases = []
-    for name, (_, scale, lang_share, alpha, mask_rate, theta) in MMBERT_STAGES.items():
-        count = max(1, round(lang_share * len(ordered)))
-        first = name == "base"
-        phases.append(trainer.Phase(
-            name=name, task=mixture, num_steps=steps[name], batch_size=budget.batch_size,
-            sequence_length=scale * budget.sequence_length, optimizer=schedule,
-            init_from=after if first else ("base" if name == "ext" else "ext"),
+    for name, (_, scale) in MMBERT_ARM_STAGES.items():
+        stage, first = curriculum.stage(name), name == "base"
+        phases.append(dataclasses.replace(
+            stage, task=mixture, num_steps=steps[name], num_tokens=None,
+            batch_size=budget.batch_size, sequence_length=scale * budget.sequence_length,
+            optimizer=schedule, languages=_largest(ordered, stage),
+            init_from=after if first else stage.init_from,
             # From the English stage: fresh moments and schedule, as meta's phase 2.
-            reset_optimizer=first, reset_schedule=first,
-            languages=tuple(ordered[:count]), alpha=alpha, mask_rate=mask_rate,
-            global_rope_theta=theta, local_rope_theta=theta))
+            reset_optimizer=first or stage.reset_optimizer,
+            reset_schedule=first or stage.reset_schedule))
     return phases
 
 

@@ -110,8 +110,8 @@ def experiment(
       train_settings: the mesh_shape, rng_impl and microbatches ``train`` applies.
       finetunes: per task, its ``FineTuneConfig`` (the checkpoint, folder and seed are
         set per run); a task without one is refused when it is evaluated.
-      curricula: per curriculum arm among ``arms`` (``arms.CURRICULA``), the phases of
-        its run file (``xlmeta_jax.cli.runs.curricula`` reads them).
+      curricula: per curriculum arm among ``arms`` (``arms.CURRICULA``), what its run
+        file binds (``xlmeta_jax.cli.runs.curricula`` reads it).
     """
     arms = tuple(arms)
     bad = [a for a in arms if a not in ALL_ARMS]

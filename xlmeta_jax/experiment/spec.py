@@ -53,7 +53,7 @@ class Experiment:
     # Each task's evaluation: its FineTuneConfig with the experiment's settings; the
     # checkpoint, folder and seed are filled in per run (see evaluation_config).
     finetunes: dict = dataclasses.field(default_factory=dict)
-    # Per curriculum arm (arms.CURRICULA), the phases of the run file it scales.
+    # Per curriculum arm (arms.CURRICULA), what the run file it scales binds.
     curricula: dict = dataclasses.field(default_factory=dict)
 
     def phases(self, arm: str) -> list[trainer.Phase]:
@@ -62,7 +62,7 @@ class Experiment:
                           languages=self.corpora.languages, curricula=self.curricula)
 
     def merge(self, arm: str) -> trainer.Merge | None:
-        return arm_merge(arm)
+        return arm_merge(arm, self.curricula)
 
     def run_dir(self, arm: str, seed: int) -> str:
         return os.path.join(self.model_dir, "pretrain", arm, f"seed{seed}")
