@@ -31,15 +31,6 @@ def mc4_task(lang: str) -> str:
 
 CC100_TASKS = {lang: cc100_task(lang) for lang in XLMR_LANGUAGES}
 MC4_TASKS = {lang: mc4_task(lang) for lang in XLMR_LANGUAGES if mc4_split_name(lang)}
-PRETRAINING_NAMES = (
-    ENGLISH_TEXT_TASK,
-    ENGLISH_TFDS_TASK,
-    CC100_MIXTURE,
-    MC4_MIXTURE,
-    JOINT_MIXTURE,
-    *CC100_TASKS.values(),
-    *MC4_TASKS.values(),
-)
 # The language of every per-language task.
 LANGUAGE_OF_TASK = {
     task: lang for by_lang in (CC100_TASKS, MC4_TASKS) for lang, task in by_lang.items()

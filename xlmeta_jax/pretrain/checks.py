@@ -290,12 +290,6 @@ def latest_checkpoint(model_dir: str, phase: Phase, model: network.EncoderConfig
         ckpt.close()
 
 
-def phase_is_complete(model_dir: str, phase: Phase, model: network.EncoderConfig,
-                      data_seed: int | None = None) -> bool:
-    """Whether the phase's final checkpoint exists (see :func:`latest_checkpoint`)."""
-    return latest_checkpoint(model_dir, phase, model, data_seed) == phase.num_steps
-
-
 # The train() setting that lets an unfinished phase resume on another process count.
 NEW_PROCESS_COUNT = ("reseed",)
 

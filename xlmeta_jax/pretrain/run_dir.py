@@ -8,9 +8,8 @@
   same checkpoints).
 * :func:`check_stored_config` — a rerun must ask for the run that is stored: the
   model and the phase's data/batch/length must match what the checkpoint recorded,
-  or the error names the field that differs.
-* :func:`built_whole` — a folder prepared once for a run (the demo's or the
-  experiment's corpus and vocabulary) appears whole or not at all.
+  or the error names the field that differs (:func:`check_same_source`: and the
+  input stream's source, text or token cache).
 * :func:`use_compilation_cache` — JAX's persistent compilation cache, by default in
   ``MODEL_DIR/compilation_cache``: a resume or the next stage reuses compiled steps.
 """
