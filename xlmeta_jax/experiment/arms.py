@@ -30,6 +30,9 @@ share the number of tokens:
                (the continued mixture and every language; the file's English-heavy
                branch and its batch-size ramp are left out, a small batch has no ramp).
                Not a default arm.
+``meta_mmbert`` the same with the English stage in front: English for META_STEPS (its own
+               schedule, as meta's phase 1), then mmBERT's stages in XLING_STEPS' tokens
+               from its parameters with fresh moments and schedule. Not a default arm.
 =============  ==========================================================================
 """
 
