@@ -221,10 +221,10 @@ def arm_merge(arm: str, curricula: Mapping[str, Curriculum] | None = None
     if arm not in CURRICULA:
         return None
     merge = _curriculum(arm, curricula).merge
-    if merge is None:
-        return None
-    kept = tuple(b for b in merge.branches if b in MMBERT_ARM_STAGES)
-    return dataclasses.replace(merge, branches=kept) if arm != "annealed" else merge
+    if merge is None or arm == "annealed":  # annealed trains every stage of its file
+        return merge
+    return dataclasses.replace(
+        merge, branches=tuple(b for b in merge.branches if b in MMBERT_ARM_STAGES))
 
 
 def _mmbert(curriculum: Curriculum, budget: Budget, mixture: str, optimizer: OptimizerConfig,
