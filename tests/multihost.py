@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import threading
@@ -106,3 +107,30 @@ def two_processes(cmd, port_: int | None, on_line=None, devices: int = 4, slurm_
     for t in threads:
         t.join(timeout=60)
     return [p.returncode for p in procs], ["".join(o) for o in outs]
+
+
+def run_two(cmd, salt: int, *, expected=(0, 0), on_line=None, fresh=None, slurm=False):
+    """:func:`two_processes` of ``cmd`` on ``port(salt)``, retried once (on
+    ``port(salt + 1)``) when the exit codes are not ``expected`` and gloo's rendezvous
+    may have timed out (:func:`gloo_timed_out`).
+
+    Args:
+      cmd: the command (a list), before the distributed flags.
+      salt: tells this call's ports apart from other tests' (and its retry's).
+      expected: the exit codes the test wants (a retry is for an unexpected outcome).
+      on_line: makes each attempt's line watcher (its own state): ``on_line()`` is
+        :func:`two_processes`'s ``on_line``.
+      fresh: the run's folder, emptied before the retry, so it repeats the run from its
+        start rather than resuming the failed attempt.
+      slurm: started as the two tasks of a SLURM job step (no flags: SLURM's variables
+        say which process is which).
+    """
+    for attempt in range(2):
+        if attempt and fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+        where = port(salt + attempt)
+        codes, outs = two_processes(cmd, None if slurm else where, on_line and on_line(),
+                                    slurm_job=where if slurm else None)
+        if tuple(codes) == tuple(expected) or attempt or not gloo_timed_out(outs):
+            break
+    return codes, outs

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import textwrap
@@ -24,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 from data_toy import TOY_LINES, train_toy_vocabulary, write_cc100_dir
-from multihost import gloo_timed_out, port, two_processes
+from multihost import run_two
 
 seqio = pytest.importorskip("seqio")
 
@@ -156,27 +155,6 @@ def _draw_here():
             for ex in ds.take(BLOCKS).as_numpy_iterator()]
 
 
-def _run_two(cmd, salt, on_line=None, expected=(0, 0), fresh=None, slurm=False):
-    """Both processes of ``cmd``; retried once when gloo's rendezvous may have timed out.
-
-    ``on_line`` is a function making each attempt's line watcher (its own state); a retry
-    starts from an empty ``fresh`` folder (the run's MODEL_DIR), so it repeats the run
-    from its start rather than resuming the failed attempt. ``slurm``: started as the two
-    tasks of a SLURM job step (no flags: SLURM's variables say which process is which).
-    """
-    for attempt in range(2):
-        if attempt and fresh is not None:
-            shutil.rmtree(fresh, ignore_errors=True)
-        if slurm:
-            codes, outs = two_processes(cmd, None, on_line and on_line(),
-                                        slurm_job=port(salt + attempt))
-        else:
-            codes, outs = two_processes(cmd, port(salt + attempt), on_line and on_line())
-        if tuple(codes) == expected or attempt or not gloo_timed_out(outs):
-            break
-    return codes, outs
-
-
 # Process 1 runs behind at the stop's collective: once its handler has taken the signal,
 # it sleeps before the next sync point, so process 0 enters that collective first with
 # its own flag unset. Both must still stop at the same step.
@@ -212,7 +190,7 @@ def test_two_processes_draw_independent_streams(toy, tmp_path):
     script = tmp_path / "streams.py"
     script.write_text(STREAMS)
     tests_dir = os.path.dirname(__file__)
-    codes, outs = _run_two([sys.executable, script, settings, tests_dir], salt=101)
+    codes, outs = run_two([sys.executable, script, settings, tests_dir], salt=101)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "DREW 0 2" in outs[0] and "DREW 1 2" in outs[1]
     draws = [[(lang, tuple(p)) for lang, p in json.loads((tmp_path / f"draw.{i}").read_text())]
@@ -258,7 +236,7 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path, monkeypat
                 "--gin.xlmeta_jax.pretrain.trainer.train.keep_checkpoints=None"]
 
     reference = tmp_path / "reference"
-    codes, outs = _run_two(cmd(reference), salt=211)
+    codes, outs = run_two(cmd(reference), salt=211)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
 
     stopped = tmp_path / "stopped"
@@ -280,8 +258,8 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path, monkeypat
     with monkeypatch.context() as m:
         m.setenv("PYTHONPATH", os.fspath(hook))
         m.setenv("XLMETA_TEST_BEHIND_SECONDS", "5")
-        codes, outs = _run_two(cmd(stopped), salt=223, on_line=stop_process_1_at_step_3,
-                               expected=(130, 130), fresh=stopped)
+        codes, outs = run_two(cmd(stopped), salt=223, on_line=stop_process_1_at_step_3,
+                              expected=(130, 130), fresh=stopped)
     assert signalled and codes == [130, 130], outs[0][-3000:] + outs[1][-3000:]
     assert "process 1 holds back" in outs[1]
     # Both stopped at the same step, after step 3, and wrote its checkpoint together: the
@@ -294,7 +272,7 @@ def test_two_process_run_on_the_mixture_resumes_exactly(toy, tmp_path, monkeypat
     assert (stopped / "xlmr" / step / "commit_success.txt").exists()
     # Resumed as srun starts a job step's two tasks (no flags: SLURM's environment), which
     # must make the same two-process run as the flags did.
-    codes, outs = _run_two(cmd(stopped), salt=227, slurm=True)
+    codes, outs = run_two(cmd(stopped), salt=227, slurm=True)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     for i in range(2):
         assert (f"jax.distributed from the SLURM environment: process {i} of 2, 4 local "

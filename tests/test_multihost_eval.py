@@ -123,11 +123,7 @@ def test_experiment_on_two_processes_stops_before_pretraining(tmp_path):
     model_dir = tmp_path / "exp"
     cmd = [sys.executable, "-m", "xlmeta_jax.experiment", "--gin_file=experiments/cpu.gin",
            f"--gin.MODEL_DIR='{model_dir}'"]
-    for attempt in range(2):
-        codes, outs = multihost.two_processes(cmd, multihost.port(300 + attempt))
-        if codes != [2, 2] and attempt == 0 and multihost.gloo_timed_out(outs):
-            continue
-        break
+    codes, outs = multihost.run_two(cmd, 300, expected=(2, 2))
     assert codes == [errors.EXIT_USER_ERROR] * 2, outs
     def refusal(i):
         return (f"the experiment's evaluations run on one host: this is process {i} of 2; "

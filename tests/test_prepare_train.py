@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 import pytest
-from multihost import env, gloo_timed_out, port, two_processes
+from multihost import env, run_two
 
 pytest.importorskip("apache_beam")
 pytest.importorskip("seqio")
@@ -81,14 +81,6 @@ def _cmd(pod, model_dir, cc100_dir=None, *extra):
             f"--gin.CC100_LANGUAGES={list(LANGUAGES)!r}", *extra]
 
 
-def _two(cmd, salt, expected=(0, 0)):
-    for attempt in range(2):
-        codes, outs = two_processes(cmd, port(salt + attempt))
-        if tuple(codes) == expected or attempt or not gloo_timed_out(outs):
-            break
-    return codes, outs
-
-
 def _one(cmd):
     done = subprocess.run(cmd, env=env(8), cwd=REPO, capture_output=True, text=True,
                           timeout=600)
@@ -108,7 +100,7 @@ def test_pod_start_reads_prepared_statistics_and_resumes_on_another_process_coun
     # One test: the two-process run on the prepared folder is also the run that resumes
     # on one process below (pytest-xdist would build a shared fixture once per worker).
     run = tmp_path / "two_to_one"
-    codes, outs = _two(_cmd(pod, run), salt=401)
+    codes, outs = run_two(_cmd(pod, run), salt=401)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "[xlmr] step 4/4" in outs[0]
     assert not any("counting" in out for out in outs), outs[0][-3000:]
@@ -117,7 +109,7 @@ def test_pod_start_reads_prepared_statistics_and_resumes_on_another_process_coun
     bare.mkdir()
     for path in pod["out"].glob("*.txt-*.gz"):
         shutil.copy(path, bare)
-    codes, outs = _two(_cmd(pod, tmp_path / "bare_run", bare), salt=409, expected=(2, 2))
+    codes, outs = run_two(_cmd(pod, tmp_path / "bare_run", bare), salt=409, expected=(2, 2))
     assert codes == [2, 2], outs[0][-3000:]
     for out in outs:
         errors_ = [line for line in out.splitlines() if "error:" in line]
@@ -152,9 +144,9 @@ def test_pod_start_reads_prepared_statistics_and_resumes_on_another_process_coun
     # 1 -> 2: the same run preempted after step 3, which the one process wrote.
     assert checkpoints.read_meta(run / "xlmr" / "3")["process_count"] == 1
     _unfinished(run, at=3)
-    codes, outs = _two(_cmd(pod, run), salt=431, expected=(2, 2))
+    codes, outs = run_two(_cmd(pod, run), salt=431, expected=(2, 2))
     assert codes == [2, 2] and "written by 1 process, this run has 2" in outs[0]
-    codes, outs = _two(_cmd(pod, run, None, reseed), salt=437)
+    codes, outs = run_two(_cmd(pod, run, None, reseed), salt=437)
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "restarts from seed" in outs[0] and "[xlmr] step 4/4" in outs[0]
     assert checkpoints.read_meta(run / "xlmr" / "4")["process_count"] == 2
