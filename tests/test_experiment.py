@@ -327,6 +327,12 @@ def test_a_curriculum_arm_scales_its_run_files_stages():
     assert [(p.name, p.alpha, p.mask_rate) for p in mm][:2] == [("base", 0.7, 0.3),
                                                                 ("ext", 0.45, 0.2)]
     assert arms.arm_merge("mmbert", edited).density == 0.5
+    # A file without a stage the arm trains (or without phases) is one line, not a crash.
+    for arm, phases, missing in (("mmbert", recipe.phases[:-1], "lacks decay_all"),
+                                 ("annealed", (), "lacks any phase")):
+        with pytest.raises(arms.ArmError, match=missing):
+            arms.arm_phases(arm, BUDGET, english_task="en_task", xling_mixture="xling_mix",
+                            optimizer=OPT, curricula={arm: arms.Curriculum(tuple(phases))})
 
 
 def _chain_tokens(phases, last):

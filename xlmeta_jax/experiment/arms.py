@@ -164,10 +164,18 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
 
 
 def _curriculum(arm: str, curricula: Mapping[str, Curriculum] | None) -> Curriculum:
+    """The run file's phases the arm scales, with the stages the arm needs (an edited
+    file that lacks one is refused in one line)."""
     curriculum = (curricula or {}).get(arm)
     if curriculum is None:
         raise ValueError(f"arm {arm!r} scales gin/{CURRICULA[arm]}: pass what it binds as "
                          "curricula (xlmeta_jax.cli.runs.curricula reads it)")
+    names = [p.name for p in curriculum.phases]
+    needed = [] if arm == "annealed" else list(MMBERT_ARM_STAGES)
+    if not names or any(n not in names for n in needed):
+        raise ArmError(f"arm {arm!r} scales the phases of gin/{CURRICULA[arm]} "
+                       f"(train.phases: {names}), which lacks "
+                       + (", ".join(n for n in needed if n not in names) or "any phase"))
     return curriculum
 
 
