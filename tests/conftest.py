@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import tempfile
 
@@ -30,6 +31,15 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # compares against a figure of an optimised compile but the TPU compiles of test_aot.py,
 # which turn them back on.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
+
+# A suite started as a background job (`nohup pytest … &`) inherits SIGINT ignored, and
+# Python then leaves it ignored. The tests that stop a run with SIGINT, in this process or
+# in a command it starts, need what every other launch gives: Python's KeyboardInterrupt
+# handler here (and so, through exec, the default disposition in the commands started from
+# here, which then install their own). Done in every process that loads this file: xdist's
+# controller (before it starts the workers) and each worker.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 

@@ -14,8 +14,13 @@ from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.tools import aot, aot_compile
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
-needs_libtpu = pytest.mark.skipif(
+_skip_without_libtpu = pytest.mark.skipif(
     not HAS_LIBTPU, reason="libtpu is not installed (pip install -e '.[aot]'): no TPU compiler")
+
+
+def needs_libtpu(test):
+    """Skipped without the aot extra; .ci/run runs it again with libtpu (``-m extras``)."""
+    return pytest.mark.extras(_skip_without_libtpu(test))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -147,6 +147,7 @@ def test_every_command_has_a_help(module, parts):
     assert "  meta.gin" not in out.stdout and "pretrain.gin" not in out.stdout
 
 
+@pytest.mark.extras
 def test_t5x_command_help_says_what_it_adds_and_exits_0():
     # absl's --help exits 1; ours says what the command adds (--debug), then t5x's flags.
     pytest.importorskip("t5x", reason="t5x is not on the package index (README: the t5x "

@@ -201,14 +201,22 @@ def test_no_module_over_the_line_limit():
     assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(long)
 
 
+# Top-level modules of the optional extras that README's test command does not install:
+# `.[t5x]` with t5x's wheels (t5x, airio, jestimator, grain, fiddle) and `.[aot]`/`.[tpu]`.
+OPTIONAL_EXTRAS = frozenset({"t5x", "airio", "jestimator", "grain", "fiddle", "libtpu"})
+
+
+@pytest.mark.extras  # imports xlmeta_jax.interop.t5x too where t5x is installed
 def test_every_error_class_is_a_user_error():
     errors = importlib.import_module("xlmeta_jax.errors")
     wrong = []
     for module in MODULES:
         try:
             mod = importlib.import_module(module)
-        except ImportError as e:  # an optional dependency of that module (t5x, torch)
-            if module.startswith(("xlmeta_jax.interop.t5x", "xlmeta_jax.tools")):
+        except ImportError as e:
+            # Only a missing optional extra excuses a module (t5x on a new user's machine,
+            # libtpu without the aot extra); anything else is a broken import.
+            if (e.name or "").partition(".")[0] in OPTIONAL_EXTRAS:
                 continue
             pytest.fail(f"{module} does not import: {e}")
         for name, obj in vars(mod).items():

@@ -43,13 +43,17 @@ def test_ruff_clean():
     assert out.returncode == 0, out.stdout[-3000:]
 
 
-def test_ci_installs_t5x_before_the_tests():
-    """The t5x tests run in CI: the wheels go into the venv README's command then uses."""
+def test_ci_runs_the_extras_after_readme_command():
+    """README's command runs first as a new user's (no t5x: those tests skip); then the t5x
+    wheels and libtpu go into the same venv and the tests marked ``extras`` run again."""
     _, tests = _readme_commands()
     lines = (REPO / ".ci" / "run").read_text().splitlines()
+    readme = lines.index(tests.strip())
     install = next(i for i, line in enumerate(lines) if "--no-deps" in line and ".whl" in line)
-    assert "'.[t5x]'" in lines[install]
-    assert install < lines.index(tests.strip())
+    assert "'.[t5x,aot]'" in lines[install] and readme < install
+    assert not any("t5x" in line and "pip install" in line for line in lines[:readme])
+    assert lines[install + 1].startswith(".venv/bin/python -m pytest") and "-m extras" in (
+        lines[install + 1])
 
 
 def test_every_mention_of_the_repository_is_the_one_constant():

@@ -20,6 +20,8 @@ from t5x_toy import require_t5x, write_corpus
 
 require_t5x()
 
+pytestmark = pytest.mark.extras
+
 from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
 from xlmeta_jax.model import mlm, optimizer  # noqa: E402
 

@@ -25,6 +25,8 @@ from t5x_toy import corpus_flags, require_t5x, write_corpus
 
 require_t5x()
 
+pytestmark = pytest.mark.extras
+
 from t5x import checkpoints as t5x_checkpoints  # noqa: E402
 
 from xlmeta_jax import errors  # noqa: E402

@@ -20,7 +20,7 @@ require_t5x()
 from xlmeta_jax import errors  # noqa: E402
 from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extras]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # What a quiet run never prints: TensorFlow's CUDA probe, clu's deprecation notice of the

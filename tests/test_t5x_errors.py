@@ -16,6 +16,8 @@ from t5x_toy import corpus_flags, require_t5x, write_corpus
 
 require_t5x()
 
+pytestmark = pytest.mark.extras
+
 from xlmeta_jax import errors  # noqa: E402
 from xlmeta_jax.interop.t5x import checks as t5x_checks  # noqa: E402
 from xlmeta_jax.pretrain import run_dir  # noqa: E402

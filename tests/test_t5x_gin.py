@@ -15,6 +15,8 @@ from t5x_toy import require_t5x
 
 require_t5x()
 
+pytestmark = pytest.mark.extras
+
 import t5x.train as t5x_train  # noqa: E402
 from t5x import optimizers as t5x_optimizers  # noqa: E402
 

@@ -15,6 +15,8 @@ from t5x_toy import register_corpus, require_t5x, write_corpus
 
 require_t5x()
 
+pytestmark = pytest.mark.extras
+
 from flax.linen import partitioning as flax_partitioning  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from t5x import trainer as t5x_trainer  # noqa: E402

@@ -19,6 +19,8 @@ from t5x_toy import corpus_flags, require_t5x, write_corpus
 
 require_t5x()
 
+pytestmark = pytest.mark.extras
+
 from xlmeta_jax.interop.t5x import phases as t5x_phases  # noqa: E402
 from xlmeta_jax.model import network  # noqa: E402
 from xlmeta_jax.pretrain import loading  # noqa: E402
