@@ -198,13 +198,17 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
         _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
 
 
-def test_document_ends_of_a_token_stream():
-    eos = vocabulary.EOS_ID
+@pytest.mark.parametrize("eos", [vocabulary.EOS_ID, 50282])  # ours; ModernBERT's [SEP]
+def test_document_ends_of_a_token_stream(eos):
     run = np.array([7, eos, 8, eos, eos, 9, eos])
-    np.testing.assert_array_equal(token_cache.document_ends(run, "document", False), [1, 3, 4, 6])
-    np.testing.assert_array_equal(token_cache.document_ends(run, "line", False), [4])
+    np.testing.assert_array_equal(token_cache.document_ends(run, "document", False, eos),
+                                  [1, 3, 4, 6])
+    np.testing.assert_array_equal(token_cache.document_ends(run, "line", False, eos), [4])
     # A document whose closing eos starts the next run of the stream.
-    np.testing.assert_array_equal(token_cache.document_ends(np.array([eos, 5]), "line", True), [0])
+    np.testing.assert_array_equal(
+        token_cache.document_ends(np.array([eos, 5]), "line", True, eos), [0])
+    # Another vocabulary's eos is an ordinary token here.
+    assert not token_cache.document_ends(run, "document", False, eos + 1).size
 
 
 def test_english_phase1_on_public_domain_text(toy, mesh, shared_data, tmp_path):

@@ -200,6 +200,7 @@ def test_pretraining_checkpoint_dispatch(vocab, tmp_path, monkeypatch):
         return cfg, params, vocab
 
     monkeypatch.setattr(loading, "load_pretrained", fake_load_pretrained)
+    monkeypatch.setattr(loading, "recorded_tokenizer", lambda path: None)  # written before
     (tmp_path / "run").mkdir()
     loaded = encoders.load_encoder(str(tmp_path / "run"))
     assert calls == [str(tmp_path / "run")]

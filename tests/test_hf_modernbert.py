@@ -220,6 +220,6 @@ def test_a_transformers_folder_is_an_initial_checkpoint(hf_folder):
     with pytest.raises(errors.UserError, match="its encoder is of the 'modernbert' family, the "
                        "configured model of the 'xlmr' family"):
         loading.initial_params(str(hf_folder), xlmr)
-    with pytest.raises(FileNotFoundError, match="has no sentencepiece.bpe.model; pass "
-                       "vocab_path"):
+    with pytest.raises(FileNotFoundError, match="has neither tokenizer.json nor "
+                       "sentencepiece.bpe.model; pass vocab_path"):
         encoders.load_encoder(str(hf_folder))

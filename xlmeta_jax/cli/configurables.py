@@ -8,6 +8,8 @@ binding names where its code is:
 * ``xlmeta_jax.model.network.get_config`` — the encoder (gin/models/*.gin): always
   ``network.get_config(size, field=...)``; a binding of ``EncoderConfig`` itself would
   be a second, silently ignored way to configure it;
+* ``xlmeta_jax.interop.hf.weights.config_of`` — a released model's encoder, read from its
+  folder (gin/native/continue.gin);
 * ``xlmeta_jax.model.optimizer.OptimizerConfig`` — the optimizer (gin/pretrain.gin);
 * ``xlmeta_jax.data.corpora.Corpora`` — the corpora (gin/data/*.gin);
 * ``xlmeta_jax.model.mlm.Masking`` — the one place of the masking rate (``MASK_RATE``):
@@ -32,6 +34,7 @@ import gin
 from xlmeta_jax import errors
 from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import corpora, feeding
+from xlmeta_jax.interop.hf import weights as hf_weights
 from xlmeta_jax.model import mlm, network, optimizer
 from xlmeta_jax.pretrain import phases
 
@@ -43,6 +46,10 @@ errors.name_settings_by(gin_flags.setting_source)
 # ----------------------------------------------------------------------------- the model
 get_config = gin.external_configurable(
     network.get_config, name="get_config", module="xlmeta_jax.model.network"
+)
+# A released model's own configuration (its folder's config.json): continued pretraining.
+config_of = gin.external_configurable(
+    hf_weights.config_of, name="config_of", module="xlmeta_jax.interop.hf.weights"
 )
 OptimizerConfig = gin.external_configurable(
     optimizer.OptimizerConfig, module="xlmeta_jax.model.optimizer"

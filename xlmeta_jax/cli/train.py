@@ -71,7 +71,8 @@ def setup_logging() -> None:
 
 
 # The run files (and the model and corpus files added after one) --help lists.
-GIN_FILES = ("native/meta.gin", "native/xlmr.gin", "demo.gin", "models/*.gin", "data/*.gin")
+GIN_FILES = ("native/meta.gin", "native/xlmr.gin", "native/continue.gin", "demo.gin",
+             "models/*.gin", "data/*.gin")
 
 HELP_FLAGS = (
     ("--coordinator_address=HOST:PORT", "jax.distributed coordinator (multi-process runs; "
@@ -145,7 +146,14 @@ def run_configured() -> dict:
 
 
 def configured_model() -> network.EncoderConfig:
-    """``network.get_config()`` with the gin model file's bindings (size and numerics)."""
+    """``network.get_config()`` with the gin model file's bindings (size and numerics), or
+    a released model's own configuration where the run file reads it from its folder
+    (gin/native/continue.gin binds ``config_of.path``)."""
+    if gin_cli.bound(f"{_RELEASED}.path", None) is not None:
+        try:
+            return configurables.config_of()
+        except FileNotFoundError as e:
+            raise trainer.ConfigError(str(e)) from None
     try:
         return configurables.get_config()
     except TypeError as e:
@@ -153,6 +161,10 @@ def configured_model() -> network.EncoderConfig:
             "no model: add a model file (e.g. --gin_file=gin/models/base.gin), which binds "
             f"xlmeta_jax.model.network.get_config.size ({e})"
         ) from None
+
+
+# The gin name of a released model's configuration (cli/configurables.py).
+_RELEASED = "xlmeta_jax.interop.hf.weights.config_of"
 
 
 def run() -> None:

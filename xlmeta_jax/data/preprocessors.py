@@ -29,13 +29,14 @@ the rest of the block empty (``complete``): their blocks never begin or end
 mid-sentence, ours do, and ours have no padding.
 
 Masking (:class:`xlmeta_jax.model.mlm.Masking`, default 15% and 80/10/10), per block
-of length L with ``n`` candidate positions (every id >= NUM_SPECIAL_TOKENS:
-``<pad>``, ``</s>``, ``<unk>``, ``<s>`` and ``<mask>`` are never selected —
-``<unk>`` because it carries nothing to predict): select exactly
+of length L with ``n`` candidate positions (every id but the vocabulary's reserved ones,
+``SpecialIds.never_masked``: in ours ``<pad>``, ``</s>``, ``<unk>``, ``<s>`` and
+``<mask>``, in a Hugging Face tokenizer every special or added token — ``<unk>`` because
+it carries nothing to predict): select exactly
 ``floor(rate * n + u)``, ``u ~ U[0, 1)`` positions uniformly (fairseq's
 probabilistic rounding, so the expected rate is exactly ``rate``) into
-``mlm.max_predictions(L, rate)`` slots; of those, 80% become ``<mask>``, 10% a
-random non-special id, 10% stay. All draws
+``mlm.max_predictions(L, rate)`` slots; of those, 80% become ``<mask>``, 10% an id drawn
+uniformly from the non-reserved ones, 10% stay. All draws
 are stateless, seeded per block from the pipeline seed (seqio's map seeds), the
 task and the block's place in the stream: deterministic for a seed, different
 every epoch.
@@ -49,8 +50,9 @@ from collections.abc import Mapping
 import seqio
 import tensorflow as tf
 
+from xlmeta_jax.data import special_ids
 from xlmeta_jax.data.corpora import EOS_AFTER
-from xlmeta_jax.data.vocabulary import BOS_ID, EOS_ID, MASK_ID, NUM_SPECIAL_TOKENS
+from xlmeta_jax.data.special_ids import SpecialIds
 from xlmeta_jax.model import mlm
 
 # Documents tokenized per SentencePiece call (sources of one document per element).
@@ -103,6 +105,7 @@ def tokenize_documents(
     if eos_after not in EOS_AFTER:
         raise ValueError(f"eos_after must be one of {EOS_AFTER}, got {eos_after!r}")
     vocab = output_features["targets"].vocabulary
+    sep = special_ids.of(vocab).sep
     if dataset.element_spec["text"].shape.rank == 0:
         if eos_after == "line":
             dataset = dataset.map(_document_lines, num_parallel_calls=tf.data.AUTOTUNE)
@@ -116,7 +119,7 @@ def tokenize_documents(
         ends = batch["ends_document"]
         if eos_after == "line":
             ends = tf.ones_like(ends)
-        eos = tf.where(ends, EOS_ID, -1)[:, None]
+        eos = tf.where(ends, sep, -1)[:, None]
         eos = tf.RaggedTensor.from_tensor(eos, padding=-1)
         return {"tokens": tf.concat([pieces, eos], axis=1).flat_values}
 
@@ -151,13 +154,16 @@ def _cut_stream(dataset: tf.data.Dataset, cut) -> tf.data.Dataset:
 
 
 def pack_blocks(
-    dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
+    dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+    output_features: Mapping[str, seqio.Feature],
 ) -> tf.data.Dataset:
     """Concatenates token runs into full blocks ``[<s>, L-1 tokens]`` (``targets``).
 
     Blocks are cut every ``L - 1`` tokens, mid-sentence where that falls (see the
-    module docstring for how this differs from XLM-R's whole-sentence packing).
+    module docstring for how this differs from XLM-R's whole-sentence packing). Each
+    starts with the vocabulary's ``cls`` (``<s>``, ``[CLS]``, ``<bos>``).
     """
+    cls = special_ids.of(output_features["targets"].vocabulary).cls
     length = block_length(sequence_length)
     body = length - 1
 
@@ -167,13 +173,14 @@ def pack_blocks(
 
     ds = _cut_stream(dataset, step).unbatch()
     return ds.map(
-        lambda b: {"targets": tf.ensure_shape(tf.concat([[BOS_ID], b], 0), [length])},
+        lambda b: {"targets": tf.ensure_shape(tf.concat([[cls], b], 0), [length])},
         num_parallel_calls=tf.data.AUTOTUNE,
     )
 
 
 def pack_documents(
-    dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
+    dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+    output_features: Mapping[str, seqio.Feature],
 ) -> tf.data.Dataset:
     """Packs whole documents into rows: ``targets``, ``segment_ids``, ``positions`` [L].
 
@@ -181,15 +188,18 @@ def pack_documents(
     split at document ends; each document becomes ``[<s>, its tokens, </s>]`` and
     seqio's packer (``seqio.utils.trim_and_pack_dataset``) fills rows with whole
     documents, each its own segment (1, 2, ...), positions counting from 0 in each, and
-    pads the rest of a row with 0 (segment 0). A document longer than ``L - 1`` tokens
-    is cut into pieces of ``L - 1`` tokens, each with its own ``<s>`` and segment: no
-    text is dropped, the pieces do not see each other.
+    pads the rest of a row with the vocabulary's pad id (segment 0). A document longer
+    than ``L - 1`` tokens is cut into pieces of ``L - 1`` tokens, each with its own
+    ``<s>`` and segment: no text is dropped, the pieces do not see each other. ``<s>``
+    and ``</s>`` are the vocabulary's ``cls`` and ``sep``.
     """
+    specials = special_ids.of(output_features["targets"].vocabulary)
+    cls, sep, pad = specials.cls, specials.sep, specials.pad
     length = block_length(sequence_length)
     body = length - 1
 
     def split(buf):
-        ends = tf.cast(tf.where(tf.equal(buf, EOS_ID))[:, 0], tf.int32)
+        ends = tf.cast(tf.where(tf.equal(buf, sep))[:, 0], tf.int32)
         done = tf.reduce_max(tf.concat([[-1], ends], 0)) + 1  # tokens of whole documents
         starts = tf.concat([[0], ends[:-1] + 1], 0)[: tf.size(ends)]
         docs = tf.RaggedTensor.from_row_lengths(buf[:done], ends + 1 - starts)
@@ -201,13 +211,19 @@ def pack_documents(
         return buf[done:], tf.RaggedTensor.from_row_lengths(docs.flat_values, piece_sizes)
 
     ds = _cut_stream(dataset, split).flat_map(tf.data.Dataset.from_tensor_slices)
-    ds = ds.map(lambda piece: {"targets": tf.concat([[BOS_ID], piece], 0)},
+    ds = ds.map(lambda piece: {"targets": tf.concat([[cls], piece], 0)},
                 num_parallel_calls=tf.data.AUTOTUNE)
     packed = seqio.utils.trim_and_pack_dataset(ds, {"targets": length})
-    return packed.map(lambda ex: {"targets": ex["targets"],
-                                  "segment_ids": ex["targets_segment_ids"],
-                                  "positions": ex["targets_positions"]},
-                      num_parallel_calls=tf.data.AUTOTUNE)
+
+    def named(ex):
+        # seqio's packer pads with 0, an ordinary token in some tokenizers (ModernBERT's
+        # 0 is "|||IP_ADDRESS|||"): padding gets the vocabulary's pad id.
+        targets = ex["targets"] if pad == 0 else tf.where(
+            ex["targets_segment_ids"] > 0, ex["targets"], pad)
+        return {"targets": targets, "segment_ids": ex["targets_segment_ids"],
+                "positions": ex["targets_positions"]}
+
+    return packed.map(named, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def task_salt(name: str) -> int:
@@ -224,7 +240,7 @@ def mask_block(
     targets: tf.Tensor,
     seed: tf.Tensor,
     *,
-    vocab_size: int,
+    specials: SpecialIds,
     masking: mlm.Masking = mlm.DEFAULT_MASKING,
 ) -> dict[str, tf.Tensor]:
     """Masks one block; returns the MLM features (see the module docstring).
@@ -232,14 +248,19 @@ def mask_block(
     Args:
       targets: int32 [L] original tokens.
       seed: int [2] stateless seed.
-      vocab_size: random replacements are drawn from [NUM_SPECIAL_TOKENS, vocab_size).
+      specials: the vocabulary's ids: its reserved ids are never selected, random
+        replacements are drawn uniformly from the others, masked positions get ``mask``.
       masking: the rate and the 80/10/10 shares; the ``mlm_*`` features have
         ``mlm.max_predictions(L, masking.rate)`` slots.
     """
     length = targets.shape[0]
     num_slots = mlm.max_predictions(length, masking.rate)
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 4)
-    candidates = targets >= NUM_SPECIAL_TOKENS
+    # Tables rather than a comparison: a tokenizer's reserved ids need not be a prefix.
+    # (Drawing an index into the replacement ids is the same draw, id for id, as drawing
+    # from [5, size) when they are seqio's 5..size-1.)
+    replacements = specials.replacement_ids()
+    candidates = tf.gather(tf.constant(specials.is_candidate()), targets)
     n_candidates = tf.reduce_sum(tf.cast(candidates, tf.float32))
     u = tf.random.stateless_uniform([], seed=seeds[0])
     k = tf.cast(tf.floor(masking.rate * n_candidates + u), tf.int32)
@@ -254,12 +275,11 @@ def mask_block(
     positions = tf.where(used, positions, 0)
     mlm_targets = tf.where(used, tf.gather(targets, positions), 0)
     action = tf.random.stateless_uniform([num_slots], seed=seeds[2])
-    random_tokens = tf.random.stateless_uniform(
-        [num_slots], seed=seeds[3], minval=NUM_SPECIAL_TOKENS, maxval=vocab_size, dtype=tf.int32
-    )
+    random_tokens = tf.gather(tf.constant(replacements), tf.random.stateless_uniform(
+        [num_slots], seed=seeds[3], minval=0, maxval=len(replacements), dtype=tf.int32))
     new_tokens = tf.where(
         action < masking.mask_token_share,
-        MASK_ID,
+        specials.mask,
         tf.where(
             action < masking.mask_token_share + masking.random_token_share,
             random_tokens,
@@ -288,9 +308,9 @@ def mlm_mask(
 ) -> tf.data.Dataset:
     """Dynamic masking of packed blocks (seeds from seqio's map seed manager)."""
     block_length(sequence_length)  # checks it
-    vocab_size = int(output_features["targets"].vocabulary.vocab_size)
-    if vocab_size <= NUM_SPECIAL_TOKENS:
-        raise ValueError(f"vocabulary of {vocab_size} ids has no non-special token")
+    specials = special_ids.of(output_features["targets"].vocabulary)
+    if not specials.replacement_ids().size:
+        raise ValueError(f"vocabulary of {specials.size} ids has no non-special token")
 
     packed = tuple(k for k in mlm.PACKED_FEATURES if k in dataset.element_spec)
 
@@ -298,7 +318,7 @@ def mlm_mask(
     def mask(ex, seed):
         seed = tf.random.experimental.stateless_fold_in(tf.stack(seed), salt)
         # Padding (0) and the other special ids are never candidates.
-        return {**mask_block(ex["targets"], seed, vocab_size=vocab_size, masking=masking),
+        return {**mask_block(ex["targets"], seed, specials=specials, masking=masking),
                 **{k: ex[k] for k in packed}}
 
     return mask(dataset)

@@ -309,7 +309,7 @@ def register(
     # touched only at the end.
     vocab = vocabulary.load_vocabulary(c.vocab_path)
     plans = [_Plan(settings_, _output_features(vocab, settings_.packed),
-                   encode=vocab.tokenizer.encode,
+                   encode=vocab.encode_batch,
                    may_count=jax.process_count() == 1, suffix=suffix)
              for suffix, settings_ in (("", c), *views.items())]
     for plan in plans:
@@ -405,9 +405,16 @@ CACHE_VOCAB_KEY = "xlmeta_vocabulary"
 
 
 def vocabulary_record(vocab_path: str) -> dict:
-    """What a token cache records of the vocabulary it was tokenized with."""
-    with tf.io.gfile.GFile(vocab_path, "rb") as f:
-        return {"path": vocab_path, "md5": hashlib.md5(f.read()).hexdigest()}
+    """What a token cache records of the vocabulary it was tokenized with: the MD5 of the
+    ``.model`` file, or of a tokenizer folder's files (name and bytes, in name order)."""
+    digest = hashlib.md5()
+    if tf.io.gfile.isdir(vocab_path) or vocab_path.endswith(".json"):
+        for name, data in sorted(vocabulary.load_vocabulary(vocab_path).hf.files.items()):
+            digest.update(name.encode() + b"\0" + data)
+    else:
+        with tf.io.gfile.GFile(vocab_path, "rb") as f:
+            digest.update(f.read())
+    return {"path": vocab_path, "md5": digest.hexdigest()}
 
 
 def check_cache(task_or_mixture: str, split: str) -> None:

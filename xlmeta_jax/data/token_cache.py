@@ -32,32 +32,34 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xlmeta_jax.data import beam_runs, text_files
-from xlmeta_jax.data.vocabulary import EOS_ID
+from xlmeta_jax.data import beam_runs, special_ids, text_files
 
 
-def document_ends(run: np.ndarray, eos_after: str, previous_eos: bool) -> np.ndarray:
+def document_ends(run: np.ndarray, eos_after: str, previous_eos: bool,
+                  eos_id: int) -> np.ndarray:
     """Indices of ``run`` where a document ends (its last eos).
 
     Args:
       run: a run of the token stream.
       eos_after: the tasks' ``Corpora.eos_after``.
       previous_eos: whether the token before ``run`` in the stream is eos.
+      eos_id: the vocabulary's end of a line or document (``SpecialIds.sep``).
     """
-    is_eos = run == EOS_ID
+    is_eos = run == eos_id
     if eos_after == "document":
         return np.flatnonzero(is_eos)
     before = np.concatenate([[previous_eos], is_eos[:-1]])
     return np.flatnonzero(is_eos & before)
 
 
-def join_documents(runs: Sequence[np.ndarray], eos_after: str) -> list[np.ndarray]:
+def join_documents(runs: Sequence[np.ndarray], eos_after: str,
+                   eos_id: int) -> list[np.ndarray]:
     """A source shard's runs of the token stream, in order, as whole documents."""
     docs, pending, previous_eos = [], [], False
     for run in runs:
-        ends = document_ends(run, eos_after, previous_eos)
+        ends = document_ends(run, eos_after, previous_eos, eos_id)
         if run.size:
-            previous_eos = bool(run[-1] == EOS_ID)
+            previous_eos = bool(run[-1] == eos_id)
         start = 0
         for end in ends:
             docs.append(np.concatenate([*pending, run[start : end + 1]]).astype(np.int32))
@@ -83,10 +85,11 @@ def _keyed(ex, provenance):
     return int(ex[shard_key]), (int(ex[index_key]), tokens)
 
 
-def _dealt(item, eos_after: str, num_shards: int | None):
+def _dealt(item, eos_after: str, num_shards: int | None, eos_id: int):
     """One source shard's documents, keyed by the cache file each goes to."""
     shard, elements = item
-    docs = join_documents([run for _, run in sorted(elements, key=lambda e: e[0])], eos_after)
+    docs = join_documents([run for _, run in sorted(elements, key=lambda e: e[0])], eos_after,
+                          eos_id)
     for j, doc in enumerate(docs):
         out = shard if num_shards is None else (shard + j) % num_shards
         yield out, (shard, j, doc)
@@ -105,7 +108,7 @@ def _write_file(item, prefix: str, num_shards: int):
         yield {"tokens": doc}
 
 
-def _write_shards_in_place(prefix: str, num_shards: int, eos_after: str):
+def _write_shards_in_place(prefix: str, num_shards: int, eos_after: str, eos_id: int):
     """A DoFn writing each source shard's cache file where the shard was read.
 
     With one cache file per source shard no element has to move: every element of a
@@ -127,7 +130,7 @@ def _write_shards_in_place(prefix: str, num_shards: int, eos_after: str):
 
         def finish_bundle(self):
             for shard, elements in self.runs.items():
-                docs = [doc for _, doc in _dealt((shard, elements), eos_after, None)]
+                docs = [doc for _, doc in _dealt((shard, elements), eos_after, None, eos_id)]
                 for example in _write_file((shard, docs), prefix, num_shards):
                     yield window.GlobalWindows.windowed_value(example)
             self.runs = {}
@@ -166,6 +169,7 @@ def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corp
     files = num_shards or len(task.source.list_shards(split))
     prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
     label = task.name
+    eos_id = special_ids.of(task.output_features["targets"].vocabulary).sep
     elements = (
         pipeline
         | f"{label}_read" >> beam_utils.PreprocessTask(
@@ -173,12 +177,13 @@ def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corp
         | f"{label}_key" >> beam.Map(_keyed, provenance=(
             beam_utils.SOURCE_SHARD_ID_PROVENANCE_KEY, beam_utils.ID_WITHIN_SHARD_PROVENANCE_KEY)))
     if num_shards is None:  # a file per source shard: written where the shard was read
-        docs = elements | f"{label}_write" >> _write_shards_in_place(prefix, files, eos_after)
+        docs = elements | f"{label}_write" >> _write_shards_in_place(prefix, files, eos_after,
+                                                                     eos_id)
     else:  # documents dealt over other files: they move
         docs = (elements
                 | f"{label}_by_source_shard" >> beam.GroupByKey()
                 | f"{label}_documents" >> beam.FlatMap(_dealt, eos_after=eos_after,
-                                                       num_shards=num_shards)
+                                                       num_shards=num_shards, eos_id=eos_id)
                 | f"{label}_by_file" >> beam.GroupByKey()
                 | f"{label}_write" >> beam.FlatMap(_write_file, prefix=prefix,
                                                    num_shards=files))

@@ -47,19 +47,20 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.data import prepared, text_files
+from xlmeta_jax.data import hf_tokenizer, prepared, text_files
 from xlmeta_jax.data.fertility import fertility_report, format_fertility_table
 from xlmeta_jax.data.languages import XLMR_LANGUAGE_NAMES, check_languages
 from xlmeta_jax.data.line_sample import sample_training_lines
+from xlmeta_jax.data.special_ids import (  # noqa: F401 - the layout's names, re-exported
+    BOS_ID,
+    EOS_ID,
+    MASK_ID,
+    NUM_SPECIAL_TOKENS,
+    PAD_ID,
+    UNK_ID,
+)
 
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
-BOS_ID = 3
-MASK_ID = 4
-# Ids below this are special: never selected for masking, never drawn as random
-# replacements.
-NUM_SPECIAL_TOKENS = 5
+# seqio's layout (xlmeta_jax.data.special_ids): ids below NUM_SPECIAL_TOKENS are special.
 BOS_PIECE = "<s>"
 MASK_PIECE = "<mask>"
 
@@ -88,38 +89,49 @@ def check_sentencepiece_model(processor, path: str = "<model>") -> None:
             raise VocabularyError(f"{path}: {piece!r} must be a control symbol")
 
 
-def load_vocabulary(path: str | None):
-    """The project's seqio vocabulary, checked for the special-id convention.
+def load_vocabulary(path: str | os.PathLike | None):
+    """A model's vocabulary, as one seqio ``Vocabulary`` whatever its kind.
 
-    seqio's own ``SentencePieceVocabulary`` serves as is: its pad (0) and eos (1)
-    are ours. One instance per path, so every task of a mixture shares it.
+    Our SentencePiece ``.model`` (seqio's ids, checked for the convention above) or a
+    Hugging Face tokenizer in its own ids: a ``tokenizer.json`` or the folder holding it
+    (a released model's folder), with the special tokens its files name
+    (:mod:`xlmeta_jax.data.hf_tokenizer`). One instance per path, so every task of a
+    mixture shares it. Either kind answers ``encode(text)`` (ids without special
+    tokens), ``encode_batch(texts)``, ``specials`` (and ``pad_id``, ``cls_id``,
+    ``sep_id``, ``mask_id``, ``unk_id``) and ``record()``
+    (:mod:`xlmeta_jax.data.seqio_vocabularies`).
 
     Args:
-      path: the SentencePiece ``.model`` file (any file system TF reads), as
-        written by :func:`train_vocabulary`.
+      path: a ``.model`` file (any file system TF reads), a ``tokenizer.json`` or a
+        folder holding one.
 
     Raises:
-      VocabularyError: if no path is given, the file is missing or its ids
-        differ from the convention.
+      VocabularyError: if no path is given, the file is missing or its ids differ from
+        the convention; ``hf_tokenizer.TokenizerError`` for a tokenizer folder that
+        cannot serve (both one line).
     """
     if not path:
         raise VocabularyError(
             "no vocabulary configured: set VOCAB_PATH (tasks.register(vocab_path=...)) to a "
-            ".model file from `python -m xlmeta_jax.data.vocabulary`"
+            ".model file from `python -m xlmeta_jax.data.vocabulary`, or to a Hugging Face "
+            "tokenizer folder"
         )
-    return _load_checked(str(path))
+    return _load_checked(os.fspath(path))
 
 
 @functools.cache
 def _load_checked(path: str):
-    import seqio  # noqa: PLC0415 - TensorFlow is imported only by the data pipeline
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415 - TensorFlow is imported only by the data pipeline
 
+    from xlmeta_jax.data import seqio_vocabularies  # noqa: PLC0415 - imports seqio and TF
+
+    if "://" not in path and hf_tokenizer.is_tokenizer_path(path) and os.path.exists(path):
+        return seqio_vocabularies.TokenizerVocabulary(hf_tokenizer.read(path))
     if not tf.io.gfile.exists(path):
         raise VocabularyError(f"vocabulary file {path} does not exist")
     if tf.io.gfile.isdir(path):
         raise VocabularyError(f"vocabulary file {path} is a folder, not a SentencePiece .model")
-    vocab = seqio.SentencePieceVocabulary(path)
+    vocab = seqio_vocabularies.SentencePieceVocabulary(path)
     try:
         tokenizer = vocab.tokenizer
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, sentencepiece's own
@@ -128,7 +140,8 @@ def _load_checked(path: str):
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise VocabularyError(f"vocabulary file {path} is not a SentencePiece .model ("
                               f"{reason}): give the .model that python -m "
-                              "xlmeta_jax.data.vocabulary wrote") from None
+                              "xlmeta_jax.data.vocabulary wrote, or a Hugging Face tokenizer "
+                              "folder") from None
     check_sentencepiece_model(tokenizer, path)
     return vocab
 

@@ -174,7 +174,7 @@ def qa_features(
         # piece with an empty span (a lone "▁") belongs to the word that follows it.
         c_words = np.searchsorted(word_starts, [b for b, _ in c_offsets], side="right") - 1
         c_words = np.maximum(c_words, 0)
-        budget = max_seq_length - len(q_ids) - 4
+        budget = max_seq_length - len(q_ids) - 2 - len(tokenizer.pair_middle)
         if budget < 1:
             raise ValueError(
                 f"max_seq_length={max_seq_length} leaves no room for context after a "
@@ -192,7 +192,7 @@ def qa_features(
             if window_end >= len(c_ids):
                 break
             window_start += doc_stride
-        prefix = [tokenizer.cls_id, *q_ids, tokenizer.sep_id, tokenizer.sep_id]
+        prefix = [tokenizer.cls_id, *q_ids, *tokenizer.pair_middle]
         p0 = len(prefix)
         for w_start, n_ctx, best in zip(
             window_starts, window_lengths, _max_context(window_starts, window_lengths, len(c_ids))
@@ -267,8 +267,9 @@ def tagging_features(
 ) -> TaggingFeatures:
     """Windows of whole words with labels on first sub-tokens."""
     label_index = {t: i for i, t in enumerate(labels)}
-    words = [w for ex in examples for w in ex.tokens]
-    word_ids = tokenizer.encode_batch(words)
+    # Each sentence's words as its tokenizer segments them (SentencePiece: each word
+    # alone; a byte-level BPE: the sentence, pieces to words by their offsets).
+    word_ids = [p for ex in examples for p in tokenizer.encode_words(ex.tokens)]
     budget = max_seq_length - 2
     ids_rows, label_rows, word_rows, ex_index = [], [], [], []
     cursor = 0

@@ -12,6 +12,11 @@ Two id conventions are supported:
 A single sequence is ``<s> x </s>`` and a pair ``<s> a </s></s> b </s>`` (RoBERTa),
 where ``</s>`` is eos in our vocabulary. Only the ``sentencepiece`` package is used
 (no TensorFlow).
+
+A Hugging Face tokenizer folder (``tokenizer.json``: mmBERT's Gemma tokenizer,
+ModernBERT's BPE, XLM-R's) is :class:`HFTokenizer`, with the same methods: its own ids,
+its own wrapping (``[CLS] a [SEP] b [SEP]`` for ModernBERT), offsets from ``tokenizers``.
+:func:`load_tokenizer` picks the class from the path.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import sentencepiece as spm
 
-from xlmeta_jax.data import vocabulary
+from xlmeta_jax.data import hf_tokenizer, vocabulary
+from xlmeta_jax.data.special_ids import SpecialIds
 
 KINDS = ("seqio", "fairseq")
 
@@ -70,6 +76,14 @@ class Tokenizer:
 
     def __repr__(self):
         return f"Tokenizer({self.model_path!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+    def record(self) -> dict:
+        """What a checkpoint records of this tokenizer (as the pretraining vocabulary's)."""
+        with open(self.model_path, "rb") as f:
+            return hf_tokenizer.make_record("sentencepiece", {"model": f.read()}, SpecialIds(
+                pad=self.pad_id, cls=self.cls_id, sep=self.sep_id, mask=self.mask_id,
+                unk=self.unk_id, never_masked=(), pair_middle=self.pair_middle,
+                size=self.vocab_size))
 
     def _map(self, spm_ids: Sequence[int]) -> list[int]:
         if self.kind == "seqio":
@@ -136,18 +150,118 @@ class Tokenizer:
         """``<s> ids </s>``, ids truncated to fit ``max_length``."""
         return [self.cls_id, *list(ids)[: max_length - 2], self.sep_id]
 
+    @property
+    def pair_middle(self) -> tuple[int, ...]:
+        """What joins a pair's sentences: ``</s></s>`` (RoBERTa)."""
+        return (self.sep_id, self.sep_id)
+
     def pair(self, a: Sequence[int], b: Sequence[int], max_length: int) -> list[int]:
         """``<s> a </s></s> b </s>``, truncating the longer side first to fit."""
-        a, b = list(a), list(b)
-        budget = max_length - 4
-        if budget < 2:
-            raise ValueError(f"max_length={max_length} leaves no room for a sentence pair")
-        while len(a) + len(b) > budget:
-            if len(a) >= len(b):
-                a.pop()
-            else:
-                b.pop()
-        return [self.cls_id, *a, self.sep_id, self.sep_id, *b, self.sep_id]
+        return _pair(self, a, b, max_length)
+
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word's ids (SentencePiece segments at whitespace: each word alone)."""
+        return self.encode_batch(words)
+
+
+def _pair(tok, a: Sequence[int], b: Sequence[int], max_length: int) -> list[int]:
+    """``cls a <pair_middle> b sep``, truncating the longer side first to fit."""
+    a, b = list(a), list(b)
+    budget = max_length - 2 - len(tok.pair_middle)
+    if budget < 2:
+        raise ValueError(f"max_length={max_length} leaves no room for a sentence pair")
+    while len(a) + len(b) > budget:
+        if len(a) >= len(b):
+            a.pop()
+        else:
+            b.pop()
+    return [tok.cls_id, *a, *tok.pair_middle, *b, tok.sep_id]
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer folder with the methods of :class:`Tokenizer`.
+
+    Its ids are the folder's own (:mod:`xlmeta_jax.data.hf_tokenizer`), a pair is joined
+    as its post-processor joins one, and offsets come from ``tokenizers`` (leading
+    whitespace left out of a piece's span, as for SentencePiece above).
+    """
+
+    kind = "tokenizers"
+
+    def __init__(self, path: str | os.PathLike):
+        self.hf = hf_tokenizer.read(path)
+        self.model_path = os.fspath(self.hf.folder)
+        specials = self.hf.specials
+        self.vocab_size = specials.size
+        self.pad_id, self.cls_id, self.sep_id = specials.pad, specials.cls, specials.sep
+        self.unk_id = specials.unk if specials.unk is not None else specials.pad
+        self.mask_id = specials.mask
+        self.pair_middle = specials.pair_middle
+
+    def __repr__(self):
+        return f"HFTokenizer({self.model_path!r}, vocab_size={self.vocab_size})"
+
+    def record(self) -> dict:
+        """What a checkpoint records of this tokenizer."""
+        return self.hf.record()
+
+    def encode(self, text: str) -> list[int]:
+        """Piece ids of ``text`` (no special tokens)."""
+        return self.hf.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Piece ids of several texts at once (no special tokens)."""
+        return self.hf.encode_batch(texts)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Piece ids and each piece's ``[begin, end)`` characters (see :class:`Tokenizer`)."""
+        ids, _, offsets = self.encode_pieces(text)
+        return ids, offsets
+
+    def encode_pieces(self, text: str) -> tuple[list[int], list[str], list[tuple[int, int]]]:
+        """Ids, piece strings and character offsets, leading whitespace left out."""
+        enc = self.hf.tokenizer.encode(text, add_special_tokens=False)
+        offsets = []
+        for begin, end in enc.offsets:
+            while begin < end and text[begin].isspace():
+                begin += 1
+            offsets.append((begin, end))
+        return list(enc.ids), list(enc.tokens), offsets
+
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word's ids, as the words joined by spaces tokenize (a byte-level BPE marks
+        a word's first piece by the space before it), each piece to the word its offsets
+        start in."""
+        text, starts = "", []
+        for w in words:
+            starts.append(len(text) + (1 if text else 0))
+            text = f"{text} {w}" if text else w
+        ids, offsets = self.encode_with_offsets(text)
+        out: list[list[int]] = [[] for _ in words]
+        word_of = np.searchsorted(np.array(starts), [b for b, _ in offsets], side="right") - 1
+        for i, w in zip(ids, word_of):
+            out[max(int(w), 0)].append(i)
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ids, skipping special ids."""
+        return self.hf.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def single(self, ids: Sequence[int], max_length: int) -> list[int]:
+        """``cls ids sep``, ids truncated to fit ``max_length``."""
+        return [self.cls_id, *list(ids)[: max_length - 2], self.sep_id]
+
+    def pair(self, a: Sequence[int], b: Sequence[int], max_length: int) -> list[int]:
+        """``cls a <pair_middle> b sep``, truncating the longer side first to fit."""
+        return _pair(self, a, b, max_length)
+
+
+def load_tokenizer(path: str | os.PathLike, kind: str | None = None):
+    """The fine-tuning tokenizer of ``path``: a Hugging Face tokenizer folder or
+    ``tokenizer.json`` (:class:`HFTokenizer`), else a SentencePiece model of ``kind``."""
+    if kind in (None, HFTokenizer.kind) and hf_tokenizer.is_tokenizer_path(path):
+        return HFTokenizer(path)
+    return Tokenizer(path, kind or "seqio")
 
 
 def _byte_to_char_map(text: str) -> np.ndarray:

@@ -4,6 +4,7 @@ mesh shape) that is wrong."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -12,10 +13,12 @@ import jax
 import sentencepiece as spm
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.data import feeding
+from xlmeta_jax.data import feeding, hf_tokenizer
 from xlmeta_jax.model import layers, mlm, network, partitioning
-from xlmeta_jax.pretrain import checkpoints, run_dir, step
+from xlmeta_jax.pretrain import checkpoints, loading, run_dir, step
 from xlmeta_jax.pretrain.phases import CONFIGURABLE, MERGE_CONFIGURABLE, Merge, Phase
+
+log = logging.getLogger("xlmeta_jax.train")
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -234,46 +237,109 @@ def _check_predictions(p: Phase, masking: mlm.Masking, describe: Callable[[str],
             f"to at least {0.5 / (p.sequence_length - 2):.3g}")
 
 
-def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> None:
-    """VOCAB_PATH is a SentencePiece model the encoder's embedding covers, same pad id.
+def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> dict | None:
+    """VOCAB_PATH is a vocabulary the encoder's embedding covers, with its pad id.
+
+    A SentencePiece model of ours or a Hugging Face tokenizer (a folder or its
+    ``tokenizer.json``). A tokenizer smaller than the embedding is allowed: the rows past
+    it are padding that no text reaches (released models round their tables up).
+
+    Returns:
+      The vocabulary's record (``hf_tokenizer.make_record``), which every checkpoint of
+      the run keeps; None for a path on a remote file system (read by the pipeline).
 
     Raises:
       ConfigError: naming VOCAB_PATH or the EncoderConfig field.
     """
     if not vocab_path or "://" in vocab_path:
-        return
-    if not os.path.isfile(vocab_path):
-        what = "is a directory, not a SentencePiece model file" if os.path.isdir(vocab_path) \
-            else "does not exist"
-        raise ConfigError(f"VOCAB_PATH {vocab_path} {what}")
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.Load(vocab_path)
-    except (OSError, RuntimeError) as e:
-        raise ConfigError(
-            f"VOCAB_PATH {vocab_path} is not a SentencePiece model ({errors.first_line(e)})"
-        ) from None
-    if sp.get_piece_size() > model.vocab_size:
+        return None
+    if hf_tokenizer.is_tokenizer_path(vocab_path) and os.path.exists(vocab_path):
+        try:
+            tok = hf_tokenizer.read(vocab_path)
+        except hf_tokenizer.TokenizerError as e:
+            raise ConfigError(f"VOCAB_PATH {vocab_path}: {e}") from None
+        size, pad, record, what = tok.specials.size, tok.specials.pad, tok.record(), "ids"
+    else:
+        if not os.path.isfile(vocab_path):
+            raise ConfigError(f"VOCAB_PATH {vocab_path} does not exist")
+        sp = spm.SentencePieceProcessor()
+        try:
+            sp.Load(vocab_path)
+        except (OSError, RuntimeError) as e:
+            raise ConfigError(
+                f"VOCAB_PATH {vocab_path} is not a SentencePiece model ({errors.first_line(e)})"
+            ) from None
+        size, what = sp.get_piece_size(), "pieces"
+        # seqio pads with id 0; a vocabulary that defines its own pad piece must agree.
+        pad = sp.pad_id() if sp.pad_id() >= 0 else 0
+        with open(vocab_path, "rb") as f:
+            record = hf_tokenizer.sentencepiece_record(f.read(), size)
+    if size > model.vocab_size:
         raise ConfigError(
             f"EncoderConfig.vocab_size={model.vocab_size} does not cover the "
-            f"{sp.get_piece_size()} pieces of VOCAB_PATH {vocab_path}"
+            f"{size} {what} of VOCAB_PATH {vocab_path}"
         )
-    # seqio pads with id 0; a vocabulary that defines its own pad piece must agree.
-    vocab_pad = sp.pad_id() if sp.pad_id() >= 0 else 0
-    if model.pad_token_id != vocab_pad:
+    if size < model.vocab_size:
+        log.info("VOCAB_PATH %s has %d %s, the embedding %d rows: rows %d to %d are padding "
+                 "that no text reaches", vocab_path, size, what, model.vocab_size, size,
+                 model.vocab_size - 1)
+    if model.pad_token_id != pad:
         raise ConfigError(
             f"EncoderConfig.pad_token_id={model.pad_token_id} differs from the pad id "
-            f"{vocab_pad} of VOCAB_PATH {vocab_path}"
+            f"{pad} of VOCAB_PATH {vocab_path}"
         )
+    return record
+
+
+def initial_tokenizer(path: str | None) -> tuple[str | None, dict | None]:
+    """The tokenizer INITIAL_CHECKPOINT_PATH was trained in: (its path, its record).
+
+    A Hugging Face folder with a ``tokenizer.json`` brings its own: its weights are read
+    in its own ids (``initial_params``), a released model's as our own export's. A
+    checkpoint of ours names the vocabulary it recorded. (None, None) where nothing is
+    known: no path, a remote one, a folder without a tokenizer, or a checkpoint written
+    before checkpoints recorded their tokenizer.
+
+    Raises:
+      CheckpointError: the folder's tokenizer cannot serve (naming the path).
+    """
+    if not path or "://" in path or not os.path.isdir(path):
+        return None, None
+    if os.path.isfile(os.path.join(path, hf_tokenizer.MODEL_CONFIG)):
+        if not os.path.isfile(os.path.join(path, hf_tokenizer.TOKENIZER_JSON)):
+            return None, None
+        try:
+            return path, hf_tokenizer.read(path).record()
+        except hf_tokenizer.TokenizerError as e:
+            raise checkpoints.CheckpointError(f"INITIAL_CHECKPOINT_PATH {path}: {e}") from None
+    meta = checkpoints.read_meta(loading.find_step_dir(path))
+
+
+
+def check_same_tokenizer(record: dict | None, stored: dict | None, vocab_path: str | None,
+                         where: str, hint: str) -> None:
+    """Refuses a tokenizer other than the one ``where`` was trained in, naming both.
+
+    Raises:
+      run_dir.RunConfigMismatch: the records differ (nothing is refused where either
+        is unknown).
+    """
+    if record and stored and not hf_tokenizer.same_tokenizer(record, stored):
+        raise run_dir.RunConfigMismatch(
+            f"{where} was trained in another tokenizer: "
+            f"{hf_tokenizer.describe(stored, 'its')}, not "
+            f"{hf_tokenizer.describe(record, f'VOCAB_PATH {vocab_path}')}; {hint}")
 
 
 def latest_checkpoint(model_dir: str, phase: Phase, model: network.EncoderConfig,
-                      data_seed: int | None = None) -> int | None:
+                      data_seed: int | None = None, tokenizer: dict | None = None,
+                      vocab_path: str | None = None) -> int | None:
     """The phase's latest checkpoint (finalised by Orbax), None without one.
 
     Raises:
       run_dir.RunConfigMismatch: the phase's stored checkpoints were written for
-        another model or phase setting (or ``data_seed``) than the requested one.
+        another model or phase setting (or ``data_seed``, or in another ``tokenizer``,
+        the record of ``vocab_path``) than the requested one.
     """
     path = os.path.join(model_dir, phase.name)
     if not os.path.isdir(path):
@@ -283,8 +349,12 @@ def latest_checkpoint(model_dir: str, phase: Phase, model: network.EncoderConfig
     try:
         latest = ckpt.latest_step()
         if latest is not None:
-            run_dir.check_stored_config(os.fspath(ckpt.step_dir(latest)),
-                                        ckpt.read_meta(latest), model, phase, data_seed)
+            meta = ckpt.read_meta(latest)
+            where = os.fspath(ckpt.step_dir(latest))
+            run_dir.check_stored_config(where, meta, model, phase, data_seed)
+            check_same_tokenizer(tokenizer, meta.get("tokenizer"), vocab_path, where,
+                                 "resume with the run's own VOCAB_PATH, or use another "
+                                 "MODEL_DIR")
         return latest
     finally:
         ckpt.close()
@@ -296,7 +366,8 @@ NEW_PROCESS_COUNT = ("reseed",)
 
 def check_stored_run(model_dir: str, phases: Sequence[Phase],
                      model: network.EncoderConfig, data_seeds: Sequence[int],
-                     new_process_count: str | None = None) -> set[str]:
+                     new_process_count: str | None = None, tokenizer: dict | None = None,
+                     vocab_path: str | None = None) -> set[str]:
     """Checks what a rerun reads of MODEL_DIR; returns the names of the complete phases.
 
     Needs no data, so it runs before any corpus is prepared or pipeline built: a damaged
@@ -308,7 +379,8 @@ def check_stored_run(model_dir: str, phases: Sequence[Phase],
     unfinished phase's is checked when the resume reads it.
 
     An unfinished phase whose checkpoint another process count wrote resumes only with
-    ``new_process_count='reseed'``: its hosts' input streams cannot continue.
+    ``new_process_count='reseed'``: its hosts' input streams cannot continue. A
+    checkpoint of another tokenizer than ``tokenizer`` (VOCAB_PATH's record) is refused.
 
     Raises:
       run_dir.RunConfigMismatch: a stored checkpoint was written for another run, or
@@ -317,7 +389,7 @@ def check_stored_run(model_dir: str, phases: Sequence[Phase],
     """
     complete = set()
     for phase, data_seed in zip(phases, data_seeds):
-        latest = latest_checkpoint(model_dir, phase, model, data_seed)
+        latest = latest_checkpoint(model_dir, phase, model, data_seed, tokenizer, vocab_path)
         if latest is None:
             continue
         step_dir = os.path.join(model_dir, phase.name, str(latest))

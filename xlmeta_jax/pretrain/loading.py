@@ -173,6 +173,12 @@ def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
     return cfg, params, meta.get("vocab_path")
 
 
+def recorded_tokenizer(path) -> dict | None:
+    """The tokenizer record (``hf_tokenizer.make_record``) the checkpoint ``path`` resolves
+    to was trained with; None for a checkpoint written before checkpoints recorded it."""
+    return read_meta(find_step_dir(path)).get("tokenizer")
+
+
 def is_count(path) -> bool:
     """Whether an optimizer-state leaf is a step counter (optax's ``count``)."""
     return any(getattr(k, "name", None) == "count" for k in path)

@@ -44,8 +44,10 @@ from xlmeta_jax.pretrain.checks import (
     NEW_PROCESS_COUNT,
     ConfigError,
     check_model_dir,
+    check_same_tokenizer,
     check_stored_run,
     check_vocabulary,
+    initial_tokenizer,
     validate,
 )
 from xlmeta_jax.pretrain.phases import SYNTHETIC, Merge, Phase, fmt_tokens, tokens_before
@@ -72,6 +74,8 @@ class _RunConfig:
     log_every: int
     initial_checkpoint_path: str | None
     vocab_path: str | None
+    # The vocabulary's record (hf_tokenizer.make_record), kept by every checkpoint.
+    tokenizer: dict | None
     peak_flops: float | None
     rng_impl: str
     microbatches: int
@@ -189,6 +193,14 @@ def train(
     initial_checkpoint_path = files.user_path(initial_checkpoint_path,
                                               "INITIAL_CHECKPOINT_PATH")
     corpora = Corpora() if corpora is None else corpora
+    # A model's ids are its tokenizer's: a released model's folder (or a checkpoint of
+    # ours) names the one it was trained in; without VOCAB_PATH the run takes the folder's.
+    init_vocab, init_tokenizer = initial_tokenizer(initial_checkpoint_path)
+    if vocab_path is None and init_tokenizer and init_tokenizer["kind"] == "tokenizers":
+        vocab_path = init_vocab
+        log.info("VOCAB_PATH: the tokenizer of INITIAL_CHECKPOINT_PATH %s", vocab_path)
+        if corpora.vocab_path is None:
+            corpora = dataclasses.replace(corpora, vocab_path=vocab_path)
     mesh_shape = validate(model_dir, model, phases, mesh_shape, jax.device_count(),
                           microbatches, describe=describe, masking=corpora.masking,
                           packed=corpora.packed, merge=merge)
@@ -202,7 +214,7 @@ def train(
         keep_checkpoints=keep_checkpoints,
         async_checkpointing=async_checkpointing, log_every=log_every,
         initial_checkpoint_path=initial_checkpoint_path,
-        vocab_path=checkpoints.absolute(vocab_path) if vocab_path else None,
+        vocab_path=checkpoints.absolute(vocab_path) if vocab_path else None, tokenizer=None,
         peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
         microbatches=microbatches, corpora=corpora, feeder=feeder, config_text=config_text,
         merge=merge)
@@ -212,11 +224,21 @@ def train(
     lock = run_dir.RunLock(model_dir).acquire() if (
         jax.process_index() == 0 and run_dir.RunLock.supported(model_dir)) else None
     try:
+        # The vocabulary where it exists already (the demo's is made by prepare()).
+        tokenizer = (check_vocabulary(cfg.vocab_path, model)
+                     if cfg.vocab_path and os.path.exists(cfg.vocab_path) else None)
         complete = check_stored_run(model_dir, phases, model, cfg.phase_seeds,
-                                    new_process_count)
+                                    new_process_count, tokenizer, cfg.vocab_path)
         if prepare is not None:
             prepare()
-        check_vocabulary(cfg.vocab_path, model)
+        tokenizer = tokenizer or check_vocabulary(cfg.vocab_path, model)
+        check_same_tokenizer(
+            tokenizer, init_tokenizer, cfg.vocab_path,
+            f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path}",
+            "leave VOCAB_PATH out to train in the checkpoint's own"
+            if init_tokenizer and init_tokenizer["kind"] == "tokenizers" else
+            f"set VOCAB_PATH to the vocabulary it records ({init_vocab})")
+        cfg = dataclasses.replace(cfg, tokenizer=tokenizer)
         run_dir.use_compilation_cache(model_dir, compilation_cache_dir)
         mesh = partitioning.create_mesh(*mesh_shape)
         log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s",
@@ -560,6 +582,7 @@ def _meta(cfg: _RunConfig, index: int, phase: Phase, model: network.EncoderConfi
         "sequence_length": phase.sequence_length,
         "model_config": dataclasses.asdict(model),
         "vocab_path": cfg.vocab_path,
+        "tokenizer": cfg.tokenizer,
         "initialized_from": start.provenance,
         "metrics": metrics,
         # The run's phases in order: MODEL_DIR resolves to the last one (loading.py).

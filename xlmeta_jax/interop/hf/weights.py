@@ -275,6 +275,35 @@ def load_hf(
     return _convert(family, hf_config, state, {"pad_token_id": 0, **config_overrides})
 
 
+def config_of(path: str | os.PathLike, *, dtype: str | None = None,
+              param_dtype: str | None = None, scan_layers: bool | None = None,
+              remat_policy: str | None = None, attention_impl: str | None = None,
+              dropout_rate: float | None = None,
+              attention_dropout_rate: float | None = None) -> EncoderConfig:
+    """The encoder configuration of a Hugging Face folder (its ``config.json``), either
+    family: what continued pretraining of a released model trains (gin/native/continue.gin).
+
+    The sizes, vocabulary, pad id and RoPE bases are the folder's; the arguments set how
+    it runs (None keeps the default).
+
+    Raises:
+      FileNotFoundError: no ``config.json``; ConversionError: of neither family.
+    """
+    config_path = pathlib.Path(path) / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} has no {CONFIG_NAME}: give "
+                                "a Hugging Face model folder (save_pretrained's)")
+    hf_config = read_json(config_path, "HF config")
+    overrides = {k: v for k, v in (
+        ("dtype", dtype), ("param_dtype", param_dtype), ("scan_layers", scan_layers),
+        ("remat_policy", remat_policy), ("attention_impl", attention_impl),
+        ("dropout_rate", dropout_rate), ("attention_dropout_rate", attention_dropout_rate),
+    ) if v is not None}
+    if family_of(hf_config, config_path) == "modernbert":
+        return modernbert_layout.config_from_hf(hf_config, **overrides)
+    return config_from_hf(hf_config, **overrides)
+
+
 def _convert(family, hf_config, state, overrides):
     if family == "modernbert":
         cfg = modernbert_layout.config_from_hf(hf_config, **overrides)

@@ -1,0 +1,318 @@
+"""A released model's tokenizer, in its own ids: reading, parity with transformers, masking,
+packing, and the refusals of another tokenizer (xlmeta_jax/data/hf_tokenizer.py,
+seqio_vocabularies.py, special_ids.py, evaluation/tokenization.py, pretrain/checks.py).
+
+Every folder is made here (tests/hf_toy.py): mmBERT's Gemma layout, ModernBERT's and XLM-R's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hf_toy import LAYOUTS, modernbert_folder, tokenizer_folder
+
+from xlmeta_jax import errors
+from xlmeta_jax.data import hf_tokenizer, special_ids, vocabulary
+from xlmeta_jax.evaluation import tokenization
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# FLORES-200 devtest in 20 languages and scripts: sentences 0-19 are tested, 20-219 train.
+FLORES = ("eng_Latn", "fra_Latn", "deu_Latn", "spa_Latn", "rus_Cyrl", "zho_Hans", "jpn_Jpan",
+          "kor_Hang", "arb_Arab", "urd_Arab", "hin_Deva", "ben_Beng", "tam_Taml", "tha_Thai",
+          "ell_Grek", "heb_Hebr", "amh_Ethi", "swh_Latn", "tur_Latn", "vie_Latn")
+
+
+@pytest.fixture(scope="module")
+def flores(shared_data):
+    lines = {lang: (shared_data / "flores200" / "devtest" / f"{lang}.devtest").read_text(
+        encoding="utf-8").splitlines() for lang in FLORES}
+    return ([s for lang in FLORES for s in lines[lang][:20]],
+            [s for lang in FLORES for s in lines[lang][20:220]])
+
+
+@pytest.fixture(scope="module")
+def latin(shared_data):
+    """FLORES lines of seven Latin-script languages: a 500-id tokenizer's text."""
+    return [s for lang in FLORES if lang.endswith("_Latn")
+            for s in (shared_data / "flores200" / "devtest" / f"{lang}.devtest").read_text(
+                encoding="utf-8").splitlines()[20:220]]
+
+
+@pytest.fixture(scope="module")
+def folders(flores, tmp_path_factory):
+    """One tokenizer folder per layout, trained on the same FLORES lines (4000 ids)."""
+    _, train = flores
+    root = tmp_path_factory.mktemp("tokenizers")
+    spm = vocabulary.train_sentencepiece(root / "ours", 4000, sentences=train)
+    return {layout: tokenizer_folder(root / layout, layout, train, spm_path=spm,
+                                     vocab_size=4000)
+            for layout in LAYOUTS} | {"ours": spm}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ids_equal_transformers_on_flores_in_20_languages(layout, folders, flores):
+    """Our vocabulary (tf.data and Python) and fine-tuning tokenizer give transformers'
+    AutoTokenizer's ids, its special ids, its wrapping of a sequence and of a pair."""
+    import tensorflow as tf
+    import transformers
+
+    texts, _ = flores
+    ref = transformers.AutoTokenizer.from_pretrained(folders[layout])
+    vocab = vocabulary.load_vocabulary(folders[layout])
+    tok = tokenization.load_tokenizer(folders[layout])
+    want = [ref(t, add_special_tokens=False)["input_ids"] for t in texts]
+    assert vocab.encode_batch(texts) == want
+    assert [vocab.encode(t) for t in texts[:40]] == want[:40]
+    assert vocab.encode_tf(tf.constant(texts)).to_list() == want
+    assert tok.encode_batch(texts) == want
+    specials = vocab.specials
+    assert (specials.pad, specials.cls, specials.sep, specials.mask, specials.unk) == (
+        ref.pad_token_id, ref.cls_token_id, ref.sep_token_id, ref.mask_token_id,
+        ref.unk_token_id)
+    assert (vocab.pad_id, vocab.cls_id, vocab.sep_id, vocab.mask_id) == (
+        ref.pad_token_id, ref.cls_token_id, ref.sep_token_id, ref.mask_token_id)
+    assert specials.size == len(ref)
+    for a, b in zip(texts[:20], texts[20:40]):
+        assert tok.single(tok.encode(a), 512) == ref(a)["input_ids"]
+        assert tok.pair(tok.encode(a), tok.encode(b), 512) == ref(a, b)["input_ids"]
+    if layout == "gemma":  # not seqio's layout: <bos> and <unk> swap places
+        assert (specials.pad, specials.sep, specials.cls, specials.unk, specials.mask) == (
+            0, 1, 2, 3, 4)
+
+
+def test_our_vocabulary_keeps_seqios_ids(folders):
+    vocab = vocabulary.load_vocabulary(folders["ours"])
+    assert vocab.specials == special_ids.seqio_layout(4000)
+    assert (vocab.pad_id, vocab.eos_id, vocab.unk_id, vocab.cls_id, vocab.mask_id) == (
+        0, 1, 2, 3, 4)
+    assert vocab.record()["special_ids"] == {"pad": 0, "cls": 3, "sep": 1, "mask": 4, "unk": 2}
+    # The fine-tuning tokenizer of the same file records the same tokenizer.
+    tok = tokenization.load_tokenizer(folders["ours"], "seqio")
+    assert hf_tokenizer.same_tokenizer(tok.record(), vocab.record())
+    other = vocabulary.load_vocabulary(folders["gemma"])
+    assert not hf_tokenizer.same_tokenizer(other.record(), vocab.record())
+
+
+@pytest.mark.parametrize("layout", ["gemma", "modernbert"])
+def test_masking_never_selects_or_draws_a_reserved_id(layout, folders):
+    """Over 400 rows holding every id, reserved ones included: no reserved id is selected
+    or drawn as a replacement, the tokenizer's mask id is the mask, and replacements cover
+    the other ids uniformly."""
+    import tensorflow as tf
+
+    from xlmeta_jax.data import preprocessors
+
+    specials = vocabulary.load_vocabulary(folders[layout]).specials
+    rng = np.random.default_rng(0)
+    reserved = np.array(specials.never_masked)
+    selected, drawn = [], []
+    for seed in range(400):
+        targets = rng.integers(0, specials.size, 128).astype(np.int32)
+        targets[:len(reserved)] = reserved  # every reserved id in every row
+        out = preprocessors.mask_block(tf.constant(targets), tf.constant([seed, 7]),
+                                       specials=specials)
+        inputs, weights = out["inputs"].numpy(), out["weights"].numpy()
+        selected.append(targets[weights > 0])
+        changed = (weights > 0) & (inputs != targets) & (inputs != specials.mask)
+        drawn.append(inputs[changed])
+        assert np.all(inputs[weights == 0] == targets[weights == 0])
+    selected, drawn = np.concatenate(selected), np.concatenate(drawn)
+    assert not np.isin(selected, reserved).any() and not np.isin(drawn, reserved).any()
+    assert specials.mask not in drawn and len(drawn) > 500
+    # Uniform over the non-reserved ids: their mean and spread are the uniform's.
+    allowed = specials.replacement_ids()
+    assert abs(drawn.mean() - allowed.mean()) < 4 * allowed.std() / np.sqrt(len(drawn))
+
+
+@pytest.mark.parametrize("layout", ["gemma", "modernbert"])
+def test_packed_rows_are_wrapped_and_padded_in_the_tokenizers_ids(layout, folders, flores):
+    import seqio
+    import tensorflow as tf
+
+    from xlmeta_jax.data import preprocessors
+
+    vocab = vocabulary.load_vocabulary(folders[layout])
+    features = {"targets": seqio.Feature(vocab, add_eos=False, dtype=tf.int32)}
+    texts, _ = flores
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"text": texts[:60], "ends_document": [True] * 60})
+    tokens = preprocessors.tokenize_documents(ds, features, eos_after="document")
+    rows = list(preprocessors.pack_documents(tokens, {"inputs": 96, "targets": 96},
+                                             features).as_numpy_iterator())
+    s = vocab.specials
+    docs = [vocab.encode(t) for t in texts[:60]]
+    pieces = [p for d in docs for p in [d[i:i + 95] for i in range(0, len(d) + 1, 95)]]
+    seen = []
+    for row in rows:
+        for seg in range(1, row["segment_ids"].max() + 1):
+            part = row["targets"][row["segment_ids"] == seg].tolist()
+            assert part[0] == s.cls
+            seen.append(part[1:])
+        assert np.all(row["targets"][row["segment_ids"] == 0] == s.pad)
+    # Each document is its ids and the tokenizer's sep, cut into pieces of 95.
+    joined = [x for p in seen for x in p]
+    assert joined == [x for d in docs for x in [*d, s.sep]]
+    assert len(seen) >= len(pieces) - 1
+
+
+def _bad(folder, **edits):
+    """A copy of the gemma folder with files replaced (None: removed)."""
+    for name, content in edits.items():
+        path = folder / name.replace("__", ".")
+        if content is None:
+            path.unlink()
+        else:
+            path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return folder
+
+
+@pytest.mark.parametrize("case, edit, message", [
+    ("unparsable", {"tokenizer__json": "{ not json"},
+     "tokenizer.json is not a tokenizers tokenizer.json ("),
+    ("no mask", {"tokenizer_config__json": {"pad_token": "<pad>", "bos_token": "<bos>",
+                                             "eos_token": "<eos>"},
+                 "special_tokens_map__json": None},
+     "tokenizer_config.json names no mask_token: masked-LM training and fill-mask need one"),
+    ("slow only", {"tokenizer__json": None, "sentencepiece__bpe__model": "x"},
+     "holds a slow tokenizer only (sentencepiece.bpe.model), no tokenizer.json"),
+    ("config disagrees", {"config__json": {"model_type": "modernbert", "pad_token_id": 3}},
+     "config.json has pad_token_id=3, but the tokenizer files give pad id 0"),
+    ("unknown token", {"tokenizer_config__json": {"mask_token": "[MASK]"}},
+     "names mask_token '[MASK]', which"),
+])
+def test_bad_tokenizer_folders_are_one_line(case, edit, message, folders, tmp_path):
+    folder = shutil.copytree(folders["gemma"], tmp_path / "folder")
+    _bad(folder, **edit)
+    with pytest.raises(hf_tokenizer.TokenizerError) as e:
+        vocabulary.load_vocabulary(folder)
+    assert message in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+    assert isinstance(e.value, errors.UserError)
+
+
+def test_tokenizer_larger_than_the_model_is_refused_a_smaller_one_is_padding(released, caplog):
+    from xlmeta_jax.model import network
+    from xlmeta_jax.pretrain import checks
+
+    cfg = network.get_config("modernbert_tiny", vocab_size=512, pad_token_id=0)
+    with caplog.at_level("INFO", logger="xlmeta_jax.train"):
+        record = checks.check_vocabulary(os.fspath(released), cfg)
+    assert record == hf_tokenizer.read(released).record()
+    assert "has 500 ids, the embedding 512 rows: rows 500 to 511 are padding" in caplog.text
+    small = network.get_config("modernbert_tiny", vocab_size=256, pad_token_id=0)
+    with pytest.raises(checks.ConfigError, match=r"vocab_size=256 does not cover the 500 ids "
+                       f"of VOCAB_PATH {released}"):
+        checks.check_vocabulary(os.fspath(released), small)
+
+
+# ----------------------------------------------------------------- continued pretraining
+
+
+@pytest.fixture(scope="module")
+def released(latin, tmp_path_factory):
+    """A tiny ModernBERT saved by transformers in a Gemma-layout tokenizer (mmBERT's) of 500
+    ids, its embedding 512 rows."""
+    return modernbert_folder(tmp_path_factory.mktemp("released") / "mmbert_like", latin)
+
+
+@pytest.fixture(scope="module")
+def small_spm(latin, tmp_path_factory):
+    """Our SentencePiece model of 500 pieces on the same text: it fits the released model's
+    512 rows and pad id, so only the tokenizer tells it apart."""
+    return vocabulary.train_sentencepiece(tmp_path_factory.mktemp("spm") / "en", 500,
+                                          sentences=latin)
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer(latin, tmp_path_factory):
+    """Gemma's layout and 500 ids again, trained on half the text: other pieces behind the
+    same special ids and size, so only the files tell it apart."""
+    return tokenizer_folder(tmp_path_factory.mktemp("other") / "gemma", "gemma",
+                            latin[: len(latin) // 2], vocab_size=500)
+
+
+@pytest.fixture(scope="module")
+def text_file(latin, tmp_path_factory):
+    train = latin
+    path = tmp_path_factory.mktemp("text") / "domain.txt"
+    # A paragraph per line, a blank line between documents of five.
+    path.write_text("".join(f"{s}\n" + ("\n" if i % 5 == 4 else "")
+                            for i, s in enumerate(train)), encoding="utf-8")
+    return path
+
+
+def _train(model_dir, released, text_file, *extra):
+    from errors_fixtures import env
+
+    return subprocess.run(
+        [sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/native/continue.gin",
+         f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{released}'",
+         f"--gin.TEXT_FILES=['{text_file}']", "--gin.STEPS=4", "--gin.WARMUP_STEPS=1",
+         "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=64",
+         "--gin.xlmeta_jax.interop.hf.weights.config_of.dtype='float32'",
+         "--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every=2",
+         "--gin.xlmeta_jax.pretrain.trainer.train.log_every=2", *extra],
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def continued(released, text_file, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("continued") / "run"
+    done = _train(model_dir, released, text_file)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return model_dir
+
+
+@pytest.mark.slow
+def test_a_released_folder_continues_in_its_own_ids(continued, released):
+    """Without VOCAB_PATH the run takes the folder's tokenizer: its checkpoints record it,
+    and fine-tuning reads the run in the same ids."""
+    from xlmeta_jax.evaluation import encoders
+    from xlmeta_jax.pretrain import checkpoints, loading
+
+    meta = checkpoints.read_meta(loading.find_step_dir(continued))
+    assert meta["vocab_path"] == os.fspath(released)
+    assert meta["tokenizer"] == hf_tokenizer.read(released).record()
+    assert meta["tokenizer"]["special_ids"] == {"pad": 0, "cls": 2, "sep": 1, "mask": 4,
+                                                "unk": 3}
+    loaded = encoders.load_encoder(os.fspath(continued))
+    assert isinstance(loaded.tokenizer, tokenization.HFTokenizer)
+    assert (loaded.tokenizer.cls_id, loaded.tokenizer.sep_id) == (2, 1)
+    assert (loaded.config.family, loaded.config.vocab_size) == ("modernbert", 512)
+
+
+@pytest.mark.slow
+def test_another_tokenizer_is_refused_in_one_line(continued, released, text_file,
+                                                  other_tokenizer, small_spm, tmp_path):
+    """Resume, a fresh start from the folder, and fine-tuning, each under a tokenizer the
+    model was not trained in: one line naming both, exit 2, nothing written."""
+    from errors_fixtures import foreign_lines
+
+    from xlmeta_jax.evaluation import encoders
+
+    before = sorted(p.name for p in continued.rglob("*"))
+    cases = [
+        # Resume under another tokenizer (ModernBERT's layout, 500 ids too).
+        (continued, other_tokenizer, f"{continued}/continue/4 was trained in another "
+         "tokenizer"),
+        # The silent case: our SentencePiece model of 500 pieces (pad 0) fits the model's
+        # 512 rows; the folder's weights are in Gemma's ids.
+        (tmp_path / "fresh", small_spm, f"INITIAL_CHECKPOINT_PATH {released} was trained "
+         "in another tokenizer"),
+    ]
+    for model_dir, vocab, message in cases:
+        done = _train(model_dir, released, text_file, f"--gin.VOCAB_PATH='{vocab}'")
+        lines = [ln for ln in done.stderr.splitlines() if ln.startswith("xlmeta_jax.")]
+        assert done.returncode == errors.EXIT_USER_ERROR, done.stderr[-3000:]
+        assert len(lines) == 1 and message in lines[0], done.stderr[-3000:]
+        assert not foreign_lines(done.stderr), done.stderr[-3000:]
+        assert f"VOCAB_PATH {vocab}" in lines[0]
+    assert not (tmp_path / "fresh").exists()
+    assert sorted(p.name for p in continued.rglob("*")) == before
+    with pytest.raises(errors.UserError, match="was trained in another tokenizer"):
+        encoders.load_encoder(os.fspath(continued), os.fspath(small_spm))
