@@ -29,6 +29,8 @@ _RUNTIME = [
     "clu>=0.0.12",
     "tensorboard>=2.15",
     "safetensors>=0.4",
+    # A released model's tokenizer.json (mmBERT, ModernBERT, XLM-R), read in its own ids.
+    "tokenizers>=0.20",
     "numpy",
     # Real text for the demo that exists on a fresh machine without internet (UDHR samples).
     "gflanguages>=0.7",

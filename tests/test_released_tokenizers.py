@@ -316,3 +316,81 @@ def test_another_tokenizer_is_refused_in_one_line(continued, released, text_file
     assert sorted(p.name for p in continued.rglob("*")) == before
     with pytest.raises(errors.UserError, match="was trained in another tokenizer"):
         encoders.load_encoder(os.fspath(continued), os.fspath(small_spm))
+
+
+def _hf_cli(argv):
+    """(exit status, stdout and stderr) of ``python -m xlmeta_jax.hf``, in process."""
+    import contextlib
+    import io
+
+    from xlmeta_jax.cli import hf as hf_cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = errors.run_command(hf_cli.main, argv, prog="xlmeta_jax.hf")
+    return code, out.getvalue()
+
+
+@pytest.mark.slow
+def test_the_export_carries_its_tokenizer_and_fill_mask_gives_our_logits(
+        continued, released, other_tokenizer, flores, tmp_path):
+    """``hf to_hf`` of the continued run: the folder's tokenizer files byte for byte, the
+    rows in its ids, and transformers' AutoTokenizer, model and fill-mask pipeline give our
+    ids and logits; ``hf to_flax`` reads it back exactly, with its tokenizer recorded."""
+    import torch
+    import transformers
+
+    from xlmeta_jax.model import network
+    from xlmeta_jax.pretrain import checkpoints, loading
+
+    out = tmp_path / "export"
+    code, text = _hf_cli(["to_hf", f"--checkpoint={continued}", f"--output={out}"])
+    assert code == 0, text
+    for name in hf_tokenizer.TOKENIZER_FILES:
+        assert (out / name).read_bytes() == (released / name).read_bytes(), name
+    texts = flores[0][:40]
+    ours = vocabulary.load_vocabulary(released)
+    ref = transformers.AutoTokenizer.from_pretrained(out)
+    assert [ref(t, add_special_tokens=False)["input_ids"] for t in texts] == (
+        ours.encode_batch(texts))
+    # A sentence with its third piece masked, through transformers and through our network.
+    cfg, params, _ = loading.load_pretrained(continued)
+    ids = ref(texts[0])["input_ids"][:24]
+    ids[3] = ref.mask_token_id
+    model = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor([ids])).logits.numpy()[0]
+    mine = np.asarray(network.masked_lm(cfg).apply(
+        {"params": params}, np.array([ids], np.int32), np.ones([1, len(ids)], np.int32)))[0]
+    np.testing.assert_allclose(mine, theirs, atol=1e-4, rtol=0)
+    # fill-mask on the text of those ids: the same ids again, and our five best with our
+    # probabilities.
+    masked = ref.decode(ids[1:])
+    assert ref(masked)["input_ids"] == ids + [ref.sep_token_id]
+    best = transformers.pipeline("fill-mask", model=model, tokenizer=ref, top_k=5)(masked)
+    probs = np.exp(mine[3] - mine[3].max())
+    probs /= probs.sum()
+    assert [b["token"] for b in best] == np.argsort(-probs)[:5].tolist()
+    np.testing.assert_allclose([b["score"] for b in best], np.sort(probs)[::-1][:5], atol=1e-5)
+    # Back again: the same parameters, the tokenizer recorded beside them.
+    code, text = _hf_cli(["to_flax", f"--hf_path={out}", f"--output={tmp_path / 'flax'}"])
+    assert code == 0, text
+    meta = checkpoints.read_meta(loading.find_step_dir(tmp_path / "flax"))
+    assert meta["tokenizer"] == hf_tokenizer.read(released).record()
+    _, back, _ = loading.load_pretrained(tmp_path / "flax")
+    for a, b in zip(*(jax_leaves(t) for t in (params, back))):
+        np.testing.assert_array_equal(a, b)
+    # Into a folder that holds another tokenizer: one line, nothing written.
+    other = shutil.copytree(other_tokenizer, tmp_path / "other")
+    before = sorted(p.name for p in other.iterdir())
+    code, text = _hf_cli(["to_hf", f"--checkpoint={continued}", f"--output={other}"])
+    refused = [ln for ln in text.splitlines() if ln.startswith("xlmeta_jax.hf: error: ")]
+    assert code == errors.EXIT_USER_ERROR and len(refused) == 1, text
+    assert f"{other} holds another tokenizer (its tokenizer.json not the model's)" in text
+    assert sorted(p.name for p in other.iterdir()) == before
+
+
+def jax_leaves(tree):
+    import jax
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]

@@ -313,7 +313,7 @@ def initial_tokenizer(path: str | None) -> tuple[str | None, dict | None]:
         except hf_tokenizer.TokenizerError as e:
             raise checkpoints.CheckpointError(f"INITIAL_CHECKPOINT_PATH {path}: {e}") from None
     meta = checkpoints.read_meta(loading.find_step_dir(path))
-
+    return meta.get("vocab_path"), meta.get("tokenizer")
 
 
 def check_same_tokenizer(record: dict | None, stored: dict | None, vocab_path: str | None,

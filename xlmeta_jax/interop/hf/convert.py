@@ -17,6 +17,7 @@ import os
 import pathlib
 
 from xlmeta_jax import files
+from xlmeta_jax.data import hf_tokenizer as hf_tokenizer_files
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
 from xlmeta_jax.interop.hf.weights import (
     CONFIG_NAME,
@@ -39,8 +40,9 @@ def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
     params, ``output/0/meta`` the encoder config and vocabulary), the layout
     :func:`xlmeta_jax.pretrain.loading.load_pretrained` reads. A model that :func:`to_hf`
     exported from our vocabulary gets our ids back (the round trip is exact) and
-    ``output/spm.model`` is our SentencePiece model again; any other model keeps
-    XLM-R's ids and its ``sentencepiece.bpe.model`` is copied there.
+    ``output/spm.model`` is our SentencePiece model again; any other model keeps its own
+    ids: its tokenizer files (``tokenizer.json`` and the special tokens' files) are
+    copied there and recorded, or, without them, XLM-R's ``sentencepiece.bpe.model``.
 
     ``report`` (e.g. ``print``) receives the parity line of :mod:`xlmeta_jax.interop.hf.parity`:
     both networks on the converted weights, refused above its tolerance.
@@ -59,15 +61,23 @@ def to_flax(hf_path: str, output: str, *, scan_layers: bool = False,
         hf_tokenizer.CONFIG_KEY in read_json(config_path, "HF config"))
     cfg, params = load_hf(hf_path, allow_pickle=allow_pickle, seqio_ids=seqio,
                           parity_report=report, scan_layers=scan_layers)
-    vocab_path = None
-    if (src_dir / hf_tokenizer.SPM_NAME).is_file():
+    vocab_path, extra_meta = None, None
+    if not seqio and (src_dir / hf_tokenizer_files.TOKENIZER_JSON).is_file():
+        # The folder's own tokenizer (a released model's), copied beside the checkpoint
+        # byte for byte and recorded: the parameters stay in its ids.
+        tok = hf_tokenizer_files.read(src_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in tok.files.items():
+            write_file(out / name, lambda p, data=data: pathlib.Path(p).write_bytes(data))
+        vocab_path, extra_meta = out, {"tokenizer": tok.record()}
+    elif (src_dir / hf_tokenizer.SPM_NAME).is_file():
         vocab = (hf_tokenizer.seqio_vocabulary_bytes(src_dir) if seqio
                  else (src_dir / hf_tokenizer.SPM_NAME).read_bytes())
         out.mkdir(parents=True, exist_ok=True)
         vocab_path = out / FLAX_VOCAB_NAME
         write_file(vocab_path, lambda p: pathlib.Path(p).write_bytes(vocab))
     checkpoints.save_params(out, cfg, params, vocab_path=vocab_path and os.fspath(vocab_path),
-                            initialized_from=os.fspath(src.absolute()))
+                            initialized_from=os.fspath(src.absolute()), extra_meta=extra_meta)
     return out
 
 
@@ -80,17 +90,32 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None,
         ``MODEL_DIR/phaseN`` or ``MODEL_DIR/phaseN/<step>``) or a :func:`to_flax`
         directory, read with ``xlmeta_jax.pretrain.loading.load_pretrained``.
       output: output directory.
-      vocab_path: the model's SentencePiece file; default: the one the checkpoint records.
+      vocab_path: the model's SentencePiece file or Hugging Face tokenizer folder; default:
+        the one the checkpoint records. A tokenizer folder's files are written as they are
+        (and one other than the checkpoint's is refused).
       report: receives the parity line (``print`` in the command); None skips the check.
     """
     _check_output(pathlib.Path(output))
     existing = [n for n in (CONFIG_NAME, SAFE_WEIGHTS_NAME) if (pathlib.Path(output) / n).exists()]
     if existing:
         raise ConversionError(f"{output} already holds {existing}; export into a new directory")
-    if vocab_path is not None and not os.path.isfile(vocab_path):
+    if vocab_path is not None and not os.path.exists(vocab_path):
         raise FileNotFoundError(f"vocabulary {vocab_path} does not exist")
     cfg, params, recorded = loading.load_pretrained(checkpoint)
-    return save_hf(output, cfg, params, vocab_path=vocab_path or recorded, parity_report=report)
+    vocab = vocab_path or recorded
+    if vocab and hf_tokenizer_files.is_tokenizer_path(vocab) and os.path.exists(vocab):
+        # A Hugging Face tokenizer the model was trained in: its files go with the model as
+        # they are, and the rows stay in its ids.
+        tok = hf_tokenizer_files.read(vocab)
+        stored = loading.recorded_tokenizer(checkpoint)
+        if stored and not hf_tokenizer_files.same_tokenizer(stored, tok.record()):
+            raise ConversionError(
+                f"{checkpoint} was trained in another tokenizer: "
+                f"{hf_tokenizer_files.describe(stored, 'its')}, not "
+                f"{hf_tokenizer_files.describe(tok.record(), f'--vocab_path {vocab}')}")
+        return save_hf(output, cfg, params, tokenizer_files=tok.files,
+                       special=tok.specials.as_dict(), parity_report=report)
+    return save_hf(output, cfg, params, vocab_path=vocab, parity_report=report)
 
 
 def _check_output(out: pathlib.Path) -> None:

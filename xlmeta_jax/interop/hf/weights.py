@@ -338,6 +338,8 @@ def write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
 
 def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, Any],
             *, vocab_path: str | os.PathLike | None = None,
+            tokenizer_files: Mapping[str, bytes] | None = None,
+            special: Mapping[str, int] | None = None,
             parity_report: Callable[[str], None] | None = None,
             **config_kwargs) -> pathlib.Path:
     """Writes a directory that transformers loads as is: weights, config, tokenizer, and a
@@ -355,6 +357,10 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
       vocab_path: the model's SentencePiece file: ours (seqio ids) or an XLM-R
         ``sentencepiece.bpe.model``. Required for a model with our ids; without it
         a model in XLM-R's ids is written without tokenizer files.
+      tokenizer_files: instead, a Hugging Face tokenizer's files (name -> bytes) that the
+        model was trained in: written byte for byte, the rows left in their ids.
+      special: with ``tokenizer_files``, its ``pad``, ``cls`` and ``sep`` ids (and
+        ``bos``/``eos`` where it names them), written into ``config.json``.
       parity_report: when given, transformers' model and ours run the exported weights
         before anything is written; this receives the one-line result.
       **config_kwargs: ``bos_token_id`` and ``eos_token_id`` of the written config.
@@ -369,7 +375,14 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
 
     path = pathlib.Path(path)
     files, rows, seqio_pieces = {}, None, None
-    if vocab_path is None and cfg.pad_token_id != 1:
+    if tokenizer_files is not None:
+        files = dict(tokenizer_files)
+        if cfg.pad_token_id != special["pad"]:
+            raise ConversionError(f"the tokenizer's pad id is {special['pad']} but the model's "
+                                  f"pad_token_id is {cfg.pad_token_id}")
+        config_kwargs = {"bos_token_id": special.get("bos", special["cls"]),
+                         "eos_token_id": special.get("eos", special["sep"]), **config_kwargs}
+    elif vocab_path is None and cfg.pad_token_id != 1:
         raise ConversionError(
             f"the model uses our vocabulary's ids (pad {cfg.pad_token_id}): the export needs "
             "its SentencePiece model to write the tokenizer (vocab_path / --vocab_path)"
@@ -393,7 +406,17 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
                 f"{cfg.pad_token_id}"
             )
     names = [CONFIG_NAME, SAFE_WEIGHTS_NAME, card.README_NAME, *files]
-    existing = [n for n in names if (path / n).exists()]
+    tokenizer_config = files.get(hf_tokenizer.TOKENIZER_CONFIG_NAME)
+    tokenizer_class = (json.loads(tokenizer_config).get("tokenizer_class", "AutoTokenizer")
+                       if tokenizer_config else None)
+    # The same tokenizer already there (an export's folder prepared with it) stays.
+    same = [n for n in files if (path / n).is_file() and (path / n).read_bytes() == files[n]]
+    existing = [n for n in names if (path / n).exists() and n not in same]
+    if tokenizer_files is not None and set(existing) & set(files):
+        raise ConversionError(
+            f"{path} holds another tokenizer (its {', '.join(sorted(set(existing) & set(files)))}"
+            " not the model's); export into a new directory")
+    files = {n: data for n, data in files.items() if n not in same}
     if existing:
         raise ConversionError(f"{path} already holds {existing}; export into a new directory")
     if cfg.family == "modernbert":
@@ -404,8 +427,9 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
             cfg = cfg.replace(pad_token_id=1)
         bos, eos = hf_special_ids(cfg)
         bos, eos = config_kwargs.get("bos_token_id", bos), config_kwargs.get("eos_token_id", eos)
+        cls, sep = (special["cls"], special["sep"]) if special else (bos, eos)
         hf_config = modernbert_layout.hf_config_from_config(cfg, special={
-            "bos_token_id": bos, "eos_token_id": eos, "cls_token_id": bos, "sep_token_id": eos})
+            "bos_token_id": bos, "eos_token_id": eos, "cls_token_id": cls, "sep_token_id": sep})
     else:
         state = hf_state_dict_from_params(params, cfg, include_tied=False)
         if rows is not None:
@@ -417,10 +441,7 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
     if parity_report is not None:  # before anything is written
         parity.check(hf_config, state, *_convert(cfg.family, hf_config, state, {}),
                      report=parity_report)
-    tokenizer_config = files.get(hf_tokenizer.TOKENIZER_CONFIG_NAME)
-    files[card.README_NAME] = card.model_card(
-        hf_config, tokenizer_config and json.loads(tokenizer_config)["tokenizer_class"],
-        seqio_pieces).encode()
+    files[card.README_NAME] = card.model_card(hf_config, tokenizer_class, seqio_pieces).encode()
     path.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         write_file(path / name, lambda p, data=data: pathlib.Path(p).write_bytes(data))
