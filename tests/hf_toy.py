@@ -61,25 +61,3 @@ def tokenizer_folder(folder: pathlib.Path, layout: str, lines, *, spm_path=None,
         for name, data in files.items():
             (folder / name).write_bytes(data)
     return folder
-
-
-def modernbert_folder(folder: pathlib.Path, lines, *, vocab_size: int = 512,
-                      pieces: int = 500, **sizes) -> pathlib.Path:
-    """A tiny ModernBERT as transformers saves it, in a Gemma-layout tokenizer of
-    ``pieces`` ids (its embedding ``vocab_size`` rows: larger, as released models round
-    up), with ``config.json``'s special ids those of the tokenizer."""
-    import torch
-    import transformers
-
-    tokenizer_folder(folder, "gemma", lines, vocab_size=pieces)
-    torch.manual_seed(0)
-    config = transformers.ModernBertConfig(
-        vocab_size=vocab_size, hidden_size=sizes.get("hidden_size", 32),
-        intermediate_size=sizes.get("intermediate_size", 48),
-        num_hidden_layers=sizes.get("num_hidden_layers", 2),
-        num_attention_heads=sizes.get("num_attention_heads", 4),
-        local_attention=sizes.get("local_attention", 8), global_attn_every_n_layers=2,
-        max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        cls_token_id=2, sep_token_id=1)
-    transformers.ModernBertForMaskedLM(config).save_pretrained(folder)
-    return folder

@@ -69,10 +69,11 @@ def test_gold_logits_decode_to_gold_answers(shared_data, tok, lang):
     assert overall["f1"] > 90.0
 
 
-def test_windows_cover_every_context_token(shared_data, tok):
+@pytest.mark.parametrize("doc_stride", [32, 200])  # 200: a stride longer than the window
+def test_windows_cover_every_context_token(shared_data, tok, doc_stride):
     examples = tasks.get("tydiqa").load_eval("en", shared_data)[:40]
     feats = features.qa_features(
-        examples, tok, max_seq_length=96, doc_stride=32, max_query_length=24
+        examples, tok, max_seq_length=96, doc_stride=doc_stride, max_query_length=24
     )
     for i, ex in enumerate(examples):
         _, offs = tok.encode_with_offsets(ex.context)

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from hf_toy import LAYOUTS, modernbert_folder, tokenizer_folder
+from hf_toy import LAYOUTS, tokenizer_folder
 
 from xlmeta_jax import errors
 from xlmeta_jax.data import hf_tokenizer, special_ids, vocabulary
@@ -199,73 +199,61 @@ def test_tokenizer_larger_than_the_model_is_refused_a_smaller_one_is_padding(rel
     from xlmeta_jax.model import network
     from xlmeta_jax.pretrain import checks
 
-    cfg = network.get_config("modernbert_tiny", vocab_size=512, pad_token_id=0)
+    cfg = network.get_config("modernbert_tiny", vocab_size=1024, pad_token_id=0)
     with caplog.at_level("INFO", logger="xlmeta_jax.train"):
         record = checks.check_vocabulary(os.fspath(released), cfg)
     assert record == hf_tokenizer.read(released).record()
-    assert "has 500 ids, the embedding 512 rows: rows 500 to 511 are padding" in caplog.text
-    small = network.get_config("modernbert_tiny", vocab_size=256, pad_token_id=0)
-    with pytest.raises(checks.ConfigError, match=r"vocab_size=256 does not cover the 500 ids "
+    assert "has 1000 ids, the embedding 1024 rows: rows 1000 to 1023 are padding" in caplog.text
+    small = network.get_config("modernbert_tiny", vocab_size=512, pad_token_id=0)
+    with pytest.raises(checks.ConfigError, match=r"vocab_size=512 does not cover the 1000 ids "
                        f"of VOCAB_PATH {released}"):
         checks.check_vocabulary(os.fspath(released), small)
 
 
 # ----------------------------------------------------------------- continued pretraining
+# One run of gin/demo_continue.gin (gin/native/continue.gin on the demo's release: a tiny
+# ModernBERT saved by transformers, 1000 ids in Gemma's layout, 1024 rows), 4 steps.
 
 
-@pytest.fixture(scope="module")
-def released(latin, tmp_path_factory):
-    """A tiny ModernBERT saved by transformers in a Gemma-layout tokenizer (mmBERT's) of 500
-    ids, its embedding 512 rows."""
-    return modernbert_folder(tmp_path_factory.mktemp("released") / "mmbert_like", latin)
-
-
-@pytest.fixture(scope="module")
-def small_spm(latin, tmp_path_factory):
-    """Our SentencePiece model of 500 pieces on the same text: it fits the released model's
-    512 rows and pad id, so only the tokenizer tells it apart."""
-    return vocabulary.train_sentencepiece(tmp_path_factory.mktemp("spm") / "en", 500,
-                                          sentences=latin)
-
-
-@pytest.fixture(scope="module")
-def other_tokenizer(latin, tmp_path_factory):
-    """Gemma's layout and 500 ids again, trained on half the text: other pieces behind the
-    same special ids and size, so only the files tell it apart."""
-    return tokenizer_folder(tmp_path_factory.mktemp("other") / "gemma", "gemma",
-                            latin[: len(latin) // 2], vocab_size=500)
-
-
-@pytest.fixture(scope="module")
-def text_file(latin, tmp_path_factory):
-    train = latin
-    path = tmp_path_factory.mktemp("text") / "domain.txt"
-    # A paragraph per line, a blank line between documents of five.
-    path.write_text("".join(f"{s}\n" + ("\n" if i % 5 == 4 else "")
-                            for i, s in enumerate(train)), encoding="utf-8")
-    return path
-
-
-def _train(model_dir, released, text_file, *extra):
+def _train(model_dir, *extra):
     from errors_fixtures import env
 
     return subprocess.run(
-        [sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/native/continue.gin",
-         f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INITIAL_CHECKPOINT_PATH='{released}'",
-         f"--gin.TEXT_FILES=['{text_file}']", "--gin.STEPS=4", "--gin.WARMUP_STEPS=1",
-         "--gin.BATCH_SIZE=8", "--gin.SEQUENCE_LENGTH=64",
-         "--gin.xlmeta_jax.interop.hf.weights.config_of.dtype='float32'",
-         "--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every=2",
+        [sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo_continue.gin",
+         f"--gin.MODEL_DIR='{model_dir}'", "--gin.STEPS=4", "--gin.WARMUP_STEPS=1",
+         "--gin.BATCH_SIZE=8", "--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every=2",
          "--gin.xlmeta_jax.pretrain.trainer.train.log_every=2", *extra],
         cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
-def continued(released, text_file, tmp_path_factory):
+def continued(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("continued") / "run"
-    done = _train(model_dir, released, text_file)
+    done = _train(model_dir)
     assert done.returncode == 0, done.stderr[-4000:]
     return model_dir
+
+
+@pytest.fixture(scope="module")
+def released(continued):
+    """The demo's release: what a user downloads (tokenizer.json, config.json, weights)."""
+    return continued / "demo_data" / "released"
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer(latin, tmp_path_factory):
+    """Gemma's layout and 1000 ids again, trained on other text: other pieces behind the
+    same special ids and size, so only the files tell it apart."""
+    return tokenizer_folder(tmp_path_factory.mktemp("other") / "gemma", "gemma", latin,
+                            vocab_size=1000)
+
+
+@pytest.fixture(scope="module")
+def small_spm(latin, tmp_path_factory):
+    """Our SentencePiece model of 1000 pieces: it fits the release's 1024 rows and pad id
+    0, so only the tokenizer tells it apart (the case that trained silently before)."""
+    return vocabulary.train_sentencepiece(tmp_path_factory.mktemp("spm") / "latin", 1000,
+                                          sentences=latin)
 
 
 @pytest.mark.slow
@@ -283,12 +271,12 @@ def test_a_released_folder_continues_in_its_own_ids(continued, released):
     loaded = encoders.load_encoder(os.fspath(continued))
     assert isinstance(loaded.tokenizer, tokenization.HFTokenizer)
     assert (loaded.tokenizer.cls_id, loaded.tokenizer.sep_id) == (2, 1)
-    assert (loaded.config.family, loaded.config.vocab_size) == ("modernbert", 512)
+    assert (loaded.config.family, loaded.config.vocab_size) == ("modernbert", 1024)
 
 
 @pytest.mark.slow
-def test_another_tokenizer_is_refused_in_one_line(continued, released, text_file,
-                                                  other_tokenizer, small_spm, tmp_path):
+def test_another_tokenizer_is_refused_in_one_line(continued, released, other_tokenizer,
+                                                  small_spm, tmp_path):
     """Resume, a fresh start from the folder, and fine-tuning, each under a tokenizer the
     model was not trained in: one line naming both, exit 2, nothing written."""
     from errors_fixtures import foreign_lines
@@ -306,7 +294,9 @@ def test_another_tokenizer_is_refused_in_one_line(continued, released, text_file
          "in another tokenizer"),
     ]
     for model_dir, vocab, message in cases:
-        done = _train(model_dir, released, text_file, f"--gin.VOCAB_PATH='{vocab}'")
+        done = _train(model_dir, f"--gin.VOCAB_PATH='{vocab}'",
+                      f"--gin.INITIAL_CHECKPOINT_PATH='{released}'",
+                      f"--gin.TEXT_FILES=['{continued}/demo_data/new_languages/*.txt']")
         lines = [ln for ln in done.stderr.splitlines() if ln.startswith("xlmeta_jax.")]
         assert done.returncode == errors.EXIT_USER_ERROR, done.stderr[-3000:]
         assert len(lines) == 1 and message in lines[0], done.stderr[-3000:]
@@ -394,3 +384,49 @@ def jax_leaves(tree):
     import jax
 
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_word_alignment_of_a_byte_level_bpe_follows_its_offsets(folders, flores):
+    """ModernBERT's byte-level BPE marks a word's first piece by the space before it: each
+    sentence is encoded whole and every piece goes to the word its offsets start in, so the
+    words' pieces are the sentence's, in transformers' own ids and offsets."""
+    import transformers
+
+    ref = transformers.AutoTokenizer.from_pretrained(folders["modernbert"])
+    tok = tokenization.load_tokenizer(folders["modernbert"])
+    for text in flores[0][:60]:
+        words = text.split()
+        sentence = " ".join(words)
+        enc = ref(sentence, add_special_tokens=False, return_offsets_mapping=True)
+        starts = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])
+        want = [[] for _ in words]
+        for i, (b, e) in zip(enc["input_ids"], enc["offset_mapping"]):
+            while b < e and sentence[b].isspace():
+                b += 1
+            want[int(np.searchsorted(starts, b, side="right")) - 1].append(i)
+        assert tok.encode_words(words) == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["panx", "xquad"])
+def test_a_released_folder_fine_tunes_in_its_own_tokenizer(task, released, shared_data,
+                                                           tmp_path):
+    """``python -m xlmeta_jax.finetune`` with the released folder as INITIAL_CHECKPOINT_PATH
+    and nothing else: tagging (word alignment) and QA (question and context as a pair) in
+    the folder's ids."""
+    import gin
+
+    from xlmeta_jax.cli import finetune
+
+    gin.clear_config()
+    results = finetune.main([
+        f"--gin_file=gin/finetune/{task}.gin", "--gin_file=gin/finetune/demo.gin",
+        f"--gin.INITIAL_CHECKPOINT_PATH='{released}'", f"--gin.MODEL_DIR='{tmp_path / task}'",
+        f"--gin.DATA_DIR='{shared_data}'", "--gin.finetune.train_steps=2",
+        "--gin.finetune.max_train_examples=16", "--gin.finetune.max_eval_examples=4",
+        "--gin.finetune.eval_every=2", "--gin.finetune.log_every=2",
+        "--gin.finetune.max_seq_length=64"])
+    gin.clear_config()
+    assert results["model"]["source"] == "hf"
+    assert results["model"]["vocab_path"] == os.fspath(released)
+    assert results["train"]["steps"] == 2 and len(results["languages"]) > 1

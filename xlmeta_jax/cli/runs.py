@@ -26,7 +26,7 @@ from typing import Any
 import gin
 
 from xlmeta_jax.cli import flags as gin_flags
-from xlmeta_jax.data import demo_corpus, experiment_corpus
+from xlmeta_jax.data import demo_corpus, demo_released, experiment_corpus
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
 from xlmeta_jax.evaluation.finetune import FineTuneConfig
 from xlmeta_jax.evaluation.settings import RetrievalSettings
@@ -39,6 +39,10 @@ demo_path = gin.external_configurable(
     demo_corpus.demo_path, module="xlmeta_jax.data.demo_corpus")
 prepare_demo = gin.external_configurable(
     demo_corpus.prepare_demo, module="xlmeta_jax.data.demo_corpus")
+released_model = gin.external_configurable(
+    demo_released.released_model, module="xlmeta_jax.data.demo_released")
+new_text = gin.external_configurable(
+    demo_released.new_text, module="xlmeta_jax.data.demo_released")
 corpus_path = gin.external_configurable(
     experiment_corpus.corpus_path, module="xlmeta_jax.data.experiment_corpus")
 prepare_shared_corpus = gin.external_configurable(

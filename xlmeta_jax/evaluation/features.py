@@ -191,7 +191,9 @@ def qa_features(
             window_lengths.append(window_end - window_start)
             if window_end >= len(c_ids):
                 break
-            window_start += doc_stride
+            # BERT's run_squad (XTREME's): start_offset += min(length, doc_stride), so a
+            # stride longer than the window never skips context.
+            window_start += min(window_end - window_start, doc_stride)
         prefix = [tokenizer.cls_id, *q_ids, *tokenizer.pair_middle]
         p0 = len(prefix)
         for w_start, n_ctx, best in zip(
