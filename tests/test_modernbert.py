@@ -261,6 +261,12 @@ def test_wrong_weights_are_named(hf_model):
     (dict(dropout_mask_bits=4), "dropout_mask_bits", 4),
     (dict(attention_impl="flash"), "attention_impl", "flash"),
     (dict(dtype="float99"), "dtype", "float99"),
+    # Each trained to exit 0, or stopped at step 1 blaming the learning rate (12-06's sweep).
+    (dict(dropout_rate=1.5), "dropout_rate", 1.5),
+    (dict(dropout_rate=-0.1), "dropout_rate", -0.1),
+    (dict(attention_dropout_rate=1.0), "attention_dropout_rate", 1.0),
+    (dict(global_rope_theta=0.0), "global_rope_theta", 0.0),
+    (dict(local_rope_theta=-5.0), "local_rope_theta", -5.0),
     (dict(hiden_size=64), "hiden_size", 64),
 ])
 def test_bad_encoder_settings_are_refused_naming_the_field(overrides, setting, value):

@@ -144,6 +144,15 @@ class EncoderConfig:
         if self.remat_policy not in ("none", *REMAT_POLICIES):
             refuse("remat_policy", f"unknown remat_policy {self.remat_policy!r}; expected one "
                    f"of {['none', *REMAT_POLICIES]}")
+        for field in ("dropout_rate", "attention_dropout_rate"):
+            rate = getattr(self, field)
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+                refuse(field, f"must be a probability in [0, 1), got {rate!r}")
+        for field in ("global_rope_theta", "local_rope_theta"):
+            base = getattr(self, field)
+            if isinstance(base, bool) or not isinstance(base, int | float) or not base > 1:
+                refuse(field, f"must be a RoPE base > 1 (mmBERT: 160000 global, 10000 local), "
+                       f"got {base!r}")
         if self.dropout_mask_bits not in DROPOUT_MASK_BITS:
             refuse("dropout_mask_bits", f"must be 8, 16 or 32, got {self.dropout_mask_bits}")
         if self.attention_impl not in ("xla", "cudnn", "splash", "auto"):

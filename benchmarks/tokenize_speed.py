@@ -1,0 +1,135 @@
+"""Tokenization speed of a Hugging Face tokenizer in our pipeline, beside its own ceiling.
+
+    python -m benchmarks.tokenize_speed [--vocab_size=65536] [--languages=40] [--repeat=4]
+
+Trains a BPE of ``--vocab_size`` pieces (Gemma's id layout, ``hf_tokenizer.train_tokenizer``)
+and a SentencePiece model of ours of the same size on FLORES-200 devtest of ``--languages``
+languages (../shared/data), then tokenizes that text ``--repeat`` times, in one process, by:
+
+1. **ceiling**: ``tokenizers``' own ``Tokenizer.encode_batch`` on the lines, in batches of
+   256 (what ``TokenizerVocabulary.encode_batch`` calls);
+2. **on the fly**: the pretraining tasks' tokenize step, ``preprocessors.tokenize_documents``
+   in tf.data with the ``TokenizerVocabulary`` (what every host runs without a cache);
+3. **the token cache**: ``token_cache.cache_tasks`` on a registered task of that text, one
+   Beam DirectRunner worker in this process (``prepare --tokenize``'s job; it runs the same
+   step, then writes TFRecords);
+4. **our SentencePiece** through the same tf.data step (seqio's ``SentencePieceVocabulary``).
+
+Each figure is tokens per CPU-second of this process (all its threads; ``resource``'s user +
+system time), and per second of wall time; rows 2-4 also as a ratio of row 1's CPU rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+
+_SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                       "shared", "data")
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _measure(fn) -> tuple[int, float, float]:
+    cpu, wall = _cpu(), time.perf_counter()
+    tokens = fn()
+    return tokens, _cpu() - cpu, time.perf_counter() - wall
+
+
+def _flores(languages: int) -> list[str]:
+    folder = os.path.join(_SHARED, "flores200", "devtest")
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".devtest"))[:languages]
+    return [line for n in names for line in open(os.path.join(folder, n), encoding="utf-8")
+            .read().splitlines() if line.strip()]
+
+
+def _tf_tokens(vocab, lines, repeat: int) -> int:
+    import seqio
+    import tensorflow as tf
+
+    from xlmeta_jax.data import preprocessors
+
+    features = {"targets": seqio.Feature(vocab, add_eos=False, dtype=tf.int32)}
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"text": lines * repeat, "ends_document": [True] * (len(lines) * repeat)}).batch(256)
+    out = preprocessors.tokenize_documents(ds, features, eos_after="document")
+    return sum(int(ex["tokens"].size) for ex in out.as_numpy_iterator()) - len(lines) * repeat
+
+
+def _cache_tokens(folder: str, text_dir: str, cache_dir: str) -> int:
+    import json
+
+    from xlmeta_jax.data import corpora, tasks, token_cache
+    from xlmeta_jax.data import task_names as names
+
+    tasks.register(corpora.Corpora(vocab_path=folder, english_files=[
+        os.path.join(text_dir, "*.txt")], eos_after="document"))
+    token_cache.cache_tasks([names.ENGLISH_TEXT_TASK], cache_dir,
+                            beam_args=["--direct_num_workers=1",
+                                       "--direct_running_mode=in_memory"])
+    stats = os.path.join(token_cache.task_folder(cache_dir, names.ENGLISH_TEXT_TASK),
+                         "stats.train.json")
+    with open(stats) as f:
+        info = json.load(f)
+    return int(info["tokens_tokens"]) - int(info["examples"])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab_size", type=int, default=65536)
+    parser.add_argument("--languages", type=int, default=40)
+    parser.add_argument("--repeat", type=int, default=4)
+    args = parser.parse_args(argv)
+
+    from xlmeta_jax.data import hf_tokenizer, vocabulary
+
+    lines = _flores(args.languages)
+    work = tempfile.mkdtemp(prefix="tokenize_speed.")
+    folder = os.path.join(work, "bpe")
+    t0 = time.perf_counter()
+    hf_tokenizer.train_tokenizer(folder, lines, args.vocab_size)
+    spm = vocabulary.train_sentencepiece(os.path.join(work, "spm"), min(args.vocab_size, 64000),
+                                         sentences=lines, num_threads=2)
+    print(f"FLORES-200 devtest, {args.languages} languages: {len(lines)} lines x "
+          f"{args.repeat}; BPE of {args.vocab_size} ids and SentencePiece of "
+          f"{min(args.vocab_size, 64000)} pieces trained in {time.perf_counter() - t0:.0f} s")
+    vocab = vocabulary.load_vocabulary(folder)
+    ours = vocabulary.load_vocabulary(spm)
+    text_dir = os.path.join(work, "text")
+    os.makedirs(text_dir)
+    with open(os.path.join(text_dir, "flores.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(f"{line}\n\n" for line in lines * args.repeat))
+
+    def ceiling():
+        n = 0
+        for _ in range(args.repeat):
+            for i in range(0, len(lines), 256):
+                n += sum(len(e.ids) for e in vocab.tokenizer.encode_batch(
+                    lines[i:i + 256], add_special_tokens=False))
+        return n
+
+    rows = [("tokenizers' encode_batch (ceiling)", ceiling),
+            ("on the fly: tf.data tokenize step", lambda: _tf_tokens(vocab, lines, args.repeat)),
+            ("token cache: Beam DirectRunner, 1 worker",
+             lambda: _cache_tokens(folder, text_dir, os.path.join(work, "cache"))),
+            ("our SentencePiece: tf.data tokenize step",
+             lambda: _tf_tokens(ours, lines, args.repeat))]
+    print(f"{'path':44s} {'tokens':>10s} {'tok/CPU-s':>11s} {'tok/s':>11s} {'x ceiling':>9s}")
+    ceiling_rate = None
+    for name, fn in rows:
+        tokens, cpu, wall = _measure(fn)
+        rate = tokens / cpu
+        ceiling_rate = ceiling_rate or rate
+        print(f"{name:44s} {tokens:10d} {rate:11,.0f} {tokens / wall:11,.0f} "
+              f"{rate / ceiling_rate:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
