@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from xlmeta_jax.cli import runs
+from xlmeta_jax.cli import experiment_runs
 from xlmeta_jax.experiment import arms, plan, runner
 from xlmeta_jax.model import network
 from xlmeta_jax.model.optimizer import OptimizerConfig
@@ -25,7 +25,7 @@ OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=60)
 def _curricula():
     """The curriculum arms' run files, gin/native/annealed.gin and gin/native/mmbert.gin,
     read as the experiment's command reads them."""
-    return runs.curricula(arms.ALL_ARMS)
+    return experiment_runs.curricula(arms.ALL_ARMS)
 
 
 def _phases(arm, budget=BUDGET, opt=OPT):

@@ -7,10 +7,10 @@ import pathlib
 import gin
 import pytest
 
+from xlmeta_jax.cli import evaluation_runs, experiment_runs
 from xlmeta_jax.cli import experiment as experiment_cli
 from xlmeta_jax.cli import finetune as finetune_cli
 from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.cli import runs
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
 
@@ -170,7 +170,7 @@ def test_every_gin_file_of_train_help_configures_a_run(name):
 @pytest.mark.parametrize("name", gin_cli.listed_gin_files(experiment_cli.GIN_FILES))
 def test_every_gin_file_of_experiment_help_configures_an_experiment(name, tmp_path):
     gin_cli.apply_gin([name], [f"MODEL_DIR = '{tmp_path}'"], finalize=False)
-    exp = runs.experiment()
+    exp = experiment_runs.experiment()
     assert exp.arms and exp.tasks and exp.budget.meta_steps > 0
 
 
@@ -179,7 +179,7 @@ def test_every_gin_file_of_finetune_help_configures_an_evaluation(name):
     # The CPU-size file goes after a task file, as its header says.
     files = ["finetune/pawsx.gin", name] if name == "finetune/demo.gin" else [name]
     gin_cli.apply_gin(files, [_REQUIRED[0], _REQUIRED[2]], finalize=False)
-    config = runs.finetune_config()
+    config = evaluation_runs.finetune_config()
     assert config.task in evaluation_tasks.names()
     assert f"finetune/{config.task}.gin" in files
 

@@ -225,3 +225,19 @@ def test_every_error_class_is_a_user_error():
                     and obj.__module__ == module and not issubclass(obj, errors.UserError)):
                 wrong.append(f"{module}.{name}")
     assert not wrong, "error classes that are not UserErrors:\n" + "\n".join(wrong)
+
+
+def test_the_trainer_command_imports_what_it_runs():
+    """``python -m xlmeta_jax.train`` loads neither evaluation, the experiment nor t5x's
+    interop (their gin names live in cli/evaluation_runs.py and cli/experiment_runs.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, xlmeta_jax.cli.train; print('\\n'.join(m for m in sys.modules "
+            "if m.startswith('xlmeta_jax.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, check=True).stdout.split()
+    assert "xlmeta_jax.pretrain.trainer" in out
+    wrong = [m for m in out if m.startswith(("xlmeta_jax.evaluation", "xlmeta_jax.experiment",
+                                             "xlmeta_jax.interop.t5x"))]
+    assert not wrong, wrong

@@ -226,10 +226,18 @@ def _train(model_dir, *extra):
         cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
 
 
+# The recipe's options on: a context extension (128 tokens, RoPE base 160k), then two decay
+# branches TIES-merged against it; the merge is the run's product.
+_RECIPE_OPTIONS = ("--gin.EXTENSION_STEPS=2", "--gin.EXTENSION_LENGTH=128",
+                   "--gin.EXTENSION_ROPE_THETA=160000.0", "--gin.DECAY_STEPS=2",
+                   "--gin.DECAY_BRANCHES=[{'name': 'decay_a'}, "
+                   "{'name': 'decay_b', 'mask_rate': 0.3}]")
+
+
 @pytest.fixture(scope="module")
 def continued(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("continued") / "run"
-    done = _train(model_dir)
+    done = _train(model_dir, *_RECIPE_OPTIONS)
     assert done.returncode == 0, done.stderr[-4000:]
     return model_dir
 
@@ -263,9 +271,14 @@ def test_a_released_folder_continues_in_its_own_ids(continued, released):
     from xlmeta_jax.evaluation import encoders
     from xlmeta_jax.pretrain import checkpoints, loading
 
-    meta = checkpoints.read_meta(loading.find_step_dir(continued))
-    assert meta["vocab_path"] == os.fspath(released)
-    assert meta["tokenizer"] == hf_tokenizer.read(released).record()
+    product = loading.find_step_dir(continued)
+    assert product.parent.name == "merged"  # the TIES merge of decay_a and decay_b
+    for phase in ("continue", "ext", "decay_a", "decay_b", "merged"):
+        meta = checkpoints.read_meta(loading.find_step_dir(continued / phase))
+        assert meta["vocab_path"] == os.fspath(released), phase
+        assert meta["tokenizer"] == hf_tokenizer.read(released).record(), phase
+    ext = checkpoints.read_meta(loading.find_step_dir(continued / "ext"))
+    assert (ext["sequence_length"], ext["model_config"]["global_rope_theta"]) == (128, 160000.0)
     assert meta["tokenizer"]["special_ids"] == {"pad": 0, "cls": 2, "sep": 1, "mask": 4,
                                                 "unk": 3}
     loaded = encoders.load_encoder(os.fspath(continued))
@@ -294,7 +307,7 @@ def test_another_tokenizer_is_refused_in_one_line(continued, released, other_tok
          "in another tokenizer"),
     ]
     for model_dir, vocab, message in cases:
-        done = _train(model_dir, f"--gin.VOCAB_PATH='{vocab}'",
+        done = _train(model_dir, *_RECIPE_OPTIONS, f"--gin.VOCAB_PATH='{vocab}'",
                       f"--gin.INITIAL_CHECKPOINT_PATH='{released}'",
                       f"--gin.TEXT_FILES=['{continued}/demo_data/new_languages/*.txt']")
         lines = [ln for ln in done.stderr.splitlines() if ln.startswith("xlmeta_jax.")]

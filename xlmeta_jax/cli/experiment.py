@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 
 from xlmeta_jax import errors, logs
-from xlmeta_jax.cli import configurables, runs
+from xlmeta_jax.cli import configurables, evaluation_runs, experiment_runs, runs
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.experiment import plan, runner
@@ -82,20 +82,20 @@ def configured_experiment(flags) -> runner.Experiment:
     """The experiment the gin flags describe, with every task's evaluation config.
 
     gin holds one config at a time: the experiment's is parsed, the run files of its
-    curriculum arms are parsed into their phases (``runs.curricula``), each task's
+    curriculum arms are parsed into their phases (``experiment_runs.curricula``), each task's
     fine-tune files into its ``FineTuneConfig``, and the experiment's is parsed again
     for the run (its trainer reads its bindings while it runs).
     """
     _parse_experiment(flags)
     arms = gin_cli.bound("xlmeta_jax.experiment.runner.experiment.arms", runner.ARMS)
-    curricula = runs.curricula(arms if isinstance(arms, (list, tuple)) else (),
+    curricula = experiment_runs.curricula(arms if isinstance(arms, (list, tuple)) else (),
                                flags.search_paths)
     _parse_experiment(flags)
-    first = runs.experiment(curricula=curricula)
+    first = experiment_runs.experiment(curricula=curricula)
     finetunes = {task: finetune_config(first, task, flags.search_paths)
                  for task in first.tasks}
     _parse_experiment(flags)
-    return runs.experiment(
+    return experiment_runs.experiment(
         curricula=curricula,
         corpora=configurables.corpora_settings(),
         feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text(),
@@ -118,7 +118,7 @@ def finetune_config(exp: runner.Experiment, task: str, search_paths=()):
                  "MODEL_DIR = '<per run>'"]
     gin_cli.apply_gin([f"finetune/{task}.gin", *exp.finetune_gin_files], bindings,
                       search_paths, check_macros=True)
-    return runs.finetune_config()
+    return evaluation_runs.finetune_config()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ reports mean ± std. The sentence-retrieval tasks run through the same command
 ``MODEL_DIR/results.json`` and ``MODEL_DIR/config.gin``, and prints a table of
 per-language scores. The work is done by
 :func:`xlmeta_jax.evaluation.finetune.finetune`, configured by the gin configurable
-:func:`xlmeta_jax.cli.runs.finetune`. It runs on one host: started on several
+:func:`xlmeta_jax.cli.evaluation_runs.finetune_config`. It runs on one host: started on several
 (``--process_count=N`` with N > 1, or on every VM of a multi-host TPU slice) it stops at
 once with one line (:mod:`xlmeta_jax.hosts`).
 """
@@ -31,8 +31,8 @@ import logging
 import sys
 
 from xlmeta_jax import errors, hosts, logs
+from xlmeta_jax.cli import evaluation_runs
 from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.cli import runs
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
 from xlmeta_jax.evaluation import results as evaluation_results
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     # After parsing: gin logs every include-path probe at INFO.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     results = evaluation_finetune.finetune(
-        runs.finetune_config(**({} if seeds is None else {"num_seeds": seeds})))
+        evaluation_runs.finetune_config(**({} if seeds is None else {"num_seeds": seeds})))
     print(evaluation_results.format_table(results))
     return results
 

@@ -52,7 +52,7 @@ ARMS = ("meta", "xlmr", "joint", "xling_only")
 ALL_ARMS = (*ARMS, "annealed", "mmbert", "meta_mmbert")
 # The curriculum arms and the run file of our trainer whose stages each scales: the stages
 # are defined once, there (python -m xlmeta_jax.train and t5x's stages read the same file);
-# the experiment's command reads them (xlmeta_jax.cli.runs.curricula).
+# the experiment's command reads them (xlmeta_jax.cli.experiment_runs.curricula).
 CURRICULA = {"annealed": "native/annealed.gin", "mmbert": "native/mmbert.gin",
              "meta_mmbert": "native/mmbert.gin"}
 # The mmBERT arms' budget: which of gin/native/mmbert.gin's stages they train, each one's
@@ -169,7 +169,7 @@ def _curriculum(arm: str, curricula: Mapping[str, Curriculum] | None) -> Curricu
     curriculum = (curricula or {}).get(arm)
     if curriculum is None:
         raise ValueError(f"arm {arm!r} scales gin/{CURRICULA[arm]}: pass what it binds as "
-                         "curricula (xlmeta_jax.cli.runs.curricula reads it)")
+                         "curricula (xlmeta_jax.cli.experiment_runs.curricula reads it)")
     names = [p.name for p in curriculum.phases]
     needed = [] if arm == "annealed" else list(MMBERT_ARM_STAGES)
     if not names or any(n not in names for n in needed):

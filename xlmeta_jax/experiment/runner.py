@@ -111,7 +111,7 @@ def experiment(
       finetunes: per task, its ``FineTuneConfig`` (the checkpoint, folder and seed are
         set per run); a task without one is refused when it is evaluated.
       curricula: per curriculum arm among ``arms`` (``arms.CURRICULA``), what its run
-        file binds (``xlmeta_jax.cli.runs.curricula`` reads it).
+        file binds (``xlmeta_jax.cli.experiment_runs.curricula`` reads it).
     """
     arms = tuple(arms)
     bad = [a for a in arms if a not in ALL_ARMS]

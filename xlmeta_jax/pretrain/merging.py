@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from xlmeta_jax import errors
+from xlmeta_jax.data import hf_tokenizer
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import checkpoints, loading, run_dir
 
@@ -145,12 +146,14 @@ class _Loaded:
     config: EncoderConfig
     params: object
     vocab_path: str | None
+    # The tokenizer's record (None: a checkpoint written before checkpoints kept it).
+    tokenizer: dict | None
 
 
 def _load(path: str) -> _Loaded:
     step_dir = os.fspath(loading.find_step_dir(path))
     cfg, params, vocab = loading.load_pretrained(step_dir)
-    return _Loaded(path, step_dir, cfg, params, vocab)
+    return _Loaded(path, step_dir, cfg, params, vocab, loading.recorded_tokenizer(step_dir))
 
 
 def _vocab_digest(path: str | None) -> str | None:
@@ -176,6 +179,12 @@ def _check_compatible(models: Sequence[_Loaded]) -> None:
                                                           jax.tree.leaves(first.params))):
             raise MergeError(f"{m.path} and {first.path} have different parameter trees: "
                              "only checkpoints of one model merge")
+        if first.tokenizer and m.tokenizer and not hf_tokenizer.same_tokenizer(
+                first.tokenizer, m.tokenizer):
+            raise MergeError(
+                f"{m.path} was trained in another tokenizer than {first.path}: "
+                f"{hf_tokenizer.describe(m.tokenizer, 'its')}, not "
+                f"{hf_tokenizer.describe(first.tokenizer, 'the first')}")
         other = _vocab_digest(m.vocab_path)
         if digest and other and digest != other:
             raise MergeError(f"{m.path} was trained with the vocabulary {m.vocab_path}, "
@@ -282,9 +291,10 @@ def merge(checkpoints_: Sequence[str], output: str, *, method: str = "linear",
                + (f", weights={','.join(f'{x:g}' for x in weights)}" if weights else "")
                + f", base={base_model.step_dir})")
     provenance = f"{how} of " + ", ".join(m.step_dir for m in models)
-    step_dir = checkpoints.save_params(output, models[0].config, merged,
-                                       vocab_path=models[0].vocab_path,
-                                       initialized_from=provenance, extra_meta=extra_meta)
+    step_dir = checkpoints.save_params(
+        output, models[0].config, merged, vocab_path=models[0].vocab_path,
+        initialized_from=provenance,
+        extra_meta={"tokenizer": models[0].tokenizer, **(extra_meta or {})})
     return os.fspath(step_dir)
 
 

@@ -24,8 +24,8 @@ import jax
 
 from xlmeta_jax import errors, logs
 from xlmeta_jax.cli import experiment as experiment_cli
+from xlmeta_jax.cli import experiment_runs
 from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.cli import runs
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.data import corpora
 from xlmeta_jax.experiment.arms import Budget, arm_phases
@@ -125,7 +125,7 @@ def _experiment_run():
     arms = list(gin_cli.bound(q + "arms", ("meta",)))
     seeds = list(gin_cli.bound(q + "seeds", (0, 1)))
     # Last: reading the curriculum arms' run files replaces the parsed config.
-    curricula = runs.curricula(arms)
+    curricula = experiment_runs.curricula(arms)
     phases_of = {a: arm_phases(a, budget, english_task="english", xling_mixture="xling",
                                optimizer=optimizer, curricula=curricula) for a in arms}
     shown = phases_of.get("meta") or phases_of[arms[0]]
