@@ -21,8 +21,11 @@ def test_no_line_touches_a_private_seqio_attribute():
 
 # seqio's abstract methods that a subclass must implement: its documented extension points
 # (seqio/feature_converters.py: a FeatureConverter "overrides _convert_features and
-# get_model_feature_lengths"), not internals.
-SEQIO_ABSTRACT_METHODS = {"_convert_features"}
+# get_model_feature_lengths"; seqio/vocabularies.py: a Vocabulary subclass "must implement
+# methods for converting between strings and tokens both in pure python (`_encode`/`_decode`)
+# and in TensorFlow (`_encode_tf`/`_decode_tf`)", and `_base_vocab_size`), not internals.
+SEQIO_ABSTRACT_METHODS = {"_convert_features", "_encode", "_decode", "_encode_tf",
+                          "_decode_tf", "_base_vocab_size"}
 
 
 def _private_members(source: str) -> list[tuple[int, str]]:

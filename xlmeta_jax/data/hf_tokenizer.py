@@ -59,6 +59,13 @@ def is_tokenizer_path(path: str | os.PathLike) -> bool:
     return p.is_dir() or p.name == TOKENIZER_JSON or p.suffix == ".json"
 
 
+def holds_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether a model folder holds tokenizer files: a ``tokenizer.json``, or a slow
+    tokenizer's only (which :func:`read` refuses, saying how to save the fast one)."""
+    folder = pathlib.Path(folder)
+    return any((folder / n).is_file() for n in (TOKENIZER_JSON, *_SLOW_FILES))
+
+
 class HFTokenizer:
     """A ``tokenizer.json`` and the special ids of its folder.
 

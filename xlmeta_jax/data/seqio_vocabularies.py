@@ -120,7 +120,8 @@ class TokenizerVocabulary(_SpecialIdAttributes, seqio.Vocabulary):
     def _decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def _encode_flat(self, strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def encode_flat(self, strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """UTF-8 strings to (all their ids, each one's count): what tf.data receives."""
         ids = self.encode_batch([s.decode("utf-8") for s in strings])
         lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
         values = np.fromiter(itertools.chain.from_iterable(ids), np.int32,
@@ -130,7 +131,7 @@ class TokenizerVocabulary(_SpecialIdAttributes, seqio.Vocabulary):
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
         """A string scalar to int32 ids, or a vector of strings to a ragged [n, None]."""
         s = tf.convert_to_tensor(s, tf.string)
-        values, lengths = tf.numpy_function(self._encode_flat, [tf.reshape(s, [-1])],
+        values, lengths = tf.numpy_function(self.encode_flat, [tf.reshape(s, [-1])],
                                             [tf.int32, tf.int64], stateful=False)
         values.set_shape([None])
         lengths.set_shape([None])
@@ -141,7 +142,8 @@ class TokenizerVocabulary(_SpecialIdAttributes, seqio.Vocabulary):
     def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
         def decode(rows):
             rows = np.atleast_2d(rows)
-            return np.array([self._decode(r).encode("utf-8") for r in rows], object)
+            return np.array([self.tokenizer.decode([int(i) for i in r], skip_special_tokens=True)
+                             .encode("utf-8") for r in rows], object)
 
         out = tf.numpy_function(decode, [ids], tf.string, stateful=False)
         return tf.reshape(out, []) if ids.shape.rank == 1 else tf.reshape(out, [-1])

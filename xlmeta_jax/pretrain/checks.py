@@ -306,7 +306,7 @@ def initial_tokenizer(path: str | None) -> tuple[str | None, dict | None]:
     if not path or "://" in path or not os.path.isdir(path):
         return None, None
     if os.path.isfile(os.path.join(path, hf_tokenizer.MODEL_CONFIG)):
-        if not os.path.isfile(os.path.join(path, hf_tokenizer.TOKENIZER_JSON)):
+        if not hf_tokenizer.holds_tokenizer(path):
             return None, None
         try:
             return path, hf_tokenizer.read(path).record()
