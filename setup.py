@@ -30,7 +30,7 @@ _RUNTIME = [
     "tensorboard>=2.15",
     "safetensors>=0.4",
     # A released model's tokenizer.json (mmBERT, ModernBERT, XLM-R), read in its own ids.
-    "tokenizers>=0.20",
+    "tokenizers>=0.21",  # Tokenizer.encode_batch_fast
     "numpy",
     # Real text for the demo that exists on a fresh machine without internet (UDHR samples).
     "gflanguages>=0.7",

@@ -6,14 +6,16 @@ Trains a BPE of ``--vocab_size`` pieces (Gemma's id layout, ``hf_tokenizer.train
 and a SentencePiece model of ours of the same size on FLORES-200 devtest of ``--languages``
 languages (../shared/data), then tokenizes that text ``--repeat`` times, in one process, by:
 
-1. **ceiling**: ``tokenizers``' own ``Tokenizer.encode_batch`` on the lines, in batches of
-   256 (what ``TokenizerVocabulary.encode_batch`` calls);
+1. **ceiling**: ``tokenizers``' own ``Tokenizer.encode_batch_fast`` on the lines, in batches
+   of 256 (what ``TokenizerVocabulary.encode_batch`` calls; ``encode_batch``, which also
+   computes offsets, beside it);
 2. **on the fly**: the pretraining tasks' tokenize step, ``preprocessors.tokenize_documents``
    in tf.data with the ``TokenizerVocabulary`` (what every host runs without a cache);
 3. **the token cache**: ``token_cache.cache_tasks`` on a registered task of that text, one
    Beam DirectRunner worker in this process (``prepare --tokenize``'s job; it runs the same
    step, then writes TFRecords);
-4. **our SentencePiece** through the same tf.data step (seqio's ``SentencePieceVocabulary``).
+4. **our SentencePiece** through the same tf.data step and the same cache job: what the
+   job costs whatever the tokenizer.
 
 Each figure is tokens per CPU-second of this process (all its threads; ``resource``'s user +
 system time), and per second of wall time; rows 2-4 also as a ratio of row 1's CPU rate.
@@ -63,13 +65,13 @@ def _tf_tokens(vocab, lines, repeat: int) -> int:
     return sum(int(ex["tokens"].size) for ex in out.as_numpy_iterator()) - len(lines) * repeat
 
 
-def _cache_tokens(folder: str, text_dir: str, cache_dir: str) -> int:
+def _cache_tokens(vocab_path: str, text_dir: str, cache_dir: str) -> int:
     import json
 
     from xlmeta_jax.data import corpora, tasks, token_cache
     from xlmeta_jax.data import task_names as names
 
-    tasks.register(corpora.Corpora(vocab_path=folder, english_files=[
+    tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
         os.path.join(text_dir, "*.txt")], eos_after="document"))
     token_cache.cache_tasks([names.ENGLISH_TEXT_TASK], cache_dir,
                             beam_args=["--direct_num_workers=1",
@@ -78,7 +80,7 @@ def _cache_tokens(folder: str, text_dir: str, cache_dir: str) -> int:
                          "stats.train.json")
     with open(stats) as f:
         info = json.load(f)
-    return int(info["tokens_tokens"]) - int(info["examples"])
+    return int(info["tokens_tokens"])  # seqio counts the ids other than eos and pad
 
 
 def main(argv=None) -> None:
@@ -107,20 +109,25 @@ def main(argv=None) -> None:
     with open(os.path.join(text_dir, "flores.txt"), "w", encoding="utf-8") as f:
         f.write("".join(f"{line}\n\n" for line in lines * args.repeat))
 
-    def ceiling():
-        n = 0
-        for _ in range(args.repeat):
-            for i in range(0, len(lines), 256):
-                n += sum(len(e.ids) for e in vocab.tokenizer.encode_batch(
-                    lines[i:i + 256], add_special_tokens=False))
-        return n
+    def tokenizers_own(method):
+        def run():
+            n = 0
+            for _ in range(args.repeat):
+                for i in range(0, len(lines), 256):
+                    n += sum(len(e.ids) for e in getattr(vocab.tokenizer, method)(
+                        lines[i:i + 256], add_special_tokens=False))
+            return n
+        return run
 
-    rows = [("tokenizers' encode_batch (ceiling)", ceiling),
+    rows = [("tokenizers' encode_batch_fast (ceiling)", tokenizers_own("encode_batch_fast")),
+            ("tokenizers' encode_batch (with offsets)", tokenizers_own("encode_batch")),
             ("on the fly: tf.data tokenize step", lambda: _tf_tokens(vocab, lines, args.repeat)),
             ("token cache: Beam DirectRunner, 1 worker",
              lambda: _cache_tokens(folder, text_dir, os.path.join(work, "cache"))),
             ("our SentencePiece: tf.data tokenize step",
-             lambda: _tf_tokens(ours, lines, args.repeat))]
+             lambda: _tf_tokens(ours, lines, args.repeat)),
+            ("our SentencePiece: token cache, 1 worker",
+             lambda: _cache_tokens(spm, text_dir, os.path.join(work, "cache_spm")))]
     print(f"{'path':44s} {'tokens':>10s} {'tok/CPU-s':>11s} {'tok/s':>11s} {'x ceiling':>9s}")
     ceiling_rate = None
     for name, fn in rows:

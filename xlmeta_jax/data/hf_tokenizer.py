@@ -87,9 +87,11 @@ class HFTokenizer:
         return f"HFTokenizer({str(self.folder)!r}, size={self.specials.size})"
 
     def encode_batch(self, texts) -> list[list[int]]:
-        """The ids of each text, without special tokens."""
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts),
-                                                           add_special_tokens=False)]
+        """The ids of each text, without special tokens (``encode_batch_fast``: the same
+        ids without the offsets, which only fine-tuning's word alignment reads; 1.3x the
+        tokens per CPU-second of ``encode_batch``, benchmarks/tokenize_speed.py)."""
+        return [e.ids for e in self.tokenizer.encode_batch_fast(list(texts),
+                                                                add_special_tokens=False)]
 
     def record(self) -> dict:
         """What a checkpoint records: the files' SHA-256 and the special ids."""
