@@ -128,6 +128,10 @@ def main(argv=None) -> None:
              lambda: _tf_tokens(ours, lines, args.repeat)),
             ("our SentencePiece: token cache, 1 worker",
              lambda: _cache_tokens(spm, text_dir, os.path.join(work, "cache_spm")))]
+    # Warm-up (the tokenizers' thread pool, TensorFlow's first graph) outside the figures.
+    vocab.tokenizer.encode_batch_fast(lines[:2000], add_special_tokens=False)
+    _tf_tokens(vocab, lines[:2000], 1)
+    _tf_tokens(ours, lines[:2000], 1)
     print(f"{'path':44s} {'tokens':>10s} {'tok/CPU-s':>11s} {'tok/s':>11s} {'x ceiling':>9s}")
     ceiling_rate = None
     for name, fn in rows:
