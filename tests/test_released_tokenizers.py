@@ -319,6 +319,15 @@ def test_another_tokenizer_is_refused_in_one_line(continued, released, other_tok
     assert sorted(p.name for p in continued.rglob("*")) == before
     with pytest.raises(errors.UserError, match="was trained in another tokenizer"):
         encoders.load_encoder(os.fspath(continued), os.fspath(small_spm))
+    # Export with a --vocab_path of another kind (before: the rows renumbered as if they were
+    # our SentencePiece model's).
+    code, text = _hf_cli(["to_hf", f"--checkpoint={continued}", f"--output={tmp_path / 'x'}",
+                          f"--vocab_path={small_spm}"])
+    refused = [ln for ln in text.splitlines() if ln.startswith("xlmeta_jax.hf: error: ")]
+    assert code == errors.EXIT_USER_ERROR and len(refused) == 1, text
+    assert f"{continued} was trained in another tokenizer" in refused[0]
+    assert f"not --vocab_path {small_spm} (sentencepiece, 1000 ids" in refused[0]
+    assert not (tmp_path / "x").exists()
 
 
 def _hf_cli(argv):

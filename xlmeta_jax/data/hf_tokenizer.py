@@ -112,6 +112,18 @@ def sentencepiece_record(data: bytes, num_pieces: int) -> dict:
     return make_record("sentencepiece", {"model": data}, seqio_layout(num_pieces))
 
 
+def record_of(path: str | os.PathLike) -> dict:
+    """The record of the vocabulary at ``path``: a tokenizer folder or ``tokenizer.json``,
+    or our SentencePiece ``.model`` (read as seqio's layout)."""
+    if is_tokenizer_path(path):
+        return read(path).record()
+    import sentencepiece as spm  # noqa: PLC0415 - only for SentencePiece models
+
+    data = pathlib.Path(path).read_bytes()
+    return sentencepiece_record(data, spm.SentencePieceProcessor(model_proto=data)
+                                .get_piece_size())
+
+
 def same_tokenizer(a: dict, b: dict) -> bool:
     """Whether two records name the same tokenizer (files and special ids)."""
     return (a.get("sha256"), a.get("special_ids")) == (b.get("sha256"), b.get("special_ids"))

@@ -272,8 +272,7 @@ def check_vocabulary(vocab_path: str | None, model: network.EncoderConfig) -> di
         size, what = sp.get_piece_size(), "pieces"
         # seqio pads with id 0; a vocabulary that defines its own pad piece must agree.
         pad = sp.pad_id() if sp.pad_id() >= 0 else 0
-        with open(vocab_path, "rb") as f:
-            record = hf_tokenizer.sentencepiece_record(f.read(), size)
+        record = hf_tokenizer.record_of(vocab_path)
     if size > model.vocab_size:
         raise ConfigError(
             f"EncoderConfig.vocab_size={model.vocab_size} does not cover the "

@@ -103,16 +103,18 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None,
         raise FileNotFoundError(f"vocabulary {vocab_path} does not exist")
     cfg, params, recorded = loading.load_pretrained(checkpoint)
     vocab = vocab_path or recorded
+    stored = loading.recorded_tokenizer(checkpoint)
+    if vocab and stored and os.path.exists(vocab):
+        given = hf_tokenizer_files.record_of(vocab)
+        if not hf_tokenizer_files.same_tokenizer(stored, given):
+            raise ConversionError(
+                f"{checkpoint} was trained in another tokenizer: "
+                f"{hf_tokenizer_files.describe(stored, 'its')}, not "
+                f"{hf_tokenizer_files.describe(given, f'--vocab_path {vocab}')}")
     if vocab and hf_tokenizer_files.is_tokenizer_path(vocab) and os.path.exists(vocab):
         # A Hugging Face tokenizer the model was trained in: its files go with the model as
         # they are, and the rows stay in its ids.
         tok = hf_tokenizer_files.read(vocab)
-        stored = loading.recorded_tokenizer(checkpoint)
-        if stored and not hf_tokenizer_files.same_tokenizer(stored, tok.record()):
-            raise ConversionError(
-                f"{checkpoint} was trained in another tokenizer: "
-                f"{hf_tokenizer_files.describe(stored, 'its')}, not "
-                f"{hf_tokenizer_files.describe(tok.record(), f'--vocab_path {vocab}')}")
         return save_hf(output, cfg, params, tokenizer_files=tok.files,
                        special=tok.specials.as_dict(), parity_report=report)
     return save_hf(output, cfg, params, vocab_path=vocab, parity_report=report)
