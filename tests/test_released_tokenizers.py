@@ -352,6 +352,7 @@ def test_the_export_carries_its_tokenizer_and_fill_mask_gives_our_logits(
     import torch
     import transformers
 
+    from xlmeta_jax.interop.hf import weights
     from xlmeta_jax.model import network
     from xlmeta_jax.pretrain import checkpoints, loading
 
@@ -365,8 +366,23 @@ def test_the_export_carries_its_tokenizer_and_fill_mask_gives_our_logits(
     ref = transformers.AutoTokenizer.from_pretrained(out)
     assert [ref(t, add_special_tokens=False)["input_ids"] for t in texts] == (
         ours.encode_batch(texts))
-    # A sentence with its third piece masked, through transformers and through our network.
     cfg, params, _ = loading.load_pretrained(continued)
+    # Logits both ways on the first FLORES sentence of each of the 20 languages, padded to a
+    # batch in the tokenizer's own ids: the export against our trained parameters, and the
+    # release as transformers saved it against its import.
+    batch = ref([flores[0][20 * i] for i in range(20)], padding=True, truncation=True,
+                max_length=128, return_tensors="np")
+    ids20, mask20 = batch["input_ids"].astype(np.int32), batch["attention_mask"].astype(np.int32)
+    assert ids20.shape[0] == 20 and (ids20[mask20 == 0] == ours.specials.pad).all()
+    for folder, (cfg_i, params_i) in ((out, (cfg, params)),
+                                      (released, weights.load_hf(released))):
+        hf_model = transformers.AutoModelForMaskedLM.from_pretrained(folder).eval()
+        with torch.no_grad():
+            want = hf_model(input_ids=torch.from_numpy(ids20.astype(np.int64)),
+                            attention_mask=torch.from_numpy(mask20)).logits.numpy()
+        got = np.asarray(network.masked_lm(cfg_i).apply({"params": params_i}, ids20, mask20))
+        np.testing.assert_allclose(got[mask20 == 1], want[mask20 == 1], atol=1e-4, rtol=0)
+    # A sentence with its third piece masked, through transformers and through our network.
     ids = ref(texts[0])["input_ids"][:24]
     ids[3] = ref.mask_token_id
     model = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
