@@ -890,3 +890,19 @@ def test_training_refuses_incomplete_data_in_one_line(data_spm, prepared_cc100, 
     assert code == errors.EXIT_USER_ERROR, err
     _one_line(err, *[p.format(out=out) for p in parts])
     assert not (tmp_path / "run").exists() and digest(out) == before
+
+
+def test_a_file_where_the_compilation_cache_goes_is_one_line(tmp_path):
+    """12-06's sweep: training went on without a cache, JAX's two-line warning on stderr."""
+    import jax
+
+    from xlmeta_jax.pretrain import run_dir
+
+    (tmp_path / "compilation_cache").write_text("not a folder")
+    before = jax.config.jax_compilation_cache_dir
+    with pytest.raises(run_dir.CompilationCacheError) as e:
+        run_dir.use_compilation_cache(str(tmp_path), str(tmp_path / "compilation_cache"))
+    assert str(e.value) == (
+        f"the compilation cache {tmp_path / 'compilation_cache'} is a file, not a directory: "
+        "remove it, or set train.compilation_cache_dir (a folder, or '' for none)")
+    assert jax.config.jax_compilation_cache_dir == before  # refused before any change

@@ -29,6 +29,7 @@ import sys
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+from xlmeta_jax import files
 from xlmeta_jax.errors import UserError
 
 log = logging.getLogger("xlmeta_jax.train")
@@ -46,6 +47,10 @@ PHASE_FIELDS = ("task", "batch_size", "sequence_length", "languages", "alpha", "
 
 class RunLockedError(UserError):
     """Another live process holds the run directory."""
+
+
+class CompilationCacheError(UserError):
+    """The compilation cache's folder cannot be one (a file is in the way)."""
 
 
 class RunConfigMismatch(UserError):
@@ -225,12 +230,20 @@ def use_compilation_cache(model_dir: str, path: str | None) -> str | None:
 
     Returns:
       The folder in use, or None when there is none.
+
+    Raises:
+      CompilationCacheError: a file where the folder should be (JAX would go on without a
+        cache and say so in a warning of its own, on every compile).
     """
     current = jax.config.jax_compilation_cache_dir
     if path == "":
         jax.config.update("jax_enable_compilation_cache", False)
     else:
         path = path or current or os.path.join(model_dir, COMPILATION_CACHE)
+        if problem := files.not_a_folder(path, "the compilation cache"):
+            raise CompilationCacheError(
+                f"{problem}: remove it, or set train.compilation_cache_dir (a folder, or '' "
+                "for none)")
         if path == current:
             return path
         jax.config.update("jax_compilation_cache_dir", path)

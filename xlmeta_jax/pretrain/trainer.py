@@ -229,6 +229,7 @@ def train(
                      if cfg.vocab_path and os.path.exists(cfg.vocab_path) else None)
         complete = check_stored_run(model_dir, phases, model, cfg.phase_seeds,
                                     new_process_count, tokenizer, cfg.vocab_path)
+        run_dir.use_compilation_cache(model_dir, compilation_cache_dir)
         if prepare is not None:
             prepare()
         tokenizer = tokenizer or check_vocabulary(cfg.vocab_path, model)
@@ -239,7 +240,6 @@ def train(
             if init_tokenizer and init_tokenizer["kind"] == "tokenizers" else
             f"set VOCAB_PATH to the vocabulary it records ({init_vocab})")
         cfg = dataclasses.replace(cfg, tokenizer=tokenizer)
-        run_dir.use_compilation_cache(model_dir, compilation_cache_dir)
         mesh = partitioning.create_mesh(*mesh_shape)
         log.info("devices: %s; mesh (data, fsdp, tensor) = %s%s",
                  hardware.device_description(), mesh_shape,
