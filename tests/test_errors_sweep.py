@@ -243,3 +243,18 @@ def test_vocabulary_files_are_checked_before_the_first_progress_line(
               [f"--files=en={tmp_path}/en.txt", f"--output_prefix={tmp_path}/out/spm"],
               "xlmeta_jax.data.vocabulary", "en.txt")
     assert "sampling" not in caplog.text
+
+
+@pytest.mark.parametrize("macro, value, line", [
+    # 12-06's sweep: "phase 'tokens': tokens/…Phase.num_tokens: must be … > 0" named neither.
+    ("BASE_TOKENS", 0, "stage 'base': BASE_TOKENS: must be a number of tokens > 0"),
+    ("DECAY_TOKENS", -5, "stage 'decay': DECAY_TOKENS: must be a number of tokens > 0"),
+])
+def test_a_stage_length_in_tokens_names_the_stage_and_its_macro(macro, value, line, clean_gin):
+    from xlmeta_jax.cli import flags as gin_flags
+
+    gin_flags.apply_gin(["demo_mmbert.gin"], ["MODEL_DIR = '/unused'", f"{macro} = {value}"],
+                        finalize=False)
+    with pytest.raises(errors.SettingError) as e:
+        gin_flags.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
+    assert errors.user_message(e.value) == line

@@ -25,6 +25,7 @@ from typing import Any
 
 import gin
 
+from xlmeta_jax import errors
 from xlmeta_jax.data import demo_corpus, demo_released, experiment_corpus
 from xlmeta_jax.pretrain import recipes, trainer
 
@@ -63,6 +64,14 @@ def steps_for_tokens(tokens: float = gin.REQUIRED, batch_size: int = gin.REQUIRE
     steps, a decay stage's length); a phase itself takes ``Phase.num_tokens``, rounded
     the same way (``Phase.steps_for_tokens``).
     """
+    if isinstance(tokens, bool) or not isinstance(tokens, int | float) or not tokens > 0:
+        # Named by the stage's scoped binding and the macro behind it (BASE_TOKENS), as a
+        # phase's own settings are, not by the stand-in phase below.
+        scope = gin.current_scope_str() or None
+        raise errors.SettingError(
+            "xlmeta_jax.cli.runs.steps_for_tokens", "tokens", tokens,
+            "must be a number of tokens > 0", scope=scope,
+            context=f"stage {scope!r}: " if scope else "")
     return trainer.Phase("tokens", trainer.SYNTHETIC, batch_size=batch_size,
                          sequence_length=sequence_length, num_tokens=tokens).num_steps
 
