@@ -468,3 +468,32 @@ def test_a_released_folder_fine_tunes_in_its_own_tokenizer(task, released, share
     assert results["model"]["source"] == "hf"
     assert results["model"]["vocab_path"] == os.fspath(released)
     assert results["train"]["steps"] == 2 and len(results["languages"]) > 1
+
+
+@pytest.mark.slow
+def test_the_experiment_evaluates_a_released_folder_as_an_arm(released, shared_data, tmp_path,
+                                                              clean_gin):
+    """``experiment.released``: an arm that is a released model, evaluated exactly as the
+    pretrained arms (the same fine-tuning command, per seed), in its own tokenizer."""
+    import json
+
+    from xlmeta_jax.cli import experiment as experiment_cli
+
+    exp_dir = tmp_path / "exp"
+    experiment_cli.main([
+        "--gin_file=gin/experiments/tiny.gin", f"--gin.MODEL_DIR='{exp_dir}'",
+        f"--gin.SHARED_DATA_DIR='{shared_data}'", "--gin.SEEDS=[0]",
+        "--gin.xlmeta_jax.experiment.runner.experiment.arms=[]",
+        f"--gin.xlmeta_jax.experiment.runner.experiment.released={{'mmbert_like': '{released}'}}",
+        "--gin.xlmeta_jax.experiment.runner.experiment.tasks=['pawsx']"])
+    results = json.loads((exp_dir / "results.json").read_text())
+    assert list(results["runs"]) == ["mmbert_like/seed0"]
+    run = results["runs"]["mmbert_like/seed0"]
+    assert run["pretraining"]["phases"][0]["checkpoint"] == os.fspath(released)
+    pawsx = run["evaluations"]["pawsx"]
+    assert set(pawsx["languages"]) == {"de", "en", "es", "fr", "ja", "ko", "zh"}
+    evaluated = json.loads((exp_dir / "eval/mmbert_like/seed0/pawsx/results.json").read_text())
+    assert evaluated["model"]["source"] == "hf"
+    assert evaluated["model"]["vocab_path"] == os.fspath(released)
+    assert "| mmbert_like |" in (exp_dir / "report.md").read_text()
+    assert not (exp_dir / "pretrain").exists() and not (exp_dir / "corpus").exists()

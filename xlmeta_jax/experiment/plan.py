@@ -43,7 +43,8 @@ def measure_step_seconds(exp: Experiment, steps: int = 5) -> tuple[float, float,
 
     setting = exp.train_settings.get
     mesh = partitioning.create_mesh(*setting("mesh_shape", (-1, 1, 1)))
-    fns = step_lib.make_step_functions(exp.model, exp.phases(exp.arms[0])[0].optimizer_config(),
+    first = next(p for arm in exp.arms for p in exp.phases(arm))  # a pretrained arm's
+    fns = step_lib.make_step_functions(exp.model, first.optimizer_config(),
                                        mesh, rng_impl=setting("rng_impl", "threefry2x32"),
                                        microbatches=setting("microbatches", 1))
     batches = SyntheticMLMIterator(sequence_length=exp.budget.sequence_length,
@@ -128,7 +129,8 @@ def plan(exp: Experiment, *, estimate: bool = True,
     steps_left = phases_left = 0
     for arm in exp.arms:
         phases = exp.phases(arm)
-        desc = " -> ".join(f"{p.task} x {p.num_steps}" for p in phases)
+        desc = (" -> ".join(f"{p.task} x {p.num_steps}" for p in phases)
+                or f"released: {exp.released.get(arm)}")
         for seed in exp.seeds:
             done = _phase_progress(exp, arm, seed)
             left = [p.num_steps - d for p, d in zip(phases, done)]
@@ -154,8 +156,8 @@ def plan(exp: Experiment, *, estimate: bool = True,
                   f"({evals_done} done); first one:",
               "    python -m xlmeta_jax.finetune "
               + " ".join(finetune_argv(exp, exp.arms[0], exp.seeds[0], exp.tasks[0]))]
-    if not estimate:
-        return "\n".join(lines)
+    if not estimate or not any(exp.phases(arm) for arm in exp.arms):
+        return "\n".join(lines)  # (released arms only: no pretraining step to measure)
 
     rates = _rates_from_runs(exp)
     share = 1.0

@@ -78,6 +78,7 @@ def experiment(
     train_settings: dict | None = None,
     finetunes: dict | None = None,
     curricula: dict | None = None,
+    released: dict | None = None,
 ) -> Experiment:
     """The experiment's settings, checked (gin entry point of the experiment).
 
@@ -112,9 +113,21 @@ def experiment(
         set per run); a task without one is refused when it is evaluated.
       curricula: per curriculum arm among ``arms`` (``arms.CURRICULA``), what its run
         file binds (``xlmeta_jax.cli.experiment_runs.curricula`` reads it).
+      released: arms that are released models, not pretrained here: arm name -> a Hugging
+        Face folder (mmBERT, ModernBERT, XLM-R as released). Each is evaluated exactly as
+        the pretrained arms, per seed (the fine-tuning seeds), in its own tokenizer; it is
+        run after ``arms``.
     """
-    arms = tuple(arms)
-    bad = [a for a in arms if a not in ALL_ARMS]
+    released = dict(released or {})
+    for arm, folder in released.items():
+        if arm in ALL_ARMS or not isinstance(arm, str) or not arm.isidentifier():
+            raise ExperimentError(f"experiment.released: {arm!r} must be a new arm name (a "
+                                  f"word, none of {ALL_ARMS})")
+        if not os.path.isfile(os.path.join(os.fspath(folder), "config.json")):
+            raise ExperimentError(f"experiment.released[{arm!r}] = {folder!r} is not a "
+                                  "Hugging Face model folder (no config.json)")
+    arms = tuple(arms) + tuple(a for a in released if a not in arms)
+    bad = [a for a in arms if a not in ALL_ARMS and a not in released]
     if bad or not arms or len(set(arms)) != len(arms):
         raise ExperimentError(f"experiment.arms={list(arms)}: expected distinct arms of "
                               f"{ALL_ARMS}")
@@ -162,6 +175,7 @@ def experiment(
         feeder=feeder, config_text=config_text, train=train,
         train_settings=dict(train_settings or {}), finetunes=dict(finetunes or {}),
         curricula=dict(curricula or {}),
+        released={a: os.path.abspath(os.fspath(f)) for a, f in released.items()},
     )
     for arm in arms:
         try:
@@ -180,8 +194,12 @@ def pretrain(exp: Experiment, arm: str, seed: int) -> dict:
     """Runs (or resumes) one arm x seed with the trainer; returns the trainer's summary."""
     done = pretraining_done(exp, arm, seed)
     if done is not None:
-        log.info("[%s seed %d] pretraining finished earlier (%s)", arm, seed,
-                 exp.run_dir(arm, seed))
+        if arm in exp.released:
+            log.info("[%s seed %d] a released model, evaluated as it is: %s", arm, seed,
+                     exp.released[arm])
+        else:
+            log.info("[%s seed %d] pretraining finished earlier (%s)", arm, seed,
+                     exp.run_dir(arm, seed))
         return done
     log.info("[%s seed %d] pretraining: %s", arm, seed,
              " then ".join(f"{p.task} x {p.num_steps} steps" for p in exp.phases(arm)))

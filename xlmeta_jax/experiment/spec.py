@@ -55,14 +55,18 @@ class Experiment:
     finetunes: dict = dataclasses.field(default_factory=dict)
     # Per curriculum arm (arms.CURRICULA), what the run file it scales binds.
     curricula: dict = dataclasses.field(default_factory=dict)
+    # Arms that are released models (arm -> Hugging Face folder): evaluated, not pretrained.
+    released: dict = dataclasses.field(default_factory=dict)
 
     def phases(self, arm: str) -> list[trainer.Phase]:
+        if arm in self.released:  # pretrained elsewhere
+            return []
         return arm_phases(arm, self.budget, english_task=self.english_task,
                           xling_mixture=self.xling_mixture, optimizer=self.optimizer,
                           languages=self.corpora.languages, curricula=self.curricula)
 
     def merge(self, arm: str) -> trainer.Merge | None:
-        return arm_merge(arm, self.curricula)
+        return None if arm in self.released else arm_merge(arm, self.curricula)
 
     def run_dir(self, arm: str, seed: int) -> str:
         return os.path.join(self.model_dir, "pretrain", arm, f"seed{seed}")

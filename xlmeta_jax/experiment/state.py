@@ -16,9 +16,16 @@ class ExperimentError(errors.UserError, ValueError):
 def pretraining_done(exp: Experiment, arm: str, seed: int) -> dict | None:
     """The trainer's summary of a finished arm x seed run, or None.
 
+    A released arm's model is finished as it is: its summary names the folder as the
+    checkpoint every evaluation reads.
+
     Raises:
       ExperimentError: when the folder holds a finished run of other phases.
     """
+    if arm in exp.released:
+        return {"model_dir": exp.released[arm], "phases": [
+            {"phase": "released", "task": None, "steps": 0, "tokens": 0, "final_loss": None,
+             "final_accuracy": None, "checkpoint": exp.released[arm]}]}
     path = os.path.join(exp.run_dir(arm, seed), "summary.json")
     if not os.path.isfile(path):
         return None
