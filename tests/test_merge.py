@@ -238,3 +238,29 @@ def test_refusals_are_one_line_and_write_nothing(saved, tmp_path, case, match):
     assert len(lines) == 1 and lines[0].startswith("xlmeta_jax.tools.merge: error:"), r.stderr
     assert match in lines[0]
     assert (sorted(os.listdir(out)) == ["keep.txt"]) if case == "output" else not out.exists()
+
+
+def test_a_damaged_merge_is_merged_again_from_its_branches(saved, tmp_path, caplog):
+    """12-06's sweep: a truncated ``merged/0/meta`` refused the rerun. The merge is derived
+    from the run's own branch checkpoints, so the rerun merges them again, bit for bit."""
+    import types
+
+    from xlmeta_jax.pretrain import trainer
+
+    run = tmp_path / "run"
+    for name in "abc":
+        checkpoints.save_params(run / name, loading.load_pretrained(saved[name])[0],
+                                _params(saved[name]), step=4)
+    phases = [types.SimpleNamespace(name=n, num_steps=4) for n in "abc"]
+    m = trainer.Merge(branches=["b", "c"], base="a", method="ties", density=0.3)
+    first = merging.run_step(os.fspath(run), m, phases, ["a", "b", "c", "merged"])
+    before = _flat(_params(first["checkpoint"]))
+    meta_files = [p for p in (run / "merged" / "0" / "meta").rglob("*") if p.is_file()]
+    assert meta_files
+    for p in meta_files:
+        p.write_bytes(p.read_bytes()[:10])
+    with caplog.at_level("INFO", logger="xlmeta_jax.train"):
+        again = merging.run_step(os.fspath(run), m, phases, ["a", "b", "c", "merged"])
+    assert again["merged_now"] and "is damaged" in caplog.text
+    assert "merging its branches again" in caplog.text
+    np.testing.assert_array_equal(_flat(_params(again["checkpoint"])), before)

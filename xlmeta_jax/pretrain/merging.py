@@ -302,7 +302,9 @@ def run_step(model_dir: str, m, phases: Sequence, run_phases: list[str]) -> dict
     """A run's merge step (``trainer.Merge``): its branches' final checkpoints merged.
 
     Writes ``MODEL_DIR/<name>/0`` once; a rerun finds it complete (and refuses other merge
-    settings than the stored ones). Returns the step's entry of the run's summary.
+    settings than the stored ones). A damaged one (unreadable metadata, an array that fails
+    its checksum) is derived again from the branches, which are the run's own checkpoints.
+    Returns the step's entry of the run's summary.
 
     Args:
       model_dir: the run's MODEL_DIR (absolute).
@@ -317,7 +319,13 @@ def run_step(model_dir: str, m, phases: Sequence, run_phases: list[str]) -> dict
                                             read_only=True)
         done, meta = ckpt.latest_step(), None
         if done is not None:
-            meta = ckpt.read_meta(done)
+            try:
+                meta = ckpt.read_meta(done)
+                checkpoints.verify_readable(ckpt.step_dir(done), all_arrays=True)
+            except checkpoints.CheckpointError as e:
+                log.info("[%s] %s is damaged (%s): merging its branches again", m.name,
+                         ckpt.step_dir(done), errors.first_line(e))
+                meta = None
         ckpt.close()
         if meta is not None:
             stored = meta.get("merge")
