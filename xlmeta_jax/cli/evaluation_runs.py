@@ -12,8 +12,6 @@ from xlmeta_jax.evaluation.finetune import FineTuneConfig
 from xlmeta_jax.evaluation.settings import RetrievalSettings
 
 
-@gin.configurable(module="xlmeta_jax.cli.runs", allowlist=[
-    "layer", "neighbourhood", "pooling"])
 def evaluate_retrieval(layer: int | None = None, neighbourhood: int = 4,
                        pooling: str | None = None) -> RetrievalSettings:
     """The retrieval tasks' settings (``evaluate_retrieval.layer`` etc. in gin).
@@ -26,7 +24,6 @@ def evaluate_retrieval(layer: int | None = None, neighbourhood: int = 4,
     return RetrievalSettings(layer=layer, neighbourhood=neighbourhood, pooling=pooling)
 
 
-@gin.configurable("finetune", module="xlmeta_jax.cli.runs")
 def finetune_config(
     task: str = gin.REQUIRED,
     initial_checkpoint_path: str = gin.REQUIRED,
@@ -61,3 +58,13 @@ def finetune_config(
         num_seeds=num_seeds, retrieval=retrieval, config_text=gin.operative_config_str(),
         **settings,
     )
+
+
+# Registered here rather than by decorators: a process that ran the trainer first (a
+# notebook's training cell) holds gin's config locked, and these names, which bind nothing
+# yet, are still safe to add then.
+with gin.unlock_config():
+    evaluate_retrieval = gin.configurable(module="xlmeta_jax.cli.runs", allowlist=[
+        "layer", "neighbourhood", "pooling"])(evaluate_retrieval)
+    finetune_config = gin.configurable("finetune", module="xlmeta_jax.cli.runs")(
+        finetune_config)

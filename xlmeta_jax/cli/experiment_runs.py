@@ -16,9 +16,13 @@ from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.experiment import arms as experiment_arms
 from xlmeta_jax.experiment import runner
 
-experiment = gin.external_configurable(runner.experiment, module="xlmeta_jax.experiment.runner",
-                                       denylist=["corpora", "feeder", "config_text", "train",
-                                                 "train_settings", "finetunes", "curricula"])
+# (Unlocked: a process that ran the trainer first holds gin's config locked; see
+# evaluation_runs.)
+with gin.unlock_config():
+    experiment = gin.external_configurable(
+        runner.experiment, module="xlmeta_jax.experiment.runner",
+        denylist=["corpora", "feeder", "config_text", "train", "train_settings", "finetunes",
+                  "curricula"])
 
 
 def curricula(arms: Sequence[str], search_paths: Sequence[str] = ()
