@@ -3,7 +3,8 @@
 A vocabulary (:func:`xlmeta_jax.data.vocabulary.load_vocabulary`) carries one
 :class:`SpecialIds`: masking reads which ids are never selected or drawn as random
 replacements, packing how a document is wrapped (``cls … sep``), fine-tuning how a pair
-is joined, padding the pad id. Nothing else in the pipeline names an id.
+is joined (``pair_middle``; :mod:`xlmeta_jax.evaluation.tokenization` builds the rows),
+padding the pad id. Nothing else in the pipeline names an id.
 
 Our own SentencePiece vocabularies use seqio's layout (:data:`SEQIO`): pad 0, eos 1,
 unk 2, ``<s>`` 3, ``<mask>`` 4, and pieces from 5. A Hugging Face tokenizer's are read
@@ -15,7 +16,6 @@ XLM-R's ``<s>`` 0 ``<pad>`` 1 ``</s>`` 2.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -72,23 +72,6 @@ class SpecialIds:
     def replacement_ids(self) -> np.ndarray:
         """int32[n]: the ids a random replacement is drawn from, uniformly."""
         return np.flatnonzero(self.is_candidate()).astype(np.int32)
-
-    def single(self, ids: Sequence[int], max_length: int) -> list[int]:
-        """``cls ids sep``, ``ids`` truncated to fit ``max_length``."""
-        return [self.cls, *list(ids)[: max_length - 2], self.sep]
-
-    def pair(self, a: Sequence[int], b: Sequence[int], max_length: int) -> list[int]:
-        """``cls a <pair_middle> b sep``, truncating the longer side first to fit."""
-        a, b = list(a), list(b)
-        budget = max_length - 2 - len(self.pair_middle)
-        if budget < 2:
-            raise ValueError(f"max_length={max_length} leaves no room for a sentence pair")
-        while len(a) + len(b) > budget:
-            if len(a) >= len(b):
-                a.pop()
-            else:
-                b.pop()
-        return [self.cls, *a, *self.pair_middle, *b, self.sep]
 
 
 def seqio_layout(size: int) -> SpecialIds:
