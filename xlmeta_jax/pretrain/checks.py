@@ -311,8 +311,7 @@ def initial_tokenizer(path: str | None) -> tuple[str | None, dict | None]:
             return path, hf_tokenizer.read(path).record()
         except hf_tokenizer.TokenizerError as e:
             raise checkpoints.CheckpointError(f"INITIAL_CHECKPOINT_PATH {path}: {e}") from None
-    meta = checkpoints.read_meta(loading.find_step_dir(path))
-    return meta.get("vocab_path"), meta.get("tokenizer")
+    return loading.recorded_vocabulary(path)
 
 
 def check_same_tokenizer(record: dict | None, stored: dict | None, vocab_path: str | None,

@@ -157,11 +157,7 @@ def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
       (encoder config, params as host arrays, vocabulary path or None).
     """
     step_dir = find_step_dir(path)
-    t5x_info = step_dir.parent / T5X_MODEL_INFO
-    if not (step_dir / META).exists() and t5x_info.exists():
-        meta = json.loads(t5x_info.read_text())
-    else:
-        meta = read_meta(step_dir)
+    meta = _step_meta(step_dir)
     try:
         cfg = EncoderConfig(**meta["model_config"])
     except (KeyError, TypeError, ValueError) as e:
@@ -173,10 +169,26 @@ def load_pretrained(path) -> tuple[EncoderConfig, Any, str | None]:
     return cfg, params, meta.get("vocab_path")
 
 
+def _step_meta(step_dir: epath.Path) -> dict:
+    """A step's metadata: ours (``<step>/meta``), or a t5x run's model info beside its
+    ``checkpoint_<step>`` directories."""
+    t5x_info = step_dir.parent / T5X_MODEL_INFO
+    if not (step_dir / META).exists() and t5x_info.exists():
+        return json.loads(t5x_info.read_text())
+    return read_meta(step_dir)
+
+
+def recorded_vocabulary(path) -> tuple[str | None, dict | None]:
+    """(the vocabulary path, its record: ``hf_tokenizer.make_record``) the checkpoint
+    ``path`` resolves to was trained with; the record is None for a checkpoint written
+    before checkpoints kept it (and for t5x's, which do not)."""
+    meta = _step_meta(find_step_dir(path))
+    return meta.get("vocab_path"), meta.get("tokenizer")
+
+
 def recorded_tokenizer(path) -> dict | None:
-    """The tokenizer record (``hf_tokenizer.make_record``) the checkpoint ``path`` resolves
-    to was trained with; None for a checkpoint written before checkpoints recorded it."""
-    return read_meta(find_step_dir(path)).get("tokenizer")
+    """The tokenizer record of :func:`recorded_vocabulary`."""
+    return recorded_vocabulary(path)[1]
 
 
 def is_count(path) -> bool:
