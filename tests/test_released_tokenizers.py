@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -499,3 +500,36 @@ def test_the_experiment_evaluates_a_released_folder_as_an_arm(released, shared_d
     assert evaluated["model"]["vocab_path"] == os.fspath(released)
     assert "| mmbert_like |" in (exp_dir / "report.md").read_text()
     assert not (exp_dir / "pretrain").exists() and not (exp_dir / "corpus").exists()
+
+
+@pytest.mark.parametrize("single, pair, config, specials, refused", [
+    # Gemma's own post-processor adds <bos> only: the end token is the eos it names.
+    ("<bos> $A", "<bos> $A $B", None, (2, 1, (1,)), None),
+    # No post-processor: both from the names.
+    (None, None, None, (2, 1, (1,)), None),
+    # Nothing added and no end token named: refused.
+    (None, None, {"bos_token": "<bos>", "pad_token": "<pad>", "mask_token": "<mask>"}, None,
+     "tokenizer.json adds no end token to a sequence and"),
+    # Two tokens in front: refused.
+    ("<bos> <bos> $A <eos>", "<bos> $A <eos> $B <eos>", None, None,
+     "post-processor puts 2 token(s) before a sequence and 1 after it"),
+])
+def test_a_side_the_post_processor_leaves_bare_takes_the_named_token(
+        single, pair, config, specials, refused, folders, tmp_path):
+    import tokenizers
+    from tokenizers import processors
+
+    folder = shutil.copytree(folders["gemma"], tmp_path / "folder")
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.post_processor = None if single is None else processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[("<bos>", 2), ("<eos>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    if config is not None:
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        (folder / "special_tokens_map.json").unlink()
+    if refused:
+        with pytest.raises(hf_tokenizer.TokenizerError, match=re.escape(refused)):
+            hf_tokenizer.read(folder)
+        return
+    s = hf_tokenizer.read(folder).specials
+    assert (s.cls, s.sep, s.pair_middle) == specials

@@ -11,9 +11,10 @@ Where the special ids come from, checked against each other:
 
 * ``cls`` and ``sep``: the tokenizer's own post-processor (what it adds around one
   sequence: ``<s> … </s>``, ``[CLS] … [SEP]``, ``<bos> … <eos>``), and what it puts
-  between a pair's sentences; a tokenizer without a post-processor takes the tokens
-  ``tokenizer_config.json`` names (``cls_token`` or ``bos_token``, ``sep_token`` or
-  ``eos_token``). Where both exist they must agree.
+  between a pair's sentences; a side it leaves bare (Gemma's adds ``<bos>`` only; no
+  post-processor adds nothing) takes the token ``tokenizer_config.json`` names
+  (``cls_token`` or ``bos_token``, ``sep_token`` or ``eos_token``). Where both exist they
+  must agree.
 * ``pad``, ``mask``, ``unk``: the tokens ``tokenizer_config.json`` (or
   ``special_tokens_map.json``) names, looked up in ``tokenizer.json``.
 * ``config.json``'s ``pad_token_id``, ``cls_token_id``, ``sep_token_id``,
@@ -221,28 +222,26 @@ def read(path: str | os.PathLike) -> HFTokenizer:
         return found
 
     before, after, middle = _wrapping(tokenizer)
-    cls, sep = id_of("cls"), id_of("sep")
-    if not before and not after:  # no post-processor: the named tokens wrap
-        cls = cls if cls is not None else id_of("bos")
-        sep = sep if sep is not None else id_of("eos")
-        if cls is None or sep is None:
-            raise TokenizerError(
-                f"{tokenizer_json} adds no special tokens around a sequence and {where} names "
-                "no cls_token/bos_token and sep_token/eos_token: the encoder needs both")
-        middle = [sep]
-    else:
-        if len(before) != 1 or len(after) != 1:
-            raise TokenizerError(
-                f"{tokenizer_json}'s post-processor puts {len(before)} token(s) before a "
-                f"sequence and {len(after)} after it; an encoder's rows need exactly one of "
-                "each (<s> … </s>, [CLS] … [SEP])")
-        for role, want, got in (("cls", before[0], cls), ("sep", after[0], sep)):
-            if got is not None and got != want:
-                raise TokenizerError(
-                    f"{where} names {role}_token id {got}, but {tokenizer_json}'s "
-                    f"post-processor puts id {want} there")
-        cls, sep = before[0], after[0]
-        middle = middle if middle is not None else [sep]
+    if len(before) > 1 or len(after) > 1:
+        raise TokenizerError(
+            f"{tokenizer_json}'s post-processor puts {len(before)} token(s) before a sequence "
+            f"and {len(after)} after it; an encoder's rows need one of each (<s> … </s>, "
+            "[CLS] … [SEP])")
+    # A side the post-processor leaves bare (Gemma's adds <bos> only, a tokenizer without
+    # one adds nothing) takes the token the files name for it.
+    named_cls, named_sep = id_of("cls"), id_of("sep")
+    for role, added, given in (("cls", before, named_cls), ("sep", after, named_sep)):
+        if added and given is not None and given != added[0]:
+            raise TokenizerError(f"{where} names {role}_token id {given}, but "
+                                 f"{tokenizer_json}'s post-processor puts id {added[0]} there")
+    cls = before[0] if before else (named_cls if named_cls is not None else id_of("bos"))
+    sep = after[0] if after else (named_sep if named_sep is not None else id_of("eos"))
+    if cls is None or sep is None:
+        side, names = (("start", "cls_token or bos_token") if cls is None
+                       else ("end", "sep_token or eos_token"))
+        raise TokenizerError(f"{tokenizer_json} adds no {side} token to a sequence and "
+                             f"{where} names no {names}: an encoder's rows need both")
+    middle = middle if (before and after and middle is not None) else [sep]
     mask, pad = id_of("mask"), id_of("pad")
     if mask is None:
         raise TokenizerError(f"{where} names no mask_token: masked-LM training and fill-mask "
