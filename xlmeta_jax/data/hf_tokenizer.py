@@ -83,6 +83,9 @@ class HFTokenizer:
         self.tokenizer = tokenizer
         self.specials = specials
         self.files = files
+        # Hashed once: the seqio vocabulary's equality and hash read it for every task of a
+        # mixture, and Gemma's tokenizer.json is tens of megabytes.
+        self._record = make_record("tokenizers", files, specials)
 
     def __repr__(self):
         return f"HFTokenizer({str(self.folder)!r}, size={self.specials.size})"
@@ -96,7 +99,7 @@ class HFTokenizer:
 
     def record(self) -> dict:
         """What a checkpoint records: the files' SHA-256 and the special ids."""
-        return make_record("tokenizers", self.files, self.specials)
+        return dict(self._record)
 
 
 def make_record(kind: str, files: dict[str, bytes], specials: SpecialIds) -> dict:
