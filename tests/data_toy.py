@@ -51,3 +51,25 @@ def train_toy_vocabulary(
         num_threads=2,
         print_report=False,
     )
+
+
+def cached_documents(task_folder, eos_after: str, eos_id: int, split: str = "train"
+                     ) -> list[int]:
+    """Documents per record of a task's token cache, after checking that every record
+    ends where a document ends (records never split one)."""
+    import numpy as np
+    import seqio
+    import tensorflow as tf
+
+    from xlmeta_jax.data import token_cache
+
+    files = sorted(tf.io.gfile.glob(
+        seqio.utils.get_cached_tfrecord_prefix(str(task_folder), split) + "-*"))
+    counts = []
+    for raw in tf.data.TFRecordDataset(files).as_numpy_iterator():
+        tokens = np.array(tf.train.Example.FromString(raw).features.feature["tokens"]
+                          .int64_list.value)
+        ends = token_cache.document_ends(tokens, eos_after, False, eos_id)
+        assert ends.size and ends[-1] == tokens.size - 1, "a record splits a document"
+        counts.append(int(ends.size))
+    return counts

@@ -11,7 +11,7 @@ import pytest
 
 seqio = pytest.importorskip("seqio")
 import tensorflow as tf  # noqa: E402
-from data_toy import train_toy_vocabulary, write_cc100_dir  # noqa: E402
+from data_toy import cached_documents, train_toy_vocabulary, write_cc100_dir  # noqa: E402
 
 from xlmeta_jax.data import (  # noqa: E402
     english_pd,
@@ -164,11 +164,13 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
     assert os.path.exists(os.path.join(out, "COMPLETED"))
     with pytest.raises(text_files.CorpusError, match="already caches split"):
         caching.cache_task(task, cache_dir)
-    # One cache example per document, whatever the convention (reading several shards
-    # interleaves whole documents).
+    # Records of whole documents, whatever the convention (reading several shards
+    # interleaves whole documents): each ends where a document ends, and they hold every
+    # document of the source once.
+    per_record = cached_documents(out, eos_after, vocabulary.EOS_ID)
+    assert sum(per_record) == len(toy["docs"]["de"])
     with open(seqio.utils.get_cached_stats_path(out, "train")) as f:
-        cached_docs = json.load(f)["examples"]
-    assert cached_docs == len(toy["docs"]["de"])
+        assert json.load(f)["examples"] == len(per_record)
     kw = dict(shuffle=False, num_epochs=1)
     fly = _iterator(mesh, task, **kw)
     cached = _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
@@ -196,6 +198,24 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
     _register(toy, eos_after=other)
     with pytest.raises(text_files.CorpusError, match=f"after each {eos_after}, this run after"):
         _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
+
+
+@pytest.mark.parametrize("sizes, record_tokens, records", [
+    ([3, 2, 4], 5, [[3, 2], [4]]),     # a record closes once it holds record_tokens
+    ([7, 1], 5, [[7], [1]]),           # a longer document is a record of its own
+    ([1, 1, 1], 100, [[1, 1, 1]]),     # the last record may be short
+    ([], 5, []),
+])
+def test_cache_records_are_whole_documents(sizes, record_tokens, records):
+    docs = [np.full(n, i, np.int32) for i, n in enumerate(sizes)]
+    got = token_cache.records_of(docs, record_tokens)
+    lengths = [[int(np.sum(r == i)) for i in dict.fromkeys(r.tolist())] for r in got]
+    assert lengths == records
+    assert all(r.dtype == np.int32 for r in got)
+    # A record is serialised as seqio's own dict_to_tfexample writes it, byte for byte.
+    for r in got:
+        assert token_cache.serialized_example(r) == seqio.dict_to_tfexample(
+            {"tokens": r}).SerializeToString()
 
 
 @pytest.mark.parametrize("eos", [vocabulary.EOS_ID, 50282])  # ours; ModernBERT's [SEP]

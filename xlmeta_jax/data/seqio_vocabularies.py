@@ -15,6 +15,7 @@ checkpoint keeps. Built by :func:`xlmeta_jax.data.vocabulary.load_vocabulary`.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import seqio
@@ -129,7 +130,14 @@ class TokenizerVocabulary(_SpecialIdAttributes, seqio.Vocabulary):
         return values, lengths
 
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        """A string scalar to int32 ids, or a vector of strings to a ragged [n, None]."""
+        """A string scalar to int32 ids, or a vector of strings to a ragged [n, None].
+
+        Sets ``TOKENIZERS_PARALLELISM=false`` in the process unless it is set: tf.data
+        runs these calls in parallel already, and each call's own thread pool competing
+        with them cost a third of the tokens per CPU-second (benchmarks/tokenize_speed.py;
+        it also spares Beam's forked workers the library's fork warning).
+        """
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         s = tf.convert_to_tensor(s, tf.string)
         values, lengths = tf.numpy_function(self.encode_flat, [tf.reshape(s, [-1])],
                                             [tf.int32, tf.int64], stateful=False)

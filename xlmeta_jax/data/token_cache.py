@@ -10,11 +10,16 @@ succeeded. seqio reads the cache with ``use_cached=True``.
 
 The TFRecords are written here rather than by seqio's ``WriteExampleTfRecord``,
 which reshuffles the examples: the task's elements (runs of up to 256 paragraphs)
-are joined back into whole documents in their order, and each cache file holds its
-documents in source order — by default one file per source shard, with
-``num_shards`` documents dealt round-robin — so that an unshuffled cached run reads
-the batches an uncached one reads, interleaved cache files never split a document,
-and two runs of the job write the same files. ``info.{split}.json`` records the
+are joined back into whole documents in their order, consecutive documents are
+grouped into records of about ``RECORD_TOKENS`` tokens (:func:`records_of`: a record
+never splits a document), and each cache file holds its records in source order — by
+default one file per source shard, with ``num_shards`` records dealt round-robin — so
+that an unshuffled cached run reads the batches an uncached one reads, interleaved
+cache files never split a document, and two runs of the job write the same files.
+Records of many short documents rather than one each: Beam's, the serialisation's and
+seqio's statistics' cost per element was most of the job's (FLORES sentences as
+documents, 33 tokens each: 0.19x of the tokenizer's own rate per CPU-second, one
+record per document; benchmarks/tokenize_speed.py). ``info.{split}.json`` records the
 ``</s>`` convention (``xlmeta_eos_after``) and the vocabulary (``xlmeta_vocabulary``:
 path and md5); a run with another refuses the cache (``tasks.check_cache``).
 
@@ -71,6 +76,36 @@ def join_documents(runs: Sequence[np.ndarray], eos_after: str,
     return docs
 
 
+# Tokens a cache record gathers from consecutive whole documents (about the uncached
+# source's run of 256 paragraphs of short text).
+RECORD_TOKENS = 8192
+
+
+def records_of(docs: Sequence[np.ndarray], record_tokens: int = RECORD_TOKENS
+               ) -> list[np.ndarray]:
+    """Consecutive whole documents joined into records of at least ``record_tokens``
+    tokens (the last may be shorter; a longer document is a record of its own)."""
+    records, pending, size = [], [], 0
+    for doc in docs:
+        pending.append(doc)
+        size += doc.size
+        if size >= record_tokens:
+            records.append(np.concatenate(pending).astype(np.int32))
+            pending, size = [], 0
+    if pending:
+        records.append(np.concatenate(pending).astype(np.int32))
+    return records
+
+
+def serialized_example(tokens: np.ndarray) -> bytes:
+    """The tf.Example seqio's ``dict_to_tfexample({"tokens": tokens})`` serialises,
+    built straight from the array (seqio converts through eager TensorFlow ops)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    return tf.train.Example(features=tf.train.Features(feature={"tokens": tf.train.Feature(
+        int64_list=tf.train.Int64List(value=tokens.tolist()))})).SerializeToString()
+
+
 def _register(corpora) -> None:
     from xlmeta_jax.data import tasks  # noqa: PLC0415 - seqio, TensorFlow
 
@@ -86,24 +121,23 @@ def _keyed(ex, provenance):
 
 
 def _dealt(item, eos_after: str, num_shards: int | None, eos_id: int):
-    """One source shard's documents, keyed by the cache file each goes to."""
+    """One source shard's records, keyed by the cache file each goes to."""
     shard, elements = item
     docs = join_documents([run for _, run in sorted(elements, key=lambda e: e[0])], eos_after,
                           eos_id)
-    for j, doc in enumerate(docs):
+    for j, doc in enumerate(records_of(docs)):
         out = shard if num_shards is None else (shard + j) % num_shards
         yield out, (shard, j, doc)
 
 
 def _write_file(item, prefix: str, num_shards: int):
-    import seqio  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     out, docs = item
     docs = sorted(docs, key=lambda d: (d[0], d[1]))
     with tf.io.TFRecordWriter(f"{prefix}-{out:05d}-of-{num_shards:05d}") as writer:
         for _, _, doc in docs:
-            writer.write(seqio.dict_to_tfexample({"tokens": doc}).SerializeToString())
+            writer.write(serialized_example(doc))
     for _, _, doc in docs:
         yield {"tokens": doc}
 
