@@ -26,7 +26,7 @@ PACKAGE = REPO / "xlmeta_jax"
 LAYERS = (
     ("xlmeta_jax", 0),  # the package's (empty) __init__
     ("xlmeta_jax.errors", 0), ("xlmeta_jax.files", 0), ("xlmeta_jax.logs", 0),
-    ("xlmeta_jax.hosts", 0), ("xlmeta_jax.platforms", 0),
+    ("xlmeta_jax.hosts", 0), ("xlmeta_jax.platforms", 0), ("xlmeta_jax.library_text", 0),
     ("xlmeta_jax.model", 1),
     # Hugging Face's file formats: parameter layout, tokenizer files, weights, model card.
     ("xlmeta_jax.interop.hf.layout", 2), ("xlmeta_jax.interop.hf.tokenizer", 2),

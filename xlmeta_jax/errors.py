@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from xlmeta_jax import platforms
+from xlmeta_jax import library_text, platforms
 
 DEBUG_ENV = "XLMETA_DEBUG"
 DEBUG_FLAG = "--debug"
@@ -180,7 +180,7 @@ def _user_message(e: BaseException) -> str | None:
         return f"{e.filename}: read-only file system"
     text = str(e)
     # Left-unset %gin.REQUIRED macros / parameters surface from gin at call time.
-    if isinstance(e, ValueError) and ("gin.REQUIRED" in text or "Required bindings" in text):
+    if isinstance(e, ValueError) and any(t in text for t in _GIN_REQUIRED):
         return first_line(e)
     return None
 
@@ -213,7 +213,11 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 _previous_unraisablehook = sys.unraisablehook
 # asyncio's own wording, f"{type(self).__name__} exception was never retrieved": Task,
 # Future, _GatheringFuture.
-_NEVER_RETRIEVED = re.compile(r"\w+ exception was never retrieved")
+_NEVER_RETRIEVED = re.compile(r"\w+" + re.escape(library_text.declare(
+    " exception was never retrieved", module="asyncio.futures", package="python",
+    version="3.11",
+    why="asyncio logs it at ERROR through the loop's exception handler, the same way as "
+        "any other failed task's; a level on the 'asyncio' logger would hide those too")))
 
 
 class _DropFailedCheckpointReads(logging.Filter):
@@ -231,6 +235,8 @@ class _DropFailedCheckpointReads(logging.Filter):
             return True
         exc = record.exc_info[1] if record.exc_info else None
         text = f"{type(exc).__module__} {exc}" if exc is not None else record.getMessage()
+        # TensorStore's words (compiled: no source to test; test_checkpoint_checksums' damaged
+        # checkpoints raise them).
         return not any(k in text for k in ("tensorstore", "OCDBT", '"zarr" driver'))
 
 
@@ -238,6 +244,14 @@ def _quiet_failed_checkpoint_reads() -> None:
     asyncio_log = logging.getLogger("asyncio")
     if not any(isinstance(f, _DropFailedCheckpointReads) for f in asyncio_log.filters):
         asyncio_log.addFilter(_DropFailedCheckpointReads())
+
+
+# gin's ValueErrors for a required binding left unset: gin raises ValueError for every
+# configuration mistake, and only these words tell this one from a bug.
+_GIN_REQUIRED = tuple(library_text.declare(
+    t, module="gin.config", package="gin-config", version="0.5.0",
+    why="gin raises a plain ValueError for it; the words are what sets it apart")
+    for t in ("gin.REQUIRED", "Required bindings"))
 
 
 class UsageError(UserError):

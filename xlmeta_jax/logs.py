@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 
-from xlmeta_jax import platforms
+from xlmeta_jax import library_text, platforms
 
 
 @contextlib.contextmanager
@@ -101,7 +101,11 @@ def quiet_start(*, import_tensorflow: bool = False) -> None:
 # the previous one: on a loaded machine or a slow disk that is routine and not a failure.
 # Only a wait this long is worth a line, and then as one of our progress lines.
 SLOW_SAVE_SECONDS = 60.0
-_SAVE_WAIT = "Waiting for previous save to complete took"
+_SAVE_WAIT = library_text.declare(
+    "Waiting for previous save to complete took", module="orbax.checkpoint.checkpoint_manager",
+    package="orbax-checkpoint", version="0.12.8",
+    why="its threshold is a module constant, not an option; the filter turns a long wait "
+        "into one of our progress lines instead of dropping it")
 
 
 class _SaveWaitFilter(logging.Filter):

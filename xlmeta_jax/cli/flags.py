@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import gin
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, library_text
 from xlmeta_jax.errors import UserError
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
@@ -171,12 +171,16 @@ def parse_command_line(argv: Sequence[str], *, doc: str, example: str) -> GinFla
     return flags
 
 
-class _DropIncludeProbes(logging.Filter):
-    """Drops gin's ERROR-level "Path not found" lines: each is one search-path probe
-    of an ``include`` that another search path then finds."""
+_PATH_NOT_FOUND = library_text.declare(  # gin's ERROR per include probe, on the root logger
+    "Path not found", module="gin.resource_reader", package="gin-config", version="0.5.0",
+    why="the root logger's level is every library's; gin has no option to probe quietly")
+_MALFORMED = library_text.declare(  # gin's literal_eval of a bare word: a plain ValueError
+    "malformed node", module="ast", package="python", version="3.11", why="no own type")
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Path not found")
+
+def _not_an_include_probe(record: logging.LogRecord) -> bool:
+    """A log filter: gin's "Path not found" is one probe of an include another path finds."""
+    return not str(record.msg).startswith(_PATH_NOT_FOUND)
 
 
 def apply_gin(
@@ -232,7 +236,7 @@ def apply_gin(
             raise GinConfigError(f"gin config: gin file {found} includes itself: "
                                  f"{' -> '.join(cycle)}")
     gin.clear_config()
-    probes = _DropIncludeProbes()
+    probes = _not_an_include_probe
     logging.getLogger().addFilter(probes)
     try:
         # One at a time, so that an error gin reports without a place names its file.
@@ -331,7 +335,7 @@ def _parse(what: str, *, files: Sequence[str] = (), bindings: Sequence[str] = ()
 def _bare_word(e: SyntaxError, what: str) -> None:
     """Raises GinConfigError for gin's report of an unquoted string; returns otherwise."""
     token = _BAD_TOKEN.search(str(e))
-    if token is None or not str(e).startswith("malformed node"):
+    if token is None or not str(e).startswith(_MALFORMED):
         return
     where = f"gin file {e.filename}, line {e.lineno}" if e.filename else what
     raise GinConfigError(

@@ -109,6 +109,8 @@ def watch(prog: str) -> None:
             try:
                 value = client.blocking_key_value_get(_FAILED, _POLL_MS)
             except Exception as e:  # noqa: BLE001 - a time-out, or the store is gone
+                # The coordination service's status code (compiled; the client raises
+                # one exception type for every failure): a poll that timed out.
                 if "DEADLINE_EXCEEDED" in str(e):
                     continue
                 return

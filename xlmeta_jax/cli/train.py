@@ -139,6 +139,8 @@ def run_configured() -> dict:
         )
     except TypeError as e:
         # gin's call of train() without a required binding (a hand-written run file).
+        # CPython's own TypeError text (compiled, stable since 3.0): gin calls train()
+        # itself, so a missing binding arrives as the call's TypeError.
         if "required keyword-only argument" not in str(e):
             raise
         raise trainer.ConfigError(f"{errors.first_line(e)} (bind it in the run's gin file)"

@@ -27,7 +27,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from xlmeta_jax import errors
+from xlmeta_jax import errors, library_text
 from xlmeta_jax.data import text_files
 
 _MARK, _END = "<<xlmeta-input-error:", ":xlmeta-input-error>>"
@@ -35,13 +35,24 @@ _MARK, _END = "<<xlmeta-input-error:", ":xlmeta-input-error>>"
 # Beam's warnings in the driver that are not about the job, by logger.
 _NOISE = {
     # Importing Beam without its BigQuery client (not needed here) warns on the root logger.
-    "": ("apitools not found",),
+    "": (library_text.declare(
+        "apitools not found", module="apache_beam.io.gcp.internal.clients.bigquery",
+        package="apache-beam", version="2.77.0",
+        why="logged at import on the root logger (every library's level); no option"),),
     # A source-text heuristic that flags seqio's PreprocessTask function for the
     # ``return`` of a function nested in it, not a bug.
-    "apache_beam.transforms.core": ("Using yield and return in the process method",),
+    "apache_beam.transforms.core": (library_text.declare(
+        "Using yield and return in the process method", module="apache_beam.transforms.core",
+        package="apache-beam", version="2.77.0",
+        why="a level on apache_beam.transforms.core would hide its other warnings (type "
+            "hints, deprecations); the check has no option"),),
     # run() starts the local workers itself (below): in Beam's terms that is "in_memory".
-    "apache_beam.runners.portability.fn_api_runner.fn_runner": (
-        "If direct_num_workers is not equal to 1",),
+    "apache_beam.runners.portability.fn_api_runner.fn_runner": (library_text.declare(
+        "If direct_num_workers is not equal to 1",
+        module="apache_beam.runners.portability.fn_api_runner.fn_runner",
+        package="apache-beam", version="2.77.0",
+        why="run() passes in_memory with several workers on purpose (it starts them); the "
+            "runner's logger also reports failed stages, so its level stays"),),
 }
 
 

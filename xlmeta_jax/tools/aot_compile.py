@@ -235,6 +235,8 @@ def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int
             compiled = fns.train_step_jit.lower(fns.abstract_state, batch, fns.seed_spec).compile()
     except jax.errors.JaxRuntimeError as e:
         text = str(e)
+        # XLA's status code (compiled; one exception type for every status): the one
+        # failure that is a fit table's answer rather than an error.
         if "RESOURCE_EXHAUSTED" not in text:
             raise
         needed, available, largest = parse_oom(text)

@@ -28,16 +28,28 @@ from absl import flags
 from absl import logging as absl_logging
 from t5x import trainer as t5x_trainer
 
-from xlmeta_jax import errors, files, logs
+from xlmeta_jax import errors, files, library_text, logs
 from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.pretrain import progress as fmt
 
-# t5x's own messages (t5x/train.py) that say where a run is.
-_MAIN_LOOP = "Starting main loop over steps %d-%d"
-_NOTHING_TO_DO = "Total training steps and checkpoint step were both %d"
-_FINISHED = "Finished."
+# t5x's own messages that say where a run is: its loop reports progress only through its
+# INFO log (train() takes no callback for the loop's start and end).
+_T5X_LOG = "t5x.train() logs it at INFO, its only report of the loop's start and end"
+_MAIN_LOOP = library_text.declare(
+    "Starting main loop over steps %d-%d", module="t5x.train", package="t5x",
+    version="0.0.0 (../shared/wheels)", why=_T5X_LOG)
+_NOTHING_TO_DO = library_text.declare(
+    "Total training steps and checkpoint step were both %d", module="t5x.train", package="t5x",
+    version="0.0.0 (../shared/wheels)", why=_T5X_LOG)
+_FINISHED = library_text.declare(
+    "Finished.", module="t5x.train", package="t5x", version="0.0.0 (../shared/wheels)",
+    why=_T5X_LOG)
 # Notices of libraries t5x uses that are not failures of the run.
-_DROPPED = ("DatasetIterator.load() is deprecated",)
+_DROPPED = (library_text.declare(
+    "DatasetIterator.load() is deprecated", module="clu.data.dataset_iterator", package="clu",
+    version="0.0.12",
+    why="clu logs it at ERROR on the absl logger each time t5x restores a run's input "
+        "position (t5x calls load(); no option), beside the run's real errors"),)
 
 
 class ProgressAction(t5x_trainer.BaseAction):
