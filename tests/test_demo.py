@@ -20,6 +20,8 @@ pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
+MMBERT = "xlmeta_jax.pretrain.recipes.mmbert"
+
 
 def test_demos_run_both_phases_hand_off_and_export(demo_data, tmp_path):
     """gin/demo.gin on the session's demo corpus and vocabulary (what its first run writes,
@@ -130,15 +132,17 @@ def test_mmbert_demo_runs_every_stage_merges_and_exports(toy_cc100, tmp_path):
                JAX_DISABLE_MOST_OPTIMIZATIONS="true")
     cmd = [
         sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo_mmbert.gin",
-        f"--gin.MODEL_DIR='{model_dir}'", "--gin.ENGLISH_TOKENS=2048", "--gin.RAMP_TOKENS=512",
+        f"--gin.MODEL_DIR='{model_dir}'", "--gin.ENGLISH_TOKENS=2048",
         "--gin.BASE_TOKENS=2048", "--gin.EXT_TOKENS=4096", "--gin.DECAY_TOKENS=2048",
-        "--gin.WARMUP_TOKENS=256", "--gin.CHECKPOINT_TOKENS=2048",
+        "--gin.CHECKPOINT_TOKENS=2048",
+        # The recipe's other settings, bound by name (gin/native/mmbert.gin's header).
+        f"--gin.{MMBERT}.ramp_tokens=512", f"--gin.{MMBERT}.warmup_tokens=256",
         f"--gin.VOCAB_PATH='{toy_cc100['vocab']}'", f"--gin.CC100_DIR='{data / 'xling'}'",
         f"--gin.ENGLISH_FILES=['{data / 'xling' / 'en.txt'}']",
         # Fewer languages than the demo's 15 and 5: each is one more seqio task to build
         # per stage (about 0.8 s of tf.data tracing each, 8 stages).
         f"--gin.CC100_LANGUAGES={list(TOY_LANGUAGES[:6])!r}",
-        "--gin.BASE_LANGUAGES=['en', 'de', 'ru']",
+        f"--gin.{MMBERT}.base_languages=['en', 'de', 'ru']",
     ]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

@@ -248,7 +248,21 @@ def test_vocabulary_files_are_checked_before_the_first_progress_line(
 @pytest.mark.parametrize("macro, value, line", [
     # 12-06's sweep: "phase 'tokens': tokens/…Phase.num_tokens: must be … > 0" named neither.
     ("BASE_TOKENS", 0, "stage 'base': BASE_TOKENS: must be a number of tokens > 0"),
-    ("DECAY_TOKENS", -5, "stage 'decay': DECAY_TOKENS: must be a number of tokens > 0"),
+    ("DECAY_TOKENS", -5, "stage 'decay_cont': DECAY_TOKENS: must be a number of tokens > 0"),
+    # The recipe's own parameters, named as bound (gin/native/mmbert.gin binds the rest).
+    ("TOTAL_TOKENS", 0, "TOTAL_TOKENS: must be a number of tokens > 0"),
+    ("xlmeta_jax.pretrain.recipes.mmbert.ramp_batches", (4, 0, 12),
+     "stage 'ramp2': xlmeta_jax.pretrain.recipes.mmbert.ramp_batches: must be an integer > 0, "
+     "got 0"),
+    ("xlmeta_jax.pretrain.recipes.mmbert.ext_alpha", 1.5,
+     "stage 'ext': xlmeta_jax.pretrain.recipes.mmbert.ext_alpha: alpha must be in (0, 1] (1 = "
+     "proportional to size, XLM-R uses 0.3), got 1.5"),
+    ("xlmeta_jax.pretrain.recipes.mmbert.ext_rope_theta", 0.5,
+     "stage 'ext': xlmeta_jax.pretrain.recipes.mmbert.ext_rope_theta: must be a RoPE base > 1 "
+     "(mmBERT: 10000, 160000)"),
+    ("xlmeta_jax.pretrain.recipes.mmbert.branches", ["decay_xx"],
+     "xlmeta_jax.pretrain.recipes.mmbert.branches: must be some of ['decay_eng', "
+     "'decay_cont', 'decay_all'], got ['decay_xx']"),
 ])
 def test_a_stage_length_in_tokens_names_the_stage_and_its_macro(macro, value, line, clean_gin):
     from xlmeta_jax.cli import flags as gin_flags

@@ -92,3 +92,65 @@ def test_run_files_bind_the_recipe(name, tasks, merged):
     assert (gin_cli.bound("xlmeta_jax.pretrain.trainer.train.merge", None) is not None) == merged
     with_branches = gin_cli.bound("xlmeta_jax.pretrain.recipes.continued.branches", None)
     assert with_branches == []
+
+
+# mmBERT at 3,000 x 2^20 tokens: its 2.3 : 0.6 : 0.1 shares are whole numbers of steps of
+# 16 x 64 (base 2,300, ext 600 / 2 of 16 x 128, decay 100 / 2), less the ramp's 3 x 32 x 2^10.
+_M = 2 ** 20
+_MMBERT = dict(task="xlmeta_cc100", optimizer=OptimizerConfig(learning_rate=8e-4),
+               total_tokens=3000 * _M, batch_size=16, ramp_batches=(4, 8, 12),
+               ramp_tokens=32 * 1024, base_length=64, ext_length=128, warmup_tokens=16 * 1024)
+
+
+@pytest.mark.parametrize("options, stages", [
+    ({}, [("ramp1", 128, 4, 64, None, 60), ("ramp2", 64, 8, 64, "ramp1", 60),
+          ("ramp3", 43, 12, 64, "ramp2", 60), ("base", 2300 * 1024 - 96, 16, 64, "ramp3", 60),
+          ("ext", 300 * 1024, 16, 128, "base", None), ("decay_eng", 50 * 1024, 16, 128, "ext", 30),
+          ("decay_cont", 50 * 1024, 16, 128, "ext", None),
+          ("decay_all", 50 * 1024, 16, 128, "ext", None)]),
+    # No ramp; a stage's tokens given; one branch (no merge); a language list.
+    (dict(ramp_batches=(), ext_tokens=16 * 128 * 10, branches=["decay_all"],
+          base_languages=["de", "fr"]),
+     [("base", 2300 * 1024, 16, 64, None, 2), ("ext", 10, 16, 128, "base", None),
+      ("decay_all", 50 * 1024, 16, 128, "ext", None)]),
+])
+def test_mmbert_stages_take_its_shares_of_the_budget(options, stages):
+    recipe = recipes.mmbert(**{**_MMBERT, **options})
+    got = [(p.name, p.num_steps, p.batch_size, p.sequence_length, p.init_from,
+            None if p.languages is None else len(p.languages)) for p in recipe.phases]
+    assert got == stages
+    # One warm-up-stable-decay schedule over a branch's chain, the decay the branch's.
+    chain = [p for p in recipe.phases if p.init_from != "ext"] + [recipe.phases[-1]]
+    opt = recipe.phases[0].optimizer
+    assert all(p.optimizer == opt for p in recipe.phases)
+    assert (opt.schedule, opt.decay_shape, opt.total_steps, opt.decay_steps) == (
+        "wsd", "1-sqrt", sum(p.num_steps for p in chain), recipe.phases[-1].num_steps)
+    assert opt.warmup_steps == 16 * 1024 // (recipe.phases[0].batch_size * 64)  # 64 or 16
+    assert not any(p.reset_optimizer or p.reset_schedule for p in recipe.phases)
+    branches = [p.name for p in recipe.phases if p.init_from == "ext"]
+    if len(branches) == 1:  # the branch is the product
+        assert recipe.merge is None
+    else:
+        assert recipe.merge.base == "ext" and recipe.merge.method == "ties"
+        assert list(recipe.merge.branches) == branches
+    by_name = {p.name: p for p in recipe.phases}
+    assert by_name["ext"].global_rope_theta == by_name["ext"].local_rope_theta == 160000.0
+    assert (by_name["base"].alpha, by_name["base"].mask_rate) == (0.7, 0.3)
+    if "decay_eng" in by_name:  # the largest by CC-100 size, sampled by size
+        assert by_name["decay_eng"].languages[:3] == ("en", "vi", "ru")
+        assert by_name["decay_eng"].alpha == 1.0
+
+
+def test_mmbert_after_an_english_stage_takes_the_rest_of_the_budget():
+    english = 600 * _M
+    meta = recipes.mmbert(**_MMBERT, english_tokens=english, english_task="xlmeta_english_text")
+    alone = recipes.mmbert(**{**_MMBERT, "total_tokens": 3000 * _M - english})
+    first, *rest = meta.phases
+    assert (first.name, first.task, first.num_steps, first.languages, first.mask_rate) == (
+        "english", "xlmeta_english_text", english // (16 * 64), None, 0.3)
+    assert (first.optimizer.schedule, first.optimizer.total_steps,
+            first.optimizer.end_learning_rate) == ("linear", first.num_steps, 0.0)
+    assert rest[0].init_from == "english" and rest[0].reset_optimizer and rest[0].reset_schedule
+    assert [p.num_steps for p in rest] == [p.num_steps for p in alone.phases]
+    with pytest.raises(errors.SettingError, match="english_task: must name"):
+        recipes.mmbert(**_MMBERT, english_tokens=english)

@@ -90,6 +90,7 @@ def prepare_data(prepare: Callable[[], Any] | None = None) -> None:
 
 # Recipes (xlmeta_jax/pretrain/recipes.py): the phases and merge of a run, one function each.
 continued = gin.external_configurable(recipes.continued, module="xlmeta_jax.pretrain.recipes")
+mmbert = gin.external_configurable(recipes.mmbert, module="xlmeta_jax.pretrain.recipes")
 with_english_stage = gin.external_configurable(recipes.with_english_stage,
                                                module="xlmeta_jax.pretrain.recipes")
 

@@ -5,6 +5,10 @@ binds only what a user changes (the budget, the data, a knob or two) and hands t
 the trainer (``train.phases = @phases_of()``, ``train.merge = @merge_of()``, with
 ``phases_of.recipe = @continued()``: gin/native/continue.gin).
 
+* :func:`mmbert` — mmBERT's recipe (arXiv 2509.06888): a batch-size ramp, the base stage,
+  the context extension and three decay branches TIES-merged against it, in mmBERT's token
+  shares of the budget, optionally after an English stage (gin/native/mmbert.gin,
+  meta_mmbert.gin, the experiment's ``mmbert`` arms);
 * :func:`continued` — continued pretraining of a released model: a warm-up, then a decay;
   optionally mmBERT's context extension (a longer length, other RoPE bases) and decay
   branches TIES-merged against the stage they start from, as mmBERT merges its variants;
@@ -12,16 +16,22 @@ the trainer (``train.phases = @phases_of()``, ``train.merge = @merge_of()``, wit
   then the recipe's own stages from its final checkpoint (meta-pretraining from a release).
 
 ``Phase`` stays the one type of a stage: every value a recipe derives is checked where the
-Phase is built, and the message names the phase.
+Phase is built, and the message names the stage and the recipe's parameter (or the macro
+bound to it: ``stage 'base': BASE_TOKENS: must be a number of tokens > 0``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax import errors
+from xlmeta_jax.data.languages import BY_CC100_SIZE
+from xlmeta_jax.model.optimizer import OptimizerConfig, OptimizerConfigError
 from xlmeta_jax.pretrain.phases import Merge, Phase, PhaseSettingError
+
+_MODULE = "xlmeta_jax.pretrain.recipes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,3 +130,187 @@ def with_english_stage(recipe: Recipe, *, steps: int, task: str,
     rest = (dataclasses.replace(first, init_from="english", reset_optimizer=True,
                                 reset_schedule=True), *recipe.phases[1:])
     return Recipe((english, *rest), recipe.merge)
+
+
+# ---------------------------------------------------------------------------
+# mmBERT.
+# ---------------------------------------------------------------------------
+
+# mmBERT's tokens per part (arXiv 2509.06888, JHU-CLSP/mmBERT configs): pre-training 2.3T
+# (its batch-size ramp included), mid-training (the context extension) 600B, decay 100B.
+MMBERT_SHARES = (2.3, 0.6, 0.1)
+# Its decay variants: (languages, alpha) of each; languages an int: that many of CC-100's
+# largest, 'ext': the extension's languages and alpha, None: every language.
+MMBERT_BRANCHES = ("decay_eng", "decay_cont", "decay_all")
+
+
+@contextlib.contextmanager
+def _named(recipe: str, stage: str, params: Mapping[str, str]):
+    """A stage's bad value named by the recipe parameter it came from (``params``: the
+    stage's field -> the parameter), so the line names what the user bound."""
+    try:
+        yield
+    except (PhaseSettingError, OptimizerConfigError) as e:
+        param = params.get(e.field)
+        if param is None:
+            raise
+        raise errors.SettingError(f"{_MODULE}.{recipe}", param, e.value, e.message,
+                                  context=f"stage {stage!r}: ") from None
+
+
+def largest_languages(languages: int | Sequence[str] | None) -> tuple[str, ...] | None:
+    """A stage's languages: an int is that many of CC-100's largest (``BY_CC100_SIZE``), a
+    list is itself, None every language."""
+    if isinstance(languages, int) and not isinstance(languages, bool):
+        return tuple(BY_CC100_SIZE[:languages]) if languages > 0 else ()
+    return None if languages is None else tuple(languages)
+
+
+def _steps(tokens: int | float, batch_size: int, sequence_length: int) -> int:
+    return max(1, round(tokens / (batch_size * sequence_length)))
+
+
+def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
+           base_tokens: int | float | None = None, ext_tokens: int | float | None = None,
+           decay_tokens: int | float | None = None, shares: Sequence[float] = MMBERT_SHARES,
+           batch_size: int = 4608, ramp_batches: Sequence[int] = (1152, 2304, 3456),
+           ramp_tokens: int | float = 20_000_000_000, base_length: int = 1024,
+           ext_length: int = 8192, warmup_tokens: int | float = 3_000_000_000,
+           base_languages: int | Sequence[str] | None = 60,
+           ext_languages: int | Sequence[str] | None = None,
+           english_heavy_languages: int | Sequence[str] | None = 30,
+           base_alpha: float = 0.7, ext_alpha: float = 0.5, decay_alpha: float = 0.3,
+           base_mask_rate: float = 0.3, ext_mask_rate: float = 0.15,
+           decay_mask_rate: float = 0.05, base_rope_theta: float = 10_000.0,
+           ext_rope_theta: float = 160_000.0, branches: Sequence[str] = MMBERT_BRANCHES,
+           merge_density: float | None = None, english_tokens: int | float = 0,
+           english_task: str | None = None) -> Recipe:
+    """mmBERT's recipe at ``total_tokens`` (gin/native/mmbert.gin).
+
+    Stages, each from the previous one's final checkpoint with its AdamW state and schedule
+    (one warm-up-stable-decay schedule of 1-sqrt shape over a branch's whole chain):
+
+    * ``ramp1``..``ramp3``: ``ramp_tokens`` each at ``ramp_batches`` rows (ModernBERT's
+      batch-size warm-up; ``()``: none), ``base_length`` tokens a row;
+    * ``base``: the rest of the first share at ``batch_size`` rows;
+    * ``ext``: the context extension, ``ext_length`` tokens a row, ``ext_rope_theta`` for
+      every layer's RoPE, its own languages, alpha and masking;
+    * the decay branches from ``ext`` (``branches``, of :data:`MMBERT_BRANCHES`):
+      ``decay_eng`` (the ``english_heavy_languages`` largest at alpha 1, sampled by size),
+      ``decay_cont`` (ext's languages and alpha), ``decay_all`` (every language at
+      ``decay_alpha``), each ``decay_tokens`` long, merged with TIES against ``ext``.
+
+    Args:
+      task: the mixture every stage trains on.
+      optimizer: AdamW's settings; the recipe sets the schedule's shape and lengths.
+      total_tokens: the budget (English stage included); ``shares`` (mmBERT's 2.3T : 600B :
+        100B) divide what the English stage leaves into base (ramp included), ext and one
+        decay branch.
+      base_tokens, ext_tokens, decay_tokens: a stage's tokens instead of its share.
+      warmup_tokens: the warm-up, at the start of the first stage.
+      base_languages, ext_languages, english_heavy_languages: an int is that many of
+        CC-100's largest languages, a list itself, None all 100.
+      english_tokens: with ``english_task``, an English stage in front (the paper's order,
+        meta-pretraining): ``english`` trains that many tokens at ``batch_size``, its own
+        linear schedule to 0; ``ramp1`` then starts from it with fresh moments and schedule.
+    """
+    name = "mmbert"
+    if not (isinstance(total_tokens, int | float) and not isinstance(total_tokens, bool)
+            and total_tokens > 0):
+        raise errors.SettingError(f"{_MODULE}.{name}", "total_tokens", total_tokens,
+                                  "must be a number of tokens > 0")
+    unknown = [b for b in branches if b not in MMBERT_BRANCHES]
+    if unknown or not branches:
+        raise errors.SettingError(f"{_MODULE}.{name}", "branches", list(branches),
+                                  f"must be some of {list(MMBERT_BRANCHES)}, got "
+                                  f"{list(branches)}")
+    if english_tokens and not english_task:
+        raise errors.SettingError(f"{_MODULE}.{name}", "english_task", english_task,
+                                  "must name the English stage's task when english_tokens "
+                                  "is set")
+    mixture = total_tokens - (english_tokens or 0)
+    parts = sum(shares)
+    ramps = [(f"ramp{i + 1}", b) for i, b in enumerate(ramp_batches)]
+
+    def share(given, k):
+        return given if given is not None else int(round(mixture * shares[k] / parts))
+
+    if base_tokens is None:
+        base_tokens = share(None, 0) - len(ramps) * ramp_tokens
+        if base_tokens <= 0:
+            raise errors.SettingError(
+                f"{_MODULE}.{name}", "total_tokens", total_tokens,
+                f"leaves the base stage no tokens after the {len(ramps)} ramp stages of "
+                f"{ramp_tokens:,} (raise it, or lower ramp_tokens)")
+    ext_tokens, decay_tokens = share(ext_tokens, 1), share(decay_tokens, 2)
+
+    base = dict(task=task, sequence_length=base_length, reset_optimizer=False,
+                reset_schedule=False, languages=largest_languages(base_languages),
+                alpha=base_alpha, mask_rate=base_mask_rate, global_rope_theta=base_rope_theta,
+                local_rope_theta=base_rope_theta)
+    data = {"languages": "base_languages", "alpha": "base_alpha",
+            "mask_rate": "base_mask_rate", "global_rope_theta": "base_rope_theta",
+            "local_rope_theta": "base_rope_theta", "sequence_length": "base_length"}
+    stages, previous = [], None
+    for stage, rows in ramps:
+        with _named(name, stage, {**data, "batch_size": "ramp_batches",
+                                  "num_tokens": "ramp_tokens"}):
+            stages.append(Phase(name=stage, batch_size=rows, num_tokens=ramp_tokens,
+                                init_from=previous, **base))
+        previous = stage
+    with _named(name, "base", {**data, "batch_size": "batch_size",
+                               "num_tokens": "base_tokens"}):
+        stages.append(Phase(name="base", batch_size=batch_size, num_tokens=base_tokens,
+                            init_from=previous, **base))
+    ext = dict(base, sequence_length=ext_length, languages=largest_languages(ext_languages),
+               alpha=ext_alpha, mask_rate=ext_mask_rate, global_rope_theta=ext_rope_theta,
+               local_rope_theta=ext_rope_theta)
+    ext_data = {"languages": "ext_languages", "alpha": "ext_alpha",
+                "mask_rate": "ext_mask_rate", "global_rope_theta": "ext_rope_theta",
+                "local_rope_theta": "ext_rope_theta", "sequence_length": "ext_length",
+                "batch_size": "batch_size"}
+    with _named(name, "ext", {**ext_data, "num_tokens": "ext_tokens"}):
+        stages.append(Phase(name="ext", batch_size=batch_size, num_tokens=ext_tokens,
+                            init_from="base", **ext))
+    variants = {
+        "decay_eng": (largest_languages(english_heavy_languages), 1.0,
+                      "english_heavy_languages", None),
+        "decay_cont": (ext["languages"], ext_alpha, "ext_languages", "ext_alpha"),
+        "decay_all": (None, decay_alpha, None, "decay_alpha"),
+    }
+    for branch in branches:
+        languages, alpha, languages_param, alpha_param = variants[branch]
+        with _named(name, branch, {**ext_data, "languages": languages_param,
+                                   "alpha": alpha_param, "mask_rate": "decay_mask_rate",
+                                   "num_tokens": "decay_tokens"}):
+            stages.append(Phase(name=branch, batch_size=batch_size, num_tokens=decay_tokens,
+                                init_from="ext", **dict(ext, languages=languages,
+                                                        alpha=alpha,
+                                                        mask_rate=decay_mask_rate)))
+    # One schedule over a branch's chain: its warm-up in the first stage's rows.
+    chain = [p for p in stages if p.init_from != "ext"] + [stages[-1]]
+    with _named(name, stages[0].name, {"warmup_steps": "warmup_tokens",
+                                       "decay_steps": "decay_tokens"}):
+        schedule = dataclasses.replace(
+            optimizer, schedule="wsd", decay_shape="1-sqrt",
+            warmup_steps=_steps(warmup_tokens, stages[0].batch_size, base_length),
+            decay_steps=stages[-1].num_steps, total_steps=sum(p.num_steps for p in chain))
+    stages = [dataclasses.replace(p, optimizer=schedule) for p in stages]
+    # One branch is the product itself; two or more are merged.
+    merge = (Merge(branches=list(branches), base="ext", method="ties", density=merge_density)
+             if len(branches) > 1 else None)
+    if not english_tokens:
+        return Recipe(tuple(stages), merge)
+    with _named(name, "english", {"num_tokens": "english_tokens", "task": "english_task",
+                                  "warmup_steps": "warmup_tokens"}):
+        steps = _steps(english_tokens, batch_size, base_length) if english_tokens > 0 else 0
+        english = Phase(
+            name="english", num_tokens=english_tokens,
+            batch_size=batch_size, optimizer=dataclasses.replace(
+                schedule, schedule="linear", decay_steps=0, end_learning_rate=0.0,
+                total_steps=max(steps, 1),
+                warmup_steps=_steps(warmup_tokens, batch_size, base_length)),
+            **dict(base, task=english_task, languages=None, alpha=None))
+    first = dataclasses.replace(stages[0], init_from="english", reset_optimizer=True,
+                                reset_schedule=True)
+    return Recipe((english, first, *stages[1:]), merge)
