@@ -4,7 +4,6 @@ checks, resume bookkeeping and the dry-run estimate."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 
@@ -15,17 +14,9 @@ from xlmeta_jax.cli import experiment_runs
 from xlmeta_jax.experiment import arms, plan, runner
 from xlmeta_jax.model import network
 from xlmeta_jax.model.optimizer import OptimizerConfig
-from xlmeta_jax.pretrain import trainer
 
 BUDGET = arms.Budget(meta_steps=300, xling_steps=900, batch_size=32, sequence_length=128)
 OPT = OptimizerConfig(learning_rate=1e-3, warmup_steps=60)
-
-
-@functools.cache
-def _curricula():
-    """The curriculum arms' run files, gin/native/annealed.gin and gin/native/mmbert.gin,
-    read as the experiment's command reads them."""
-    return experiment_runs.curricula(arms.ALL_ARMS)
 
 
 def _phases(arm, budget=BUDGET, opt=OPT):
@@ -137,7 +128,7 @@ def _experiment(model_dir, **overrides):
         model=network.EncoderConfig(vocab_size=100, num_layers=1, hidden_size=16, num_heads=2,
                                     mlp_dim=32, max_position_embeddings=34),
         optimizer=OptimizerConfig(warmup_steps=2), english_task="en_task",
-        xling_mixture="xling_mix", tasks=("pawsx", "tatoeba"), curricula=_curricula(),
+        xling_mixture="xling_mix", tasks=("pawsx", "tatoeba"),
     )
     kw.update(overrides)
     return runner.experiment(**kw)
@@ -269,8 +260,7 @@ def test_plan_measures_the_step_when_nothing_ran_yet(tmp_path):
 def test_annealed_arm_trains_meta_tokens_in_three_stages_on_one_schedule():
     stages = arms.arm_phases("annealed", BUDGET, english_task="en_task",
                              xling_mixture="xling_mix", optimizer=OPT,
-                             languages=["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"],
-                             curricula=_curricula())
+                             languages=["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"])
     assert arms.phase_tokens(stages) == arms.phase_tokens(_phases("meta"))
     assert [p.num_steps for p in stages] == [840, 240, 120]
     # The largest languages first (CC-100 tokens), then more, then all ten.
@@ -288,51 +278,33 @@ def test_annealed_arm_trains_meta_tokens_in_three_stages_on_one_schedule():
     assert "annealed" not in arms.ARMS and "annealed" in arms.ALL_ARMS
 
 
-def test_a_curriculum_arm_scales_its_run_files_stages():
-    """The stages' settings are the run file's: another file's stages give another arm."""
-    def stage(name, steps, languages, alpha, mask, after=None):
-        return trainer.Phase(
-            name=name, task="xlmeta_cc100", num_steps=steps, batch_size=64, sequence_length=512,
-            languages=languages, alpha=alpha, mask_rate=mask, init_from=after,
-            reset_optimizer=after is None, reset_schedule=False, optimizer=OptimizerConfig(
-                total_steps=4000, warmup_steps=10, schedule="wsd", decay_steps=3000,
-                decay_shape="linear"))
-    file_stages = (stage("wide", 1000, None, 0.5, 0.2),
-                   stage("narrow", 3000, ["en", "vi", "ru", "id", "fa"], 0.9, 0.1, "wide"))
-    langs = ["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"]
-    wide, narrow = arms.arm_phases("annealed", BUDGET, english_task="en_task",
-                                   xling_mixture="xling_mix", optimizer=OPT, languages=langs,
-                                   curricula={"annealed": arms.Curriculum(file_stages)})
-    # A quarter and three quarters of the 1200 steps; 5% of CC-100's languages: 1 of 10.
-    assert [(p.name, p.task, p.num_steps, p.batch_size, p.sequence_length) for p in (
-        wide, narrow)] == [("wide", "xling_mix", 300, 32, 128),
-                           ("narrow", "xling_mix", 900, 32, 128)]
-    assert len(wide.languages) == 10 and narrow.languages == ("en",)
-    assert [(p.alpha, p.mask_rate, p.init_from, p.reset_optimizer, p.reset_schedule)
-            for p in (wide, narrow)] == [(0.5, 0.2, None, True, False),
-                                         (0.9, 0.1, "wide", False, False)]
-    # The experiment's peak and warm-up; the file's shape; the cool-down over the last stage.
-    opt = narrow.optimizer_config()
-    assert wide.optimizer_config() == opt
-    assert (opt.learning_rate, opt.warmup_steps, opt.total_steps, opt.schedule,
-            opt.decay_steps, opt.decay_shape) == (1e-3, 60, 1200, "wsd", 900, "linear")
+def test_a_recipe_arm_calls_its_recipe_with_the_users_bindings(clean_gin):
+    """The arms call the recipe functions (gin's configurable of each, from the command):
+    a recipe parameter the experiment's gin binds reaches the arm; the budget, the shape
+    and the languages stay the arm's."""
+    from xlmeta_jax.cli import flags as gin_cli
 
-    # The mmBERT arms take their stages' settings and their merge from gin/native/mmbert.gin.
-    recipe = _curricula()["mmbert"]
-    edited = {"mmbert": arms.Curriculum(
-        tuple(dataclasses.replace(p, alpha=0.45, mask_rate=0.2) if p.name == "ext" else p
-              for p in recipe.phases), dataclasses.replace(recipe.merge, density=0.5))}
-    mm = arms.arm_phases("mmbert", BUDGET, english_task="en_task", xling_mixture="xling_mix",
-                         optimizer=OPT, curricula=edited)
-    assert [(p.name, p.alpha, p.mask_rate) for p in mm][:2] == [("base", 0.7, 0.3),
-                                                                ("ext", 0.45, 0.2)]
-    assert arms.arm_merge("mmbert", edited).density == 0.5
-    # A file without a stage the arm trains (or without phases) is one line, not a crash.
-    for arm, phases, missing in (("mmbert", recipe.phases[:-1], "lacks decay_all"),
-                                 ("annealed", (), "lacks any phase")):
-        with pytest.raises(arms.ArmError, match=missing):
-            arms.arm_phases(arm, BUDGET, english_task="en_task", xling_mixture="xling_mix",
-                            optimizer=OPT, curricula={arm: arms.Curriculum(tuple(phases))})
+    langs = ["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"]
+    gin_cli.apply_gin(["experiments/tiny.gin"], [
+        "MODEL_DIR = '/unused'", "xlmeta_jax.pretrain.recipes.mmbert.ext_alpha = 0.45",
+        "xlmeta_jax.pretrain.recipes.mmbert.merge_density = 0.5",
+        "xlmeta_jax.pretrain.recipes.annealed.alphas = (0.9, 0.6, 0.2)",
+        # The arm's own: ignored in favour of the budget's.
+        "xlmeta_jax.pretrain.recipes.mmbert.batch_size = 4608"], finalize=False)
+    configured = experiment_runs.recipes()
+    settings = dict(english_task="en_task", xling_mixture="xling_mix", optimizer=OPT,
+                    languages=langs, recipes=configured)
+    mm = arms.arm_phases("mmbert", BUDGET, **settings)
+    assert [(p.name, p.alpha, p.batch_size) for p in mm][:2] == [("base", 0.7, 32),
+                                                                 ("ext", 0.45, 32)]
+    assert arms.arm_merge("mmbert", BUDGET, **settings).density == 0.5
+    annealed = arms.arm_phases("annealed", BUDGET, **settings)
+    assert [p.alpha for p in annealed] == [0.9, 0.6, 0.2]
+    # Without the command's configurables: the recipes' own defaults.
+    plain = dict(settings, recipes=None)
+    assert arms.arm_phases("mmbert", BUDGET, **plain)[1].alpha == 0.5
+    assert arms.arm_merge("mmbert", BUDGET, **plain).density is None
+    assert arms.arm_merge("meta", BUDGET, **plain) is None
 
 
 def _chain_tokens(phases, last):
@@ -347,17 +319,16 @@ def _chain_tokens(phases, last):
 
 def test_mmbert_pair_trains_the_budget_with_and_without_the_english_stage():
     langs = ["sw", "en", "hi", "de", "ja", "fr", "th", "ru", "ar", "vi"]
-    stages = {arm: arms.arm_phases(arm, BUDGET, english_task="en_task",
-                                   xling_mixture="xling_mix", optimizer=OPT, languages=langs,
-                                   curricula=_curricula())
-              for arm in ("mmbert", "meta_mmbert")}
+    settings = dict(english_task="en_task", xling_mixture="xling_mix", optimizer=OPT,
+                    languages=langs)
+    stages = {arm: arms.arm_phases(arm, BUDGET, **settings) for arm in ("mmbert", "meta_mmbert")}
     mm, meta = stages["mmbert"], stages["meta_mmbert"]
-    # 77/20/3% of 1200 steps' tokens; ext and the decay at twice the length.
+    # mmBERT's 2.3 : 0.6 : 0.1 of 1200 steps' tokens; ext and the decay at twice the length.
     assert [(p.name, p.num_steps, p.sequence_length) for p in mm] == [
-        ("base", 924, 128), ("ext", 120, 256), ("decay_cont", 18, 256), ("decay_all", 18, 256)]
+        ("base", 920, 128), ("ext", 120, 256), ("decay_cont", 20, 256), ("decay_all", 20, 256)]
     # The English stage takes meta's 300 steps; mmBERT's stages the other 900 steps' tokens.
     assert [(p.name, p.num_steps) for p in meta] == [
-        ("english", 300), ("base", 693), ("ext", 90), ("decay_cont", 14), ("decay_all", 14)]
+        ("english", 300), ("base", 690), ("ext", 90), ("decay_cont", 15), ("decay_all", 15)]
     # Each branch's chain sees the budget's tokens, within one rounded step of 2 x 128 tokens.
     budget = arms.phase_tokens(_phases("meta"))
     for phases in (mm, meta):
@@ -372,9 +343,8 @@ def test_mmbert_pair_trains_the_budget_with_and_without_the_english_stage():
     assert mm[1].languages == tuple(p.languages for p in mm)[-1] and len(mm[1].languages) == 10
     opt = mm[0].optimizer_config()
     assert (opt.schedule, opt.total_steps, opt.decay_steps, opt.warmup_steps) == (
-        "wsd", 924 + 120 + 18, 18, 60)
+        "wsd", 920 + 120 + 20, 20, 60)
     # Both end in a TIES merge of the two branches against ext.
-    merge = arms.arm_merge("meta_mmbert", _curricula())
+    merge = arms.arm_merge("meta_mmbert", BUDGET, **settings)
     assert (merge.branches, merge.base, merge.method) == (("decay_cont", "decay_all"), "ext",
                                                           "ties")
-    assert arms.arm_merge("meta", _curricula()) is None

@@ -154,3 +154,36 @@ def test_mmbert_after_an_english_stage_takes_the_rest_of_the_budget():
     assert [p.num_steps for p in rest] == [p.num_steps for p in alone.phases]
     with pytest.raises(errors.SettingError, match="english_task: must name"):
         recipes.mmbert(**_MMBERT, english_tokens=english)
+
+
+@pytest.mark.parametrize("bindings, line", [
+    # A stage's own setting through the recipe's overrides.
+    (["xlmeta_jax.pretrain.recipes.annealed.overrides = {'stage2': {'use_cached': True}}"],
+     None),
+    # A scoped Phase binding would do nothing now: refused, naming the overrides.
+    (["stage2/xlmeta_jax.pretrain.trainer.Phase.reset_schedule = True"],
+     "stage2/xlmeta_jax.pretrain.trainer.Phase.reset_schedule: this run's stages are built by "
+     "xlmeta_jax.pretrain.recipes.annealed, not by scoped Phase bindings; bind "
+     "xlmeta_jax.pretrain.recipes.annealed.overrides = {'stage2': {'reset_schedule': ...}} "
+     "(or the recipe's own parameter)"),
+    (["xlmeta_jax.pretrain.recipes.annealed.overrides = {'stage9': {'use_cached': True}}"],
+     "xlmeta_jax.pretrain.recipes.annealed.overrides: 'stage9' is not a stage of the recipe "
+     "(stage1, stage2, stage3)"),
+    (["xlmeta_jax.pretrain.recipes.annealed.overrides = {'stage1': {'num_steps': 5}}"],
+     "xlmeta_jax.pretrain.recipes.annealed.overrides: ['num_steps'] are the recipe's own: "
+     "bind its parameters"),
+    (["xlmeta_jax.pretrain.recipes.annealed.overrides = {'stage1': {'mask_rate': 2.0}}"],
+     "stage 'stage1': xlmeta_jax.pretrain.recipes.annealed.overrides: masking rate must be a "
+     "number in (0, 1), got 2.0"),
+])
+def test_a_stage_of_a_recipe_is_set_through_its_overrides(bindings, line):
+    gin_cli.apply_gin(["native/annealed.gin"], ["MODEL_DIR = '/unused'",
+                                                "VOCAB_PATH = '/unused.model'", *bindings],
+                      finalize=False)
+    if line is None:
+        phases = gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
+        assert [p.use_cached for p in phases] == [None, True, None]
+        return
+    with pytest.raises(errors.UserError) as e:
+        gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
+    assert errors.user_message(e.value) == line

@@ -37,13 +37,16 @@ STAGES = {  # stage: (languages, alpha, mask rate)
 def _stage(model_dir, corpus, phase, log, *extra):
     """``python -m xlmeta_jax.t5x_train --phase=stageN`` on gin/native/annealed.gin, the run
     file our trainer reads, with our trainer's flags (and ``extra``)."""
-    flags = [f"--gin.STAGE{n}_LANGUAGES={langs!r}" for n, (langs, _, _) in STAGES.items()]
+    languages = [langs for langs, _, _ in STAGES.values()]
+    flags = [f"--gin.xlmeta_jax.pretrain.recipes.annealed.languages={languages!r}"]
     cmd = [
         sys.executable, "-m", "xlmeta_jax.t5x_train", "--gin_file=gin/native/annealed.gin",
         "--gin_file=gin/models/tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.VOCAB_PATH='{corpus['vocab']}'", f"--gin.CC100_DIR='{corpus['cc100_dir']}'",
         f"--gin.CC100_LANGUAGES={corpus['languages']!r}", *flags, f"--phase=stage{phase}",
-        *(f"--gin.STAGE{n}_STEPS={STEPS}" for n in STAGES),
+        # Equal stages of STEPS: the recipe's shares of META_STEPS + XLING_STEPS.
+        f"--gin.META_STEPS={STEPS}", f"--gin.XLING_STEPS={STEPS * (len(STAGES) - 1)}",
+        f"--gin.STAGE_SHARES={(1,) * len(STAGES)!r}",
         f"--gin.BATCH_SIZE={BATCH}", f"--gin.SEQUENCE_LENGTH={LENGTH}",
         f"--gin.LEARNING_RATE={LR}", f"--gin.WARMUP_STEPS={WARMUP}",
         f"--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every={STEPS}",

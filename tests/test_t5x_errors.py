@@ -168,8 +168,8 @@ def test_progress_lines_replace_t5x_info_log(tmp_path):
 
 @pytest.mark.parametrize("extra, parts", [
     (["--phase=stage9"], ["--phase=stage9: the run's phases are stage1, stage2, stage3"]),
-    (["--phase=stage1", "--gin.STAGE1_STEP=2"],
-     ["unknown gin macro 'STAGE1_STEP'", "STAGE1_STEPS"]),
+    (["--phase=stage1", "--gin.STAGE_SHARE=(1, 1, 1)"],
+     ["unknown gin macro 'STAGE_SHARE'", "STAGE_SHARES"]),
     (["--phase"], ["--phase needs a phase"]),
 ])
 def test_a_phase_of_our_run_file_refused_in_one_line(corpus, tmp_path, extra, parts):

@@ -81,22 +81,17 @@ def _parse_experiment(flags) -> None:
 def configured_experiment(flags) -> runner.Experiment:
     """The experiment the gin flags describe, with every task's evaluation config.
 
-    gin holds one config at a time: the experiment's is parsed, the run files of its
-    curriculum arms are parsed into their phases (``experiment_runs.curricula``), each task's
-    fine-tune files into its ``FineTuneConfig``, and the experiment's is parsed again
-    for the run (its trainer reads its bindings while it runs).
+    gin holds one config at a time: the experiment's is parsed, each task's fine-tune
+    files into its ``FineTuneConfig``, and the experiment's is parsed again for the run
+    (its trainer and its recipe arms' recipes read its bindings while it runs).
     """
     _parse_experiment(flags)
-    arms = gin_cli.bound("xlmeta_jax.experiment.runner.experiment.arms", runner.ARMS)
-    curricula = experiment_runs.curricula(arms if isinstance(arms, (list, tuple)) else (),
-                               flags.search_paths)
-    _parse_experiment(flags)
-    first = experiment_runs.experiment(curricula=curricula)
+    first = experiment_runs.experiment(recipes=experiment_runs.recipes())
     finetunes = {task: finetune_config(first, task, flags.search_paths)
                  for task in first.tasks}
     _parse_experiment(flags)
     return experiment_runs.experiment(
-        curricula=curricula,
+        recipes=experiment_runs.recipes(),
         corpora=configurables.corpora_settings(),
         feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text(),
         train=functools.partial(runs.train, describe=gin_cli.binding_source),

@@ -259,8 +259,7 @@ def apply_gin(
 
 _BAD_TOKEN = re.compile(r"Failed to parse token '(.*)'")
 _INCLUDE = re.compile(r"""^include\s+['"]([^'"]+)['"]""", re.MULTILINE)
-# What only t5x's run files hold: t5x's train script as gin's dynamic-registration module,
-# or an include of t5x's run settings (gin/t5x/run.gin, phase.gin) that bind it.
+# Only t5x's run files hold t5x's train script as a module or include gin/t5x/run settings.
 _T5X_RUN_FILE = re.compile(r"^(import __main__ as train_script|include 'gin/t5x/\w+\.gin')",
                            re.MULTILINE)
 _T5X_DYNAMIC = re.compile(r"^from __gin__ import dynamic_registration", re.MULTILINE)
@@ -473,7 +472,7 @@ def source_of_value(parameter: str, value) -> str:
     one is what the user set: ``LEARNING_RATE`` (its macro) or the binding's own key.
     Falls back to ``parameter`` when no binding holds that value.
     """
-    for key in _binding_keys():
+    for key in binding_keys():
         if not (key == parameter or key.endswith("." + parameter)
                 or key.endswith("/" + parameter)):
             continue
@@ -507,7 +506,8 @@ def _resolve(value, depth: int = 0):
     return value, macro
 
 
-def _binding_keys() -> list[str]:
+def binding_keys() -> list[str]:
+    """Every binding key of the parsed config (``[scope/]configurable.parameter``)."""
     keys = []
     for line in gin.config_str().splitlines():
         m = _BINDING_LINE.match(line)
@@ -573,7 +573,7 @@ def check_types() -> None:
     Only the type: a value's range is checked where the configuration is built (the
     trainer's ``validate``, ``OptimizerConfig``, ...), once.
     """
-    for key in _binding_keys():
+    for key in binding_keys():
         selector, _, param = key.rpartition(".")
         value, macro = _resolve(gin.query_parameter(key))
         if isinstance(value, gin.config.ConfigurableReference) or value is gin.REQUIRED:

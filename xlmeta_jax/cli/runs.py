@@ -26,6 +26,7 @@ from typing import Any
 import gin
 
 from xlmeta_jax import errors
+from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import demo_corpus, demo_released, experiment_corpus
 from xlmeta_jax.pretrain import recipes, trainer
 
@@ -91,13 +92,35 @@ def prepare_data(prepare: Callable[[], Any] | None = None) -> None:
 # Recipes (xlmeta_jax/pretrain/recipes.py): the phases and merge of a run, one function each.
 continued = gin.external_configurable(recipes.continued, module="xlmeta_jax.pretrain.recipes")
 mmbert = gin.external_configurable(recipes.mmbert, module="xlmeta_jax.pretrain.recipes")
+annealed = gin.external_configurable(recipes.annealed, module="xlmeta_jax.pretrain.recipes")
 with_english_stage = gin.external_configurable(recipes.with_english_stage,
                                                module="xlmeta_jax.pretrain.recipes")
 
 
+_PHASE = "xlmeta_jax.pretrain.trainer.Phase"
+
+
 @gin.configurable(module="xlmeta_jax.cli.runs")
 def phases_of(recipe: recipes.Recipe = gin.REQUIRED) -> list:
-    """A recipe's phases, for ``train.phases``."""
+    """A recipe's phases, for ``train.phases``.
+
+    Raises:
+      UserError: a scoped ``Phase`` binding names one of the recipe's stages
+        (``stage2/...Phase.reset_schedule``): the recipe builds its stages itself, so the
+        binding would do nothing; the line names the recipe's ``overrides`` instead.
+    """
+    names = {p.name for p in recipe.phases}
+    for key in gin_flags.binding_keys():
+        scope, _, selector = key.rpartition("/")
+        configurable, _, field = selector.rpartition(".")
+        # gin's config names a configurable by its shortest unique suffix ("Phase").
+        if scope in names and _PHASE.endswith(configurable) and _PHASE.rpartition(".")[2] == (
+                configurable.rpartition(".")[2]):
+            key = f"{scope}/{_PHASE}.{field}"
+            raise errors.UserError(
+                f"{key}: this run's stages are built by {recipe.source or 'its recipe'}, not "
+                f"by scoped Phase bindings; bind {recipe.source or 'the recipe'}.overrides = "
+                f"{{'{scope}': {{'{field}': ...}}}} (or the recipe's own parameter)")
     return list(recipe.phases)
 
 

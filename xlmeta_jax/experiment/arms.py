@@ -13,23 +13,22 @@ share the number of tokens:
                data, no phases; registered by ``tasks.register`` with
                ``Corpora.joint_english_share``).
 ``xling_only`` the mixture for XLING_STEPS: meta without its phase 1.
-``annealed``   gin/native/annealed.gin's stages at META_STEPS + XLING_STEPS on the
-               mixture (:data:`CURRICULA`): each stage takes its share of the file's
-               steps (70/20/10%) and as large a share of the experiment's languages,
-               largest first by CC-100 size, as the file's stage takes of CC-100's 100
-               (30%, 60%, all); its alpha (0.7, 0.5, 0.3), masking rate (30, 15, 5%),
-               hand-offs and schedule shape (warm-up-stable-decay, a 1-sqrt cool-down
-               over stage 3) are the file's. Not among the default arms; name it in
-               ``experiment.arms``.
-``mmbert``     mmBERT's recipe at the tokens of META_STEPS + XLING_STEPS (a ModernBERT
-               size): gin/native/mmbert.gin's stages base, ext and two of its decay
-               branches, with the file's languages (as a share, as ``annealed``),
-               alpha, masking, RoPE bases, hand-offs, schedule shape and TIES merge
-               (against ext). The budget is the arm's (:data:`MMBERT_ARM_STAGES`): base
-               77% of the tokens, ext 20% at twice the sequence length, each branch 3%
-               (the continued mixture and every language; the file's English-heavy
-               branch and its batch-size ramp are left out, a small batch has no ramp).
-               Not a default arm.
+``annealed``   the annealed-language curriculum (``recipes.annealed``, as
+               gin/native/annealed.gin) at META_STEPS + XLING_STEPS on the mixture: each
+               stage takes its share of the steps (70/20/10%) and as large a share of the
+               experiment's languages, largest first by CC-100 size, as the recipe's
+               stage takes of CC-100's 100 (30%, 60%, all); its alpha (0.7, 0.5, 0.3),
+               masking rate (30, 15, 5%), hand-offs and schedule shape (warm-up-stable-
+               decay, a 1-sqrt cool-down over stage 3) are the recipe's. Not among the
+               default arms; name it in ``experiment.arms``.
+``mmbert``     mmBERT's recipe (``recipes.mmbert``, as gin/native/mmbert.gin) at the tokens
+               of META_STEPS + XLING_STEPS (a ModernBERT size), in its shares (2.3 : 0.6 :
+               0.1): base, ext at twice the sequence length, and two decay branches (the
+               continued mixture and every language) merged with TIES against ext, with
+               the recipe's languages (as a share, as ``annealed``), alpha, masking, RoPE
+               bases, hand-offs and schedule shape. The batch-size ramp and the
+               English-heavy branch are left out (a small batch has no ramp). Not a
+               default arm.
 ``meta_mmbert`` the same with the English stage in front: English for META_STEPS (its own
                schedule, as meta's phase 1), then mmBERT's stages in XLING_STEPS' tokens
                from its parameters with fresh moments and schedule. Not a default arm.
@@ -39,42 +38,31 @@ share the number of tokens:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 
 from xlmeta_jax import errors
 from xlmeta_jax.data import task_names as names
 from xlmeta_jax.data.languages import BY_CC100_SIZE, XLMR_LANGUAGES
 from xlmeta_jax.model.optimizer import OptimizerConfig
+from xlmeta_jax.pretrain import recipes as recipes_lib
 from xlmeta_jax.pretrain import trainer
 
 # The default arms; every arm the experiment accepts is in ALL_ARMS.
 ARMS = ("meta", "xlmr", "joint", "xling_only")
 ALL_ARMS = (*ARMS, "annealed", "mmbert", "meta_mmbert")
-# The curriculum arms and the run file of our trainer whose stages each scales: the stages
-# are defined once, there (python -m xlmeta_jax.train and t5x's stages read the same file);
-# the experiment's command reads them (xlmeta_jax.cli.experiment_runs.curricula).
-CURRICULA = {"annealed": "native/annealed.gin", "mmbert": "native/mmbert.gin",
-             "meta_mmbert": "native/mmbert.gin"}
-# The mmBERT arms' budget: which of gin/native/mmbert.gin's stages they train, each one's
-# share of the tokens and its length (x the budget's). A decay branch's share is its own.
-MMBERT_ARM_STAGES = {"base": (0.77, 1), "ext": (0.20, 2), "decay_cont": (0.03, 2),
-                     "decay_all": (0.03, 2)}
+# The recipe arms and the recipe each calls (xlmeta_jax/pretrain/recipes.py: the stages are
+# written once, there, for our trainer's run files, t5x's stages and the experiment alike). The
+# experiment's command passes gin's configurable of each, so a binding of a recipe's parameter
+# in the experiment's gin file reaches the arm (the arm's budget and shape are its own).
+RECIPES = {"annealed": recipes_lib.annealed, "mmbert": recipes_lib.mmbert,
+           "meta_mmbert": recipes_lib.mmbert}
+# What the mmBERT arms train of the recipe's branches.
+MMBERT_ARM_BRANCHES = ("decay_cont", "decay_all")
 
 
 class ArmError(errors.UserError, ValueError):
     """An unknown arm or a budget an arm cannot train with."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Curriculum:
-    """What a run file of our trainer binds: its phases (``train.phases``) and its
-    merge step (``train.merge``)."""
-
-    phases: tuple[trainer.Phase, ...]
-    merge: trainer.Merge | None = None
-
-    def stage(self, name: str) -> trainer.Phase:
-        return next(p for p in self.phases if p.name == name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +90,7 @@ class Budget:
 
 def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: str,
                optimizer: OptimizerConfig, languages: Sequence[str] | None = None,
-               curricula: Mapping[str, Curriculum] | None = None
+               recipes: Mapping[str, Callable[..., recipes_lib.Recipe]] | None = None
                ) -> list[trainer.Phase]:
     """The trainer phases of one arm.
 
@@ -116,10 +104,10 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
       english_task: seqio task of phase 1 (English).
       xling_mixture: seqio mixture of the multilingual phase.
       optimizer: AdamW settings shared by every phase.
-      languages: the mixture's languages (None: all 100); the annealed arm's stages
+      languages: the mixture's languages (None: all 100); the recipe arms' stages
         take the largest of them first.
-      curricula: per arm of :data:`CURRICULA`, what its run file binds, which the
-        arm scales to the budget.
+      recipes: per arm of :data:`RECIPES`, the function to call instead (gin's
+        configurable of it, whose bindings then apply).
 
     Raises:
       ArmError: for an unknown arm or a warm-up longer than a phase.
@@ -152,125 +140,92 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
         return [phase("xling", xling_mixture, budget.xling_steps)]
     if arm not in ALL_ARMS:
         raise ArmError(f"unknown arm {arm!r}; expected some of {ALL_ARMS}")
-    curriculum = _curriculum(arm, curricula)
-    if arm == "annealed":
-        return _scaled_stages(arm, curriculum.phases, budget, xling_mixture, optimizer,
-                              languages)
-    if arm == "mmbert":
-        return _mmbert(curriculum, budget, xling_mixture, optimizer, languages, total)
-    return [phase("english", english_task, budget.meta_steps),
-            *_mmbert(curriculum, budget, xling_mixture, optimizer, languages,
-                     budget.xling_steps, after="english")]
+    recipe = _arm_recipe(arm, budget, english_task=english_task, xling_mixture=xling_mixture,
+                         optimizer=optimizer, languages=languages, recipes=recipes)
+    return list(recipe.phases)
 
 
-def _curriculum(arm: str, curricula: Mapping[str, Curriculum] | None) -> Curriculum:
-    """The run file's phases the arm scales, with the stages the arm needs (an edited
-    file that lacks one is refused in one line)."""
-    curriculum = (curricula or {}).get(arm)
-    if curriculum is None:
-        raise ValueError(f"arm {arm!r} scales gin/{CURRICULA[arm]}: pass what it binds as "
-                         "curricula (xlmeta_jax.cli.experiment_runs.curricula reads it)")
-    names = [p.name for p in curriculum.phases]
-    needed = [] if arm == "annealed" else list(MMBERT_ARM_STAGES)
-    if not names or any(n not in names for n in needed):
-        raise ArmError(f"arm {arm!r} scales the phases of gin/{CURRICULA[arm]} "
-                       f"(train.phases: {names}), which lacks "
-                       + (", ".join(n for n in needed if n not in names) or "any phase"))
-    return curriculum
-
-
-def _largest(ordered: Sequence[str], stage: trainer.Phase) -> tuple[str, ...]:
-    """As large a share of ``ordered`` (largest first) as the run file's stage takes of
-    CC-100's 100 languages (its lists are the largest ones; None: all)."""
-    if stage.languages is None:
-        return tuple(ordered)
-    count = max(1, round(len(stage.languages) / len(XLMR_LANGUAGES) * len(ordered)))
-    return tuple(ordered[:count])
-
-
-def _scaled_stages(arm: str, stages: Sequence[trainer.Phase], budget: Budget, mixture: str,
-                   optimizer: OptimizerConfig, languages: Sequence[str] | None
-                   ) -> list[trainer.Phase]:
-    """A run file's chain of stages at the budget: META_STEPS + XLING_STEPS on ``mixture``.
-
-    Each stage keeps its name, hand-off (init_from, resets), alpha and masking rate; it
-    takes its share of the file's steps (the last stage the rest), and as large a share
-    of the experiment's languages, largest first by CC-100 size, as the file's stage
-    takes of CC-100's 100 (the file's lists are the largest languages). One schedule
-    spans the stages, the experiment's ``optimizer`` with the file's schedule shape; its
-    cool-down covers the stages the file's covers.
-    """
-    total = budget.meta_steps + budget.xling_steps
-    file_steps = [stage.num_steps for stage in stages]
-    steps = [round(n / sum(file_steps) * total) for n in file_steps[:-1]]
-    steps.append(total - sum(steps))
-    if min(steps) < 1 or optimizer.warmup_steps > steps[0]:
-        raise ArmError(f"arm {arm!r}: its stages of {tuple(steps)} steps need each >= 1 and "
-                       f"the first >= warmup_steps={optimizer.warmup_steps} (raise META_STEPS "
-                       "/ XLING_STEPS or lower WARMUP_STEPS)")
-    chosen = set(XLMR_LANGUAGES if languages is None else languages)
-    ordered = [lang for lang in BY_CC100_SIZE if lang in chosen]
-    shape = stages[-1].optimizer_config()
-    tails = [sum(file_steps[k:]) for k in range(len(stages))]
-    decay = (sum(steps[tails.index(shape.decay_steps):]) if shape.decay_steps in tails
-             else round(shape.decay_steps / sum(file_steps) * total))
-    schedule = dataclasses.replace(optimizer, total_steps=total, schedule=shape.schedule,
-                                   decay_steps=decay, decay_shape=shape.decay_shape)
-    return [dataclasses.replace(
-        stage, task=mixture, num_steps=n, num_tokens=None, batch_size=budget.batch_size,
-        sequence_length=budget.sequence_length, optimizer=schedule,
-        languages=_largest(ordered, stage)) for stage, n in zip(stages, steps)]
-
-
-def arm_merge(arm: str, curricula: Mapping[str, Curriculum] | None = None
+def arm_merge(arm: str, budget: Budget, *, english_task: str, xling_mixture: str,
+              optimizer: OptimizerConfig, languages: Sequence[str] | None = None,
+              recipes: Mapping[str, Callable[..., recipes_lib.Recipe]] | None = None
               ) -> trainer.Merge | None:
-    """The arm's merge step: its run file's, of the branches the arm trains (mmBERT's
-    decay branches, merged with TIES against ext); None for an arm without one."""
-    if arm not in CURRICULA:
+    """The arm's merge step (the mmBERT arms' branches, merged with TIES against ext);
+    None for an arm without one. Arguments as :func:`arm_phases`."""
+    if arm not in RECIPES:
         return None
-    merge = _curriculum(arm, curricula).merge
-    if merge is None or arm == "annealed":  # annealed trains every stage of its file
-        return merge
-    return dataclasses.replace(
-        merge, branches=tuple(b for b in merge.branches if b in MMBERT_ARM_STAGES))
+    return _arm_recipe(arm, budget, english_task=english_task, xling_mixture=xling_mixture,
+                       optimizer=optimizer, languages=languages, recipes=recipes).merge
 
 
-def _mmbert(curriculum: Curriculum, budget: Budget, mixture: str, optimizer: OptimizerConfig,
-            languages: Sequence[str] | None, steps_of_budget: int, after: str | None = None
-            ) -> list[trainer.Phase]:
-    """The run file's mmBERT stages in ``steps_of_budget`` steps' tokens (MMBERT_ARM_STAGES).
+def _largest(ordered: Sequence[str], count: int | None) -> tuple[str, ...]:
+    """As large a share of ``ordered`` (largest first) as ``count`` of CC-100's 100
+    languages (None: all)."""
+    if count is None:
+        return tuple(ordered)
+    return tuple(ordered[:max(1, round(count / len(XLMR_LANGUAGES) * len(ordered)))])
 
-    Each stage keeps the file's languages (as a share), alpha, masking rate, RoPE bases
-    and hand-off; the first starts from ``after`` (fresh moments and schedule) or from
-    scratch. One schedule of the file's shape spans a branch's chain, its cool-down the
-    decay stage.
-    """
-    tokens = steps_of_budget * budget.tokens_per_step
+
+def _default(function, parameter: str):
+    return inspect.signature(function).parameters[parameter].default
+
+
+def _arm_recipe(arm: str, budget: Budget, *, english_task: str, xling_mixture: str,
+                optimizer: OptimizerConfig, languages: Sequence[str] | None,
+                recipes: Mapping[str, Callable[..., recipes_lib.Recipe]] | None
+                ) -> recipes_lib.Recipe:
+    """A recipe arm's recipe at the budget: the arm sets the budget, the shape and the
+    languages (shares of the experiment's, largest first); the recipe the rest."""
+    function = (recipes or {}).get(arm) or RECIPES[arm]
     chosen = set(XLMR_LANGUAGES if languages is None else languages)
     ordered = [lang for lang in BY_CC100_SIZE if lang in chosen]
-    steps = {name: max(1, round(share * tokens / (budget.tokens_per_step * scale)))
-             for name, (share, scale) in MMBERT_ARM_STAGES.items()}
-    chain = steps["base"] + steps["ext"] + steps["decay_all"]
-    if optimizer.warmup_steps > steps["base"]:
-        raise ArmError(f"arm 'mmbert': its base stage of {steps['base']} steps is shorter than "
+    total = budget.meta_steps + budget.xling_steps
+    if arm == "annealed":
+        shares = _default(recipes_lib.annealed, "shares")
+        steps = [round(share / sum(shares) * total) for share in shares[:-1]]
+        if min([*steps, total - sum(steps)]) < 1 or optimizer.warmup_steps > steps[0]:
+            raise ArmError(f"arm {arm!r}: its stages of {(*steps, total - sum(steps))} steps "
+                           "need each >= 1 and the first >= "
+                           f"warmup_steps={optimizer.warmup_steps} (raise META_STEPS / "
+                           "XLING_STEPS or lower WARMUP_STEPS)")
+        return function(
+            task=xling_mixture, optimizer=optimizer, total_steps=total,
+            batch_size=budget.batch_size, sequence_length=budget.sequence_length,
+            languages=[_largest(ordered, n)
+                       for n in _default(recipes_lib.annealed, "languages")])
+    english = budget.meta_steps if arm == "meta_mmbert" else 0
+    tokens = (total - english) * budget.tokens_per_step
+    parts = _default(recipes_lib.mmbert, "shares")
+    base_steps = round(tokens * parts[0] / sum(parts) / budget.tokens_per_step)
+    if optimizer.warmup_steps > base_steps:
+        raise ArmError(f"arm {arm!r}: its base stage of {base_steps} steps is shorter than "
                        f"warmup_steps={optimizer.warmup_steps} (raise XLING_STEPS or lower "
                        "WARMUP_STEPS)")
-    shape = curriculum.stage("decay_all").optimizer_config()
-    schedule = dataclasses.replace(optimizer, total_steps=chain, schedule=shape.schedule,
-                                   decay_steps=steps["decay_all"],
-                                   decay_shape=shape.decay_shape)
-    phases = []
-    for name, (_, scale) in MMBERT_ARM_STAGES.items():
-        stage, first = curriculum.stage(name), name == "base"
-        phases.append(dataclasses.replace(
-            stage, task=mixture, num_steps=steps[name], num_tokens=None,
-            batch_size=budget.batch_size, sequence_length=scale * budget.sequence_length,
-            optimizer=schedule, languages=_largest(ordered, stage),
-            init_from=after if first else stage.init_from,
-            # From the English stage: fresh moments and schedule, as meta's phase 2.
-            reset_optimizer=first or stage.reset_optimizer,
-            reset_schedule=first or stage.reset_schedule))
-    return phases
+    recipe = function(
+        task=xling_mixture, optimizer=optimizer, total_tokens=tokens,
+        batch_size=budget.batch_size, ramp_batches=(), base_length=budget.sequence_length,
+        ext_length=2 * budget.sequence_length,
+        warmup_tokens=optimizer.warmup_steps * budget.tokens_per_step,
+        base_languages=_largest(ordered, _default(recipes_lib.mmbert, "base_languages")),
+        ext_languages=_largest(ordered, _default(recipes_lib.mmbert, "ext_languages")),
+        decay_languages=_largest(ordered, _default(recipes_lib.mmbert, "decay_languages")),
+        branches=MMBERT_ARM_BRANCHES)
+    if not english:  # the first stage starts from scratch: fresh moments and schedule
+        return recipes_lib.Recipe((dataclasses.replace(
+            recipe.phases[0], reset_optimizer=True, reset_schedule=True), *recipe.phases[1:]),
+            recipe.merge)
+    # English first (its own schedule, as meta's phase 1), then the recipe's stages from its
+    # parameters with fresh moments and schedule, as meta's phase 2.
+    if optimizer.warmup_steps > english:
+        raise ArmError(f"arm {arm!r}, phase 'english': warmup_steps={optimizer.warmup_steps} "
+                       f"exceeds its {english} steps (lower WARMUP_STEPS or raise META_STEPS)")
+    first = recipe.phases[0]
+    return recipes_lib.Recipe((
+        trainer.Phase(name="english", task=english_task, num_steps=english,
+                      batch_size=budget.batch_size, sequence_length=budget.sequence_length,
+                      optimizer=dataclasses.replace(optimizer, total_steps=english)),
+        dataclasses.replace(first, init_from="english", reset_optimizer=True,
+                            reset_schedule=True),
+        *recipe.phases[1:]), recipe.merge)
 
 
 def phase_tokens(phases: Sequence[trainer.Phase]) -> int:

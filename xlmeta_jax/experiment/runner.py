@@ -77,7 +77,7 @@ def experiment(
     train: Callable[..., dict] = trainer.train,
     train_settings: dict | None = None,
     finetunes: dict | None = None,
-    curricula: dict | None = None,
+    recipes: dict | None = None,
     released: dict | None = None,
 ) -> Experiment:
     """The experiment's settings, checked (gin entry point of the experiment).
@@ -111,8 +111,8 @@ def experiment(
       train_settings: the mesh_shape, rng_impl and microbatches ``train`` applies.
       finetunes: per task, its ``FineTuneConfig`` (the checkpoint, folder and seed are
         set per run); a task without one is refused when it is evaluated.
-      curricula: per curriculum arm among ``arms`` (``arms.CURRICULA``), what its run
-        file binds (``xlmeta_jax.cli.experiment_runs.curricula`` reads it).
+      recipes: per recipe arm (``arms.RECIPES``), the function it calls instead of the
+        recipe's own (the command passes gin's configurables: ``experiment_runs.recipes``).
       released: arms that are released models, not pretrained here: arm name -> a Hugging
         Face folder (mmBERT, ModernBERT, XLM-R as released). Each is evaluated exactly as
         the pretrained arms, per seed (the fine-tuning seeds), in its own tokenizer; it is
@@ -174,7 +174,7 @@ def experiment(
                                         sequence_length).english_share),
         feeder=feeder, config_text=config_text, train=train,
         train_settings=dict(train_settings or {}), finetunes=dict(finetunes or {}),
-        curricula=dict(curricula or {}),
+        recipes=dict(recipes or {}),
         released={a: os.path.abspath(os.fspath(f)) for a, f in released.items()},
     )
     for arm in arms:

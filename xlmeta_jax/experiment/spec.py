@@ -53,20 +53,25 @@ class Experiment:
     # Each task's evaluation: its FineTuneConfig with the experiment's settings; the
     # checkpoint, folder and seed are filled in per run (see evaluation_config).
     finetunes: dict = dataclasses.field(default_factory=dict)
-    # Per curriculum arm (arms.CURRICULA), what the run file it scales binds.
-    curricula: dict = dataclasses.field(default_factory=dict)
+    # Per recipe arm (arms.RECIPES), the function it calls instead of the recipe's own (the
+    # command's: gin's configurable of it, whose bindings then apply).
+    recipes: dict = dataclasses.field(default_factory=dict)
     # Arms that are released models (arm -> Hugging Face folder): evaluated, not pretrained.
     released: dict = dataclasses.field(default_factory=dict)
 
     def phases(self, arm: str) -> list[trainer.Phase]:
         if arm in self.released:  # pretrained elsewhere
             return []
-        return arm_phases(arm, self.budget, english_task=self.english_task,
-                          xling_mixture=self.xling_mixture, optimizer=self.optimizer,
-                          languages=self.corpora.languages, curricula=self.curricula)
+        return arm_phases(arm, self.budget, **self._arm_settings())
 
     def merge(self, arm: str) -> trainer.Merge | None:
-        return None if arm in self.released else arm_merge(arm, self.curricula)
+        return None if arm in self.released else arm_merge(arm, self.budget,
+                                                           **self._arm_settings())
+
+    def _arm_settings(self) -> dict:
+        return dict(english_task=self.english_task, xling_mixture=self.xling_mixture,
+                    optimizer=self.optimizer, languages=self.corpora.languages,
+                    recipes=self.recipes)
 
     def run_dir(self, arm: str, seed: int) -> str:
         return os.path.join(self.model_dir, "pretrain", arm, f"seed{seed}")

@@ -9,6 +9,9 @@ the trainer (``train.phases = @phases_of()``, ``train.merge = @merge_of()``, wit
   the context extension and three decay branches TIES-merged against it, in mmBERT's token
   shares of the budget, optionally after an English stage (gin/native/mmbert.gin,
   meta_mmbert.gin, the experiment's ``mmbert`` arms);
+* :func:`annealed` — an annealed-language curriculum in mmBERT's manner: three stages whose
+  languages grow while the sampling exponent and the masking rate fall, on one
+  warm-up-stable-decay schedule (gin/native/annealed.gin, the experiment's ``annealed`` arm);
 * :func:`continued` — continued pretraining of a released model: a warm-up, then a decay;
   optionally mmBERT's context extension (a longer length, other RoPE bases) and decay
   branches TIES-merged against the stage they start from, as mmBERT merges its variants;
@@ -41,6 +44,8 @@ class Recipe:
 
     phases: tuple[Phase, ...]
     merge: Merge | None = None
+    # The recipe function's gin name (what its parameters are bound under).
+    source: str = ""
 
 
 # What a decay branch may set of its data (the rest is the run's).
@@ -136,6 +141,36 @@ def with_english_stage(recipe: Recipe, *, steps: int, task: str,
 # mmBERT.
 # ---------------------------------------------------------------------------
 
+# Fields of a stage that a recipe derives from its own parameters (bind those instead).
+_DERIVED_FIELDS = ("name", "task", "num_steps", "num_tokens", "batch_size", "sequence_length",
+                   "optimizer", "init_from")
+
+
+def _overridden(recipe: str, stages: Sequence[Phase],
+                overrides: Mapping[str, Mapping] | None) -> list[Phase]:
+    """``stages`` with a stage's own settings replaced (``{"stage2": {"reset_schedule":
+    True}}``): what a scoped ``Phase`` binding did when a run file listed its stages."""
+    overrides = dict(overrides or {})
+    names = [p.name for p in stages]
+    for stage, fields in overrides.items():
+        fields = dict(fields) if isinstance(fields, Mapping) else None
+        derived = sorted(set(fields or {}) & set(_DERIVED_FIELDS))
+        unknown = sorted(set(fields or {}) - {f.name for f in dataclasses.fields(Phase)})
+        if stage not in names or fields is None or derived or unknown:
+            raise errors.SettingError(
+                f"{_MODULE}.{recipe}", "overrides", {stage: fields},
+                f"{stage!r} is not a stage of the recipe ({', '.join(names)})"
+                if stage not in names else "a stage's overrides are a dict of Phase fields"
+                if fields is None else f"{derived} are the recipe's own: bind its parameters"
+                if derived else f"{unknown} are not Phase fields")
+    out = []
+    for p in stages:
+        fields = dict(overrides.get(p.name, {}))
+        with _named(recipe, p.name, {f: "overrides" for f in fields}):
+            out.append(dataclasses.replace(p, **fields) if fields else p)
+    return out
+
+
 # mmBERT's tokens per part (arXiv 2509.06888, JHU-CLSP/mmBERT configs): pre-training 2.3T
 # (its batch-size ramp included), mid-training (the context extension) 600B, decay 100B.
 MMBERT_SHARES = (2.3, 0.6, 0.1)
@@ -179,12 +214,14 @@ def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
            base_languages: int | Sequence[str] | None = 60,
            ext_languages: int | Sequence[str] | None = None,
            english_heavy_languages: int | Sequence[str] | None = 30,
+           decay_languages: int | Sequence[str] | None = None,
            base_alpha: float = 0.7, ext_alpha: float = 0.5, decay_alpha: float = 0.3,
            base_mask_rate: float = 0.3, ext_mask_rate: float = 0.15,
            decay_mask_rate: float = 0.05, base_rope_theta: float = 10_000.0,
            ext_rope_theta: float = 160_000.0, branches: Sequence[str] = MMBERT_BRANCHES,
            merge_density: float | None = None, english_tokens: int | float = 0,
-           english_task: str | None = None) -> Recipe:
+           english_task: str | None = None,
+           overrides: Mapping[str, Mapping] | None = None) -> Recipe:
     """mmBERT's recipe at ``total_tokens`` (gin/native/mmbert.gin).
 
     Stages, each from the previous one's final checkpoint with its AdamW state and schedule
@@ -208,11 +245,13 @@ def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
         decay branch.
       base_tokens, ext_tokens, decay_tokens: a stage's tokens instead of its share.
       warmup_tokens: the warm-up, at the start of the first stage.
-      base_languages, ext_languages, english_heavy_languages: an int is that many of
-        CC-100's largest languages, a list itself, None all 100.
+      base_languages, ext_languages, english_heavy_languages, decay_languages: an int is
+        that many of CC-100's largest languages, a list itself, None all 100 (the run's).
       english_tokens: with ``english_task``, an English stage in front (the paper's order,
         meta-pretraining): ``english`` trains that many tokens at ``batch_size``, its own
         linear schedule to 0; ``ramp1`` then starts from it with fresh moments and schedule.
+      overrides: per stage, Phase fields of its own (``{"ext": {"use_cached": True}}``);
+        the fields the recipe derives (lengths, shapes, schedule, hand-offs) are refused.
     """
     name = "mmbert"
     if not (isinstance(total_tokens, int | float) and not isinstance(total_tokens, bool)
@@ -276,7 +315,8 @@ def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
         "decay_eng": (largest_languages(english_heavy_languages), 1.0,
                       "english_heavy_languages", None),
         "decay_cont": (ext["languages"], ext_alpha, "ext_languages", "ext_alpha"),
-        "decay_all": (None, decay_alpha, None, "decay_alpha"),
+        "decay_all": (largest_languages(decay_languages), decay_alpha, "decay_languages",
+                      "decay_alpha"),
     }
     for branch in branches:
         languages, alpha, languages_param, alpha_param = variants[branch]
@@ -300,7 +340,7 @@ def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
     merge = (Merge(branches=list(branches), base="ext", method="ties", density=merge_density)
              if len(branches) > 1 else None)
     if not english_tokens:
-        return Recipe(tuple(stages), merge)
+        return Recipe(tuple(_overridden(name, stages, overrides)), merge, f"{_MODULE}.{name}")
     with _named(name, "english", {"num_tokens": "english_tokens", "task": "english_task",
                                   "warmup_steps": "warmup_tokens"}):
         steps = _steps(english_tokens, batch_size, base_length) if english_tokens > 0 else 0
@@ -313,4 +353,55 @@ def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
             **dict(base, task=english_task, languages=None, alpha=None))
     first = dataclasses.replace(stages[0], init_from="english", reset_optimizer=True,
                                 reset_schedule=True)
-    return Recipe((english, first, *stages[1:]), merge)
+    return Recipe(tuple(_overridden(name, (english, first, *stages[1:]), overrides)), merge,
+                  f"{_MODULE}.{name}")
+
+
+# ---------------------------------------------------------------------------
+# The annealed-language curriculum.
+# ---------------------------------------------------------------------------
+
+
+def annealed(*, task: str, optimizer: OptimizerConfig, total_steps: int, batch_size: int,
+             sequence_length: int, shares: Sequence[float] = (0.7, 0.2, 0.1),
+             languages: Sequence[int | Sequence[str] | None] = (30, 60, None),
+             alphas: Sequence[float] = (0.7, 0.5, 0.3),
+             mask_rates: Sequence[float] = (0.3, 0.15, 0.05),
+             overrides: Mapping[str, Mapping] | None = None) -> Recipe:
+    """Stages ``stage1``, ``stage2``, ... (one per share) on ``task`` (gin/native/annealed.gin).
+
+    Each stage takes its share of ``total_steps`` (the last the rest), its languages (an
+    int: that many of CC-100's largest; None: all), sampling exponent and masking rate, and
+    continues the previous stage's parameters, AdamW moments and schedule. One
+    warm-up-stable-decay schedule spans them (``optimizer``'s peak and warm-up), its 1-sqrt
+    cool-down over the last stage. ``overrides``: per stage, Phase fields of its own, as
+    :func:`mmbert`'s.
+    """
+    name = "annealed"
+    if problem := errors.count_problem(total_steps):
+        raise errors.SettingError(f"{_MODULE}.{name}", "total_steps", total_steps, problem)
+    for param, values in (("languages", languages), ("alphas", alphas),
+                          ("mask_rates", mask_rates)):
+        if len(values) != len(shares):
+            raise errors.SettingError(f"{_MODULE}.{name}", param, list(values),
+                                      f"needs one value per stage ({len(shares)} shares)")
+    steps = [round(share / sum(shares) * total_steps) for share in shares[:-1]]
+    steps.append(total_steps - sum(steps))
+    with _named(name, "stage1", {"decay_steps": "shares"}):
+        schedule = dataclasses.replace(optimizer, total_steps=total_steps, schedule="wsd",
+                                       decay_steps=steps[-1], decay_shape="1-sqrt")
+    stages, previous = [], None
+    for i, n in enumerate(steps):
+        stage = f"stage{i + 1}"
+        with _named(name, stage, {"num_steps": "shares", "batch_size": "batch_size",
+                                  "sequence_length": "sequence_length",
+                                  "languages": "languages", "alpha": "alphas",
+                                  "mask_rate": "mask_rates"}):
+            stages.append(Phase(
+                name=stage, task=task, num_steps=n, batch_size=batch_size,
+                sequence_length=sequence_length, optimizer=schedule, init_from=previous,
+                reset_optimizer=False, reset_schedule=False,
+                languages=largest_languages(languages[i]), alpha=alphas[i],
+                mask_rate=mask_rates[i]))
+        previous = stage
+    return Recipe(tuple(_overridden(name, stages, overrides)), source=f"{_MODULE}.{name}")

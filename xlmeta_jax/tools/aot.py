@@ -124,10 +124,9 @@ def _experiment_run():
     optimizer = gin_cli.bound(q + "optimizer", None)
     arms = list(gin_cli.bound(q + "arms", ("meta",)))
     seeds = list(gin_cli.bound(q + "seeds", (0, 1)))
-    # Last: reading the curriculum arms' run files replaces the parsed config.
-    curricula = experiment_runs.curricula(arms)
     phases_of = {a: arm_phases(a, budget, english_task="english", xling_mixture="xling",
-                               optimizer=optimizer, curricula=curricula) for a in arms}
+                               optimizer=optimizer, recipes=experiment_runs.recipes())
+                 for a in arms}
     shown = phases_of.get("meta") or phases_of[arms[0]]
     total = sum(p.num_steps for a in arms for p in phases_of[a]) * len(seeds)
     note = (f"the experiment's {len(arms)} arms x {len(seeds)} seeds = {total:,} steps")
