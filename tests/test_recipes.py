@@ -187,3 +187,29 @@ def test_a_stage_of_a_recipe_is_set_through_its_overrides(bindings, line):
     with pytest.raises(errors.UserError) as e:
         gin_cli.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
     assert errors.user_message(e.value) == line
+
+
+@pytest.mark.parametrize("options, phase2", [
+    ({}, (3e-4, 10, 40)),  # phase 2's fresh schedule: phase 1's peak and warm-up
+    (dict(phase2_learning_rate=1e-4, phase2_warmup_steps=5), (1e-4, 5, 40)),
+])
+def test_meta_recipe_hands_phase_2_fresh_moments_and_schedule(options, phase2):
+    opt = OptimizerConfig(learning_rate=3e-4, warmup_steps=10)
+    recipe = recipes.meta(english_task="xlmeta_english_text", xling_mixture="xlmeta_cc100",
+                          meta_steps=20, xling_steps=40, batch_size=8, sequence_length=64,
+                          optimizer=opt, **options)
+    p1, p2 = recipe.phases
+    assert (p1.name, p1.task, p1.num_steps, p1.optimizer.total_steps) == (
+        "phase1", "xlmeta_english_text", 20, 20)
+    assert (p2.name, p2.task, p2.init_from, p2.reset_optimizer, p2.reset_schedule) == (
+        "phase2", "xlmeta_cc100", "phase1", True, True)
+    assert (p2.optimizer.learning_rate, p2.optimizer.warmup_steps,
+            p2.optimizer.total_steps) == phase2
+    assert recipe.merge is None
+    (one,) = recipes.xlmr(xling_mixture="xlmeta_cc100", steps=60, batch_size=8,
+                          sequence_length=64, optimizer=opt).phases
+    assert (one.name, one.num_steps, one.optimizer.total_steps, one.init_from) == (
+        "xlmr", 60, 60, None)
+    # Both see the same tokens.
+    assert sum(p.num_steps * p.tokens_per_step() for p in recipe.phases) == (
+        one.num_steps * one.tokens_per_step())

@@ -16,8 +16,11 @@ binding names where its code is:
   the registered tasks and the synthetic stream both take it from here
   (``Corpora.masking`` is not a gin binding);
 * ``xlmeta_jax.data.feeding.make_mlm_iterator`` — the feeder's options;
-* ``xlmeta_jax.pretrain.trainer.Phase`` — a phase of a run (gin/phases/*.gin, which our
-  trainer's run files and t5x's gin/meta.gin both read);
+* ``xlmeta_jax.pretrain.trainer.Phase`` — a phase of a run;
+* ``xlmeta_jax.pretrain.recipes.*`` — the recipes (``meta``, ``xlmr``, ``annealed``,
+  ``mmbert``, ``continued``, ``with_english_stage``), whose phases and merge a run file hands
+  to the run with ``phases_of`` and ``merge_of`` (gin/phases/meta.gin, which our trainer's
+  run files and t5x's gin/meta.gin both read);
 * ``xlmeta_jax.cli.configurables.registered`` — registers the corpora a task reads and
   names it, e.g. t5x's ``mixture_or_task_name = @registered()``.
 
@@ -36,7 +39,7 @@ from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import corpora, feeding
 from xlmeta_jax.interop.hf import weights as hf_weights
 from xlmeta_jax.model import mlm, network, optimizer
-from xlmeta_jax.pretrain import phases
+from xlmeta_jax.pretrain import phases, recipes
 
 # A setting refused where its object is built (errors.SettingError) is named, in every
 # command's line, by the gin binding or macro it came from: ours and t5x's trainer both
@@ -109,3 +112,47 @@ def registered(name: str = gin.REQUIRED, settings: corpora.Corpora | None = None
 
     reading = tasks.reading(name, corpora_settings() if settings is None else settings)
     return tasks.check_registered(name, register(reading))
+
+
+# Recipes (xlmeta_jax/pretrain/recipes.py): the phases and merge of a run, one function each,
+# here so that t5x's run files (gin/meta.gin through gin/phases/meta.gin) have them too.
+continued = gin.external_configurable(recipes.continued, module="xlmeta_jax.pretrain.recipes")
+mmbert = gin.external_configurable(recipes.mmbert, module="xlmeta_jax.pretrain.recipes")
+annealed = gin.external_configurable(recipes.annealed, module="xlmeta_jax.pretrain.recipes")
+meta = gin.external_configurable(recipes.meta, module="xlmeta_jax.pretrain.recipes")
+xlmr = gin.external_configurable(recipes.xlmr, module="xlmeta_jax.pretrain.recipes")
+with_english_stage = gin.external_configurable(recipes.with_english_stage,
+                                               module="xlmeta_jax.pretrain.recipes")
+
+
+_PHASE = "xlmeta_jax.pretrain.trainer.Phase"
+
+
+@gin.configurable(module="xlmeta_jax.pretrain.recipes")
+def phases_of(recipe: recipes.Recipe = gin.REQUIRED) -> list:
+    """A recipe's phases, for ``train.phases``.
+
+    Raises:
+      UserError: a scoped ``Phase`` binding names one of the recipe's stages
+        (``stage2/...Phase.reset_schedule``): the recipe builds its stages itself, so the
+        binding would do nothing; the line names the recipe's ``overrides`` instead.
+    """
+    names = {p.name for p in recipe.phases}
+    for key in gin_flags.binding_keys():
+        scope, _, selector = key.rpartition("/")
+        configurable, _, field = selector.rpartition(".")
+        # gin's config names a configurable by its shortest unique suffix ("Phase").
+        if scope in names and _PHASE.endswith(configurable) and _PHASE.rpartition(".")[2] == (
+                configurable.rpartition(".")[2]):
+            key = f"{scope}/{_PHASE}.{field}"
+            raise errors.UserError(
+                f"{key}: this run's stages are built by {recipe.source or 'its recipe'}, not "
+                f"by scoped Phase bindings; bind {recipe.source or 'the recipe'}.overrides = "
+                f"{{'{scope}': {{'{field}': ...}}}} (or the recipe's own parameter)")
+    return list(recipe.phases)
+
+
+@gin.configurable(module="xlmeta_jax.pretrain.recipes")
+def merge_of(recipe: recipes.Recipe = gin.REQUIRED):
+    """A recipe's merge (None: none), for ``train.merge``."""
+    return recipe.merge

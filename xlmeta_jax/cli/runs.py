@@ -9,9 +9,8 @@ and the experiment's names: :mod:`.evaluation_runs`, :mod:`.experiment_runs` (so
 ``python -m xlmeta_jax.train`` imports neither evaluation nor the experiment).
 
 * ``xlmeta_jax.pretrain.trainer.{train,Merge}`` — our trainer's run (gin/native/*.gin;
-  its ``Phase`` is in :mod:`.configurables`, which t5x's gin/meta.gin reads too);
-* ``xlmeta_jax.pretrain.recipes.*`` — recipes as functions, handed to the run by
-  ``phases_of`` and ``merge_of``;
+  its ``Phase`` and the recipes, ``xlmeta_jax.pretrain.recipes.*`` with ``phases_of`` and
+  ``merge_of``, are in :mod:`.configurables`, which t5x's gin/meta.gin reads too);
 * ``xlmeta_jax.data.demo_corpus.*``, ``demo_released.*``, ``experiment_corpus.*`` — the
   corpora the demos and the CPU experiment write before they train;
 * helpers of the gin files themselves, named after this module: ``total_steps``,
@@ -26,9 +25,8 @@ from typing import Any
 import gin
 
 from xlmeta_jax import errors
-from xlmeta_jax.cli import flags as gin_flags
 from xlmeta_jax.data import demo_corpus, demo_released, experiment_corpus
-from xlmeta_jax.pretrain import recipes, trainer
+from xlmeta_jax.pretrain import trainer
 
 # --------------------------------------------------------------------- corpus builders
 demo_path = gin.external_configurable(
@@ -87,44 +85,3 @@ def prepare_data(prepare: Callable[[], Any] | None = None) -> None:
     """
     if prepare is not None:
         prepare()
-
-
-# Recipes (xlmeta_jax/pretrain/recipes.py): the phases and merge of a run, one function each.
-continued = gin.external_configurable(recipes.continued, module="xlmeta_jax.pretrain.recipes")
-mmbert = gin.external_configurable(recipes.mmbert, module="xlmeta_jax.pretrain.recipes")
-annealed = gin.external_configurable(recipes.annealed, module="xlmeta_jax.pretrain.recipes")
-with_english_stage = gin.external_configurable(recipes.with_english_stage,
-                                               module="xlmeta_jax.pretrain.recipes")
-
-
-_PHASE = "xlmeta_jax.pretrain.trainer.Phase"
-
-
-@gin.configurable(module="xlmeta_jax.cli.runs")
-def phases_of(recipe: recipes.Recipe = gin.REQUIRED) -> list:
-    """A recipe's phases, for ``train.phases``.
-
-    Raises:
-      UserError: a scoped ``Phase`` binding names one of the recipe's stages
-        (``stage2/...Phase.reset_schedule``): the recipe builds its stages itself, so the
-        binding would do nothing; the line names the recipe's ``overrides`` instead.
-    """
-    names = {p.name for p in recipe.phases}
-    for key in gin_flags.binding_keys():
-        scope, _, selector = key.rpartition("/")
-        configurable, _, field = selector.rpartition(".")
-        # gin's config names a configurable by its shortest unique suffix ("Phase").
-        if scope in names and _PHASE.endswith(configurable) and _PHASE.rpartition(".")[2] == (
-                configurable.rpartition(".")[2]):
-            key = f"{scope}/{_PHASE}.{field}"
-            raise errors.UserError(
-                f"{key}: this run's stages are built by {recipe.source or 'its recipe'}, not "
-                f"by scoped Phase bindings; bind {recipe.source or 'the recipe'}.overrides = "
-                f"{{'{scope}': {{'{field}': ...}}}} (or the recipe's own parameter)")
-    return list(recipe.phases)
-
-
-@gin.configurable(module="xlmeta_jax.cli.runs")
-def merge_of(recipe: recipes.Recipe = gin.REQUIRED):
-    """A recipe's merge (None: none), for ``train.merge``."""
-    return recipe.merge

@@ -123,15 +123,19 @@ def arm_phases(arm: str, budget: Budget, *, english_task: str, xling_mixture: st
                              optimizer=dataclasses.replace(optimizer, total_steps=steps), **kw)
 
     total = budget.meta_steps + budget.xling_steps
-    if arm == "meta":
-        return [
-            phase("phase1", english_task, budget.meta_steps),
-            # Fresh AdamW moments and schedule, as gin/meta.gin.
-            phase("phase2", xling_mixture, budget.xling_steps, init_from="phase1",
-                  reset_optimizer=True, reset_schedule=True),
-        ]
-    if arm == "xlmr":
-        return [phase("xlmr", xling_mixture, total)]
+    if arm == "meta":  # the recipe of gin/phases/meta.gin at the budget
+        for name, steps in (("phase1", budget.meta_steps), ("phase2", budget.xling_steps)):
+            phase(name, english_task, steps)  # the arm's warm-up check
+        return list(recipes_lib.meta(
+            english_task=english_task, xling_mixture=xling_mixture,
+            meta_steps=budget.meta_steps, xling_steps=budget.xling_steps,
+            batch_size=budget.batch_size, sequence_length=budget.sequence_length,
+            optimizer=optimizer).phases)
+    if arm == "xlmr":  # gin/native/xlmr.gin's
+        phase("xlmr", xling_mixture, total)
+        return list(recipes_lib.xlmr(
+            xling_mixture=xling_mixture, steps=total, batch_size=budget.batch_size,
+            sequence_length=budget.sequence_length, optimizer=optimizer).phases)
     if arm == "joint":
         # tasks.register adds it when Corpora.joint_english_share is set (the experiment
         # sets budget.english_share).

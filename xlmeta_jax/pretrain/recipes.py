@@ -5,6 +5,9 @@ binds only what a user changes (the budget, the data, a knob or two) and hands t
 the trainer (``train.phases = @phases_of()``, ``train.merge = @merge_of()``, with
 ``phases_of.recipe = @continued()``: gin/native/continue.gin).
 
+* :func:`meta` — meta-pretraining (arXiv 2109.11129): English, then the multilingual mixture
+  from phase 1's parameters with fresh AdamW moments and schedule (gin/phases/meta.gin, for
+  our trainer and t5x's); :func:`xlmr` — the single-phase baseline at the same steps;
 * :func:`mmbert` — mmBERT's recipe (arXiv 2509.06888): a batch-size ramp, the base stage,
   the context extension and three decay branches TIES-merged against it, in mmBERT's token
   shares of the budget, optionally after an English stage (gin/native/mmbert.gin,
@@ -180,17 +183,19 @@ MMBERT_BRANCHES = ("decay_eng", "decay_cont", "decay_all")
 
 
 @contextlib.contextmanager
-def _named(recipe: str, stage: str, params: Mapping[str, str]):
+def _named(recipe: str, stage: str, params: Mapping[str, str], kind: str = "stage"):
     """A stage's bad value named by the recipe parameter it came from (``params``: the
-    stage's field -> the parameter), so the line names what the user bound."""
+    stage's field -> the parameter), so the line names what the user bound; a stage's
+    own setting says which stage (``kind`` 'stage' or 'phase'), a schedule's does not."""
     try:
         yield
     except (PhaseSettingError, OptimizerConfigError) as e:
         param = params.get(e.field)
         if param is None:
             raise
+        context = f"{kind} {stage!r}: " if isinstance(e, PhaseSettingError) else ""
         raise errors.SettingError(f"{_MODULE}.{recipe}", param, e.value, e.message,
-                                  context=f"stage {stage!r}: ") from None
+                                  context=context) from None
 
 
 def largest_languages(languages: int | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -202,7 +207,8 @@ def largest_languages(languages: int | Sequence[str] | None) -> tuple[str, ...] 
 
 
 def _steps(tokens: int | float, batch_size: int, sequence_length: int) -> int:
-    return max(1, round(tokens / (batch_size * sequence_length)))
+    """Tokens as whole steps (nearest; at least 1 unless there are none)."""
+    return max(1, round(tokens / (batch_size * sequence_length))) if tokens else 0
 
 
 def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
@@ -274,6 +280,10 @@ def mmbert(*, task: str, optimizer: OptimizerConfig, total_tokens: int | float,
     def share(given, k):
         return given if given is not None else int(round(mixture * shares[k] / parts))
 
+    if not (isinstance(warmup_tokens, int | float) and not isinstance(warmup_tokens, bool)
+            and warmup_tokens >= 0):
+        raise errors.SettingError(f"{_MODULE}.{name}", "warmup_tokens", warmup_tokens,
+                                  "must be a number of tokens >= 0")
     if base_tokens is None:
         base_tokens = share(None, 0) - len(ramps) * ramp_tokens
         if base_tokens <= 0:
@@ -405,3 +415,62 @@ def annealed(*, task: str, optimizer: OptimizerConfig, total_steps: int, batch_s
                 mask_rate=mask_rates[i]))
         previous = stage
     return Recipe(tuple(_overridden(name, stages, overrides)), source=f"{_MODULE}.{name}")
+
+
+# ---------------------------------------------------------------------------
+# Meta-pretraining and its baseline.
+# ---------------------------------------------------------------------------
+
+
+def meta(*, english_task: str, xling_mixture: str, meta_steps: int, xling_steps: int,
+         batch_size: int, sequence_length: int, optimizer: OptimizerConfig,
+         phase2_learning_rate: float | None = None, phase2_warmup_steps: int | None = None,
+         xling_use_cached: bool | None = None,
+         overrides: Mapping[str, Mapping] | None = None) -> Recipe:
+    """Meta-pretraining's two phases (gin/phases/meta.gin).
+
+    ``phase1`` trains ``meta_steps`` on ``english_task``; ``phase2`` ``xling_steps`` on
+    ``xling_mixture`` from phase 1's final parameters, with fresh AdamW moments and its own
+    schedule (``phase2_learning_rate`` and ``phase2_warmup_steps``, None: ``optimizer``'s).
+    Each phase's schedule spans its own steps. ``xling_use_cached``: phase 2 reads the
+    offline token cache (None: the feeder's setting). ``overrides`` as :func:`mmbert`'s.
+    """
+    name = "meta"
+    shape = {"batch_size": "batch_size", "sequence_length": "sequence_length"}
+    with _named(name, "phase1", {"total_steps": "meta_steps"}, "phase"):
+        schedule1 = dataclasses.replace(optimizer, total_steps=meta_steps)
+    with _named(name, "phase2", {"total_steps": "xling_steps", "learning_rate":
+                                 "phase2_learning_rate", "warmup_steps": "phase2_warmup_steps"},
+                "phase"):
+        schedule2 = dataclasses.replace(
+            optimizer, total_steps=xling_steps,
+            learning_rate=(optimizer.learning_rate if phase2_learning_rate is None
+                           else phase2_learning_rate),
+            warmup_steps=(optimizer.warmup_steps if phase2_warmup_steps is None
+                          else phase2_warmup_steps))
+    with _named(name, "phase1", {**shape, "num_steps": "meta_steps"}, "phase"):
+        phase1 = Phase(name="phase1", task=english_task, num_steps=meta_steps,
+                       batch_size=batch_size, sequence_length=sequence_length,
+                       optimizer=schedule1)
+    with _named(name, "phase2", {**shape, "num_steps": "xling_steps"}, "phase"):
+        phase2 = Phase(
+            name="phase2", task=xling_mixture, num_steps=xling_steps, batch_size=batch_size,
+            sequence_length=sequence_length, use_cached=xling_use_cached, optimizer=schedule2,
+            init_from="phase1", reset_optimizer=True, reset_schedule=True)
+    return Recipe(tuple(_overridden(name, (phase1, phase2), overrides)),
+                  source=f"{_MODULE}.{name}")
+
+
+def xlmr(*, xling_mixture: str, steps: int, batch_size: int, sequence_length: int,
+         optimizer: OptimizerConfig, xling_use_cached: bool | None = None,
+         overrides: Mapping[str, Mapping] | None = None) -> Recipe:
+    """The single-phase XLM-R baseline (gin/native/xlmr.gin): ``xlmr`` trains ``steps`` on
+    ``xling_mixture`` (meta-pretraining's two phases together), one schedule over them."""
+    name = "xlmr"
+    with _named(name, "xlmr", {"total_steps": "steps", "num_steps": "steps",
+                               "batch_size": "batch_size", "sequence_length": "sequence_length"},
+                "phase"):
+        phase = Phase(name="xlmr", task=xling_mixture, num_steps=steps, batch_size=batch_size,
+                      sequence_length=sequence_length, use_cached=xling_use_cached,
+                      optimizer=dataclasses.replace(optimizer, total_steps=steps))
+    return Recipe(tuple(_overridden(name, (phase,), overrides)), source=f"{_MODULE}.{name}")
