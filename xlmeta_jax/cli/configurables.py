@@ -156,3 +156,19 @@ def phases_of(recipe: recipes.Recipe = gin.REQUIRED) -> list:
 def merge_of(recipe: recipes.Recipe = gin.REQUIRED):
     """A recipe's merge (None: none), for ``train.merge``."""
     return recipe.merge
+
+
+def binding_source(key: str) -> str:
+    """The macro or binding a setting's value comes from (``gin_flags.binding_source``);
+    for a stage a recipe built (``stage2/...Phase.mask_rate``, bound nowhere), the recipe
+    parameter it came from, or its macro (``recipes.SOURCES``)."""
+    found = gin_flags.binding_source(key)
+    stage, _, selector = key.rpartition("/")
+    configurable, _, field = selector.rpartition(".")
+    if found != key or configurable != _PHASE:
+        return found
+    for recipe, fields in reversed(recipes.SOURCES.items()):
+        param = fields.get(f"{stage}/{field}")
+        if param is not None:
+            return gin_flags.binding_source(f"xlmeta_jax.pretrain.recipes.{recipe}.{param}")
+    return key

@@ -94,7 +94,7 @@ def configured_experiment(flags) -> runner.Experiment:
         recipes=experiment_runs.recipes(),
         corpora=configurables.corpora_settings(),
         feeder=configurables.make_mlm_iterator, config_text=gin_cli.config_text(),
-        train=functools.partial(runs.train, describe=gin_cli.binding_source),
+        train=functools.partial(runs.train, describe=configurables.binding_source),
         train_settings={name: gin_cli.bound(f"xlmeta_jax.pretrain.trainer.train.{name}",
                                             default)
                         for name, default in (("mesh_shape", (-1, 1, 1)),

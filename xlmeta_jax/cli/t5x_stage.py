@@ -44,7 +44,7 @@ def configured_stage(wanted: str) -> stages.Stage:
     # Our trainer's checks of the run (phase order, lengths against the model, masking
     # against the length, the merge); t5x's mesh is its own (gin/t5x/run.gin).
     checks.validate(model_dir, model, phases, (-1, 1, 1), 1, microbatches,
-                    describe=gin_flags.binding_source, masking=corpora.masking,
+                    describe=configurables.binding_source, masking=corpora.masking,
                     packed=corpora.packed, merge=gin_flags.bound(q + "merge", None))
     return stages.Stage(
         model_dir=checkpoints.absolute(model_dir), phases=phases,

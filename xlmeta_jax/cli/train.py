@@ -134,7 +134,7 @@ def run_configured() -> dict:
             corpora=configurables.corpora_settings(),
             feeder=configurables.make_mlm_iterator,
             config_text=gin_cli.config_text(),
-            describe=gin_cli.binding_source,
+            describe=configurables.binding_source,
             prepare=runs.prepare_data,
         )
     except TypeError as e:

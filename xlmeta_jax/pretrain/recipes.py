@@ -182,11 +182,20 @@ MMBERT_SHARES = (2.3, 0.6, 0.1)
 MMBERT_BRANCHES = ("decay_eng", "decay_cont", "decay_all")
 
 
+# Per recipe, the parameter each stage's field comes from ("phase1/sequence_length" ->
+# "sequence_length"), recorded as the recipe builds them: the run's checks name a stage's
+# setting by the binding the user set (xlmeta_jax.cli.configurables.binding_source).
+SOURCES: dict[str, dict[str, str]] = {}
+
+
 @contextlib.contextmanager
 def _named(recipe: str, stage: str, params: Mapping[str, str], kind: str = "stage"):
     """A stage's bad value named by the recipe parameter it came from (``params``: the
     stage's field -> the parameter), so the line names what the user bound; a stage's
     own setting says which stage (``kind`` 'stage' or 'phase'), a schedule's does not."""
+    fields = SOURCES.pop(recipe, {})  # the recipe built last, last
+    fields.update({f"{stage}/{f}": p for f, p in params.items()})
+    SOURCES[recipe] = fields
     try:
         yield
     except (PhaseSettingError, OptimizerConfigError) as e:
