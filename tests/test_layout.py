@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import re
 
 import pytest
 
@@ -241,3 +242,26 @@ def test_the_trainer_command_imports_what_it_runs():
     wrong = [m for m in out if m.startswith(("xlmeta_jax.evaluation", "xlmeta_jax.experiment",
                                              "xlmeta_jax.interop.t5x"))]
     assert not wrong, wrong
+
+
+# Where a family's name may be compared with a literal: the family modules themselves.
+_FAMILY_PLACES = ("xlmeta_jax/model/", "xlmeta_jax/interop/hf/xlmr_layout.py",
+                  "xlmeta_jax/interop/hf/modernbert_layout.py",
+                  "xlmeta_jax/interop/hf/families.py")
+_NAME = r"""["'](xlmr|modernbert)["']"""
+_FAMILY_BRANCH = re.compile(rf"(family|model_type)\b[^\n=!]{{0,40}}[!=]=\s*{_NAME}"
+                            rf"|{_NAME}\s*[!=]=[^\n]{{0,40}}family")
+
+
+def test_no_family_is_named_outside_its_modules():
+    """The rest of the house asks a family (network.family(config), hf.families.of(config))
+    instead of comparing its name: a new family then touches its modules only."""
+    found = []
+    for path in sorted(REPO.joinpath("xlmeta_jax").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(_FAMILY_PLACES):
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _FAMILY_BRANCH.search(line):
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -41,7 +41,8 @@ def test_weighted_cross_entropy_is_fp32_for_bf16_logits():
 
 
 def test_mlm_flops_per_token_hand_computed():
-    cfg = types.SimpleNamespace(hidden_size=2, mlp_dim=3, vocab_size=5, num_layers=1)
+    cfg = types.SimpleNamespace(family="xlmr", hidden_size=2, mlp_dim=3, vocab_size=5,
+                                num_layers=1)
     # per layer: 2*(4*4 + 2*2*3) + 2*(2*4*2) = 88; head: 2*(4 + 10) = 28 (x 2/4 slots).
     assert hardware.mlm_flops_per_token(cfg, 4, 2) == 3 * (88 + 14)
     assert hardware.mlm_flops_per_token(cfg, 4, 2, masked_head=False) == 3 * (88 + 28)

@@ -56,8 +56,9 @@ class PredictionHead(nn.Module):
         return layers.layer_norm(cfg, "norm", use_bias=False)(nn.gelu(x, approximate=False))
 
 
-def _modernbert(cfg: EncoderConfig) -> bool:
-    return cfg.family == "modernbert"
+def _prediction_head_first(cfg: EncoderConfig) -> bool:
+    """Whether the family's task models put its prediction head before the task layer."""
+    return network.family(cfg).task_heads_use_prediction_head
 
 
 class ClassificationHead(nn.Module):
@@ -70,7 +71,7 @@ class ClassificationHead(nn.Module):
     def __call__(self, hidden, deterministic: bool):
         cfg = self.config
         drop = nn.Dropout(cfg.dropout_rate)
-        if _modernbert(cfg):
+        if _prediction_head_first(cfg):
             x = drop(PredictionHead(cfg, name="head")(hidden[:, 0]), deterministic=deterministic)
             return _dense(cfg, self.num_outputs, "classifier")(x)
         x = drop(hidden[:, 0], deterministic=deterministic)
@@ -92,7 +93,7 @@ class QAHead(nn.Module):
 
     @nn.compact
     def __call__(self, hidden, deterministic: bool):
-        if _modernbert(self.config):
+        if _prediction_head_first(self.config):
             hidden = nn.Dropout(self.config.dropout_rate)(
                 PredictionHead(self.config, name="head")(hidden), deterministic=deterministic)
         out = _dense(self.config, 2, "qa_outputs")(hidden)
@@ -117,7 +118,7 @@ class TaggingHead(nn.Module):
 
     @nn.compact
     def __call__(self, hidden, deterministic: bool):
-        if _modernbert(self.config):
+        if _prediction_head_first(self.config):
             hidden = PredictionHead(self.config, name="head")(hidden)
         x = nn.Dropout(self.config.dropout_rate)(hidden, deterministic=deterministic)
         return _dense(self.config, self.num_outputs, "classifier")(x)

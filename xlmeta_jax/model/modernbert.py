@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from xlmeta_jax.model import family as family_lib
 from xlmeta_jax.model import layers
 from xlmeta_jax.model.config import REMAT_POLICIES, EncoderConfig
 
@@ -312,3 +313,22 @@ class ModernBertForMaskedLM(nn.Module):
         """Runs only the encoder (for fine-tuning heads and retrieval)."""
         return self.encoder(input_ids, attention_mask, token_type_ids, deterministic,
                             output_hidden_states, segment_ids=segment_ids)
+
+
+def _attended_keys(cfg: EncoderConfig, index: int, length: int) -> int:
+    # A local layer's window: local_window + 1 keys (the splash kernel skips tiles outside
+    # it; XLA's dense path computes the whole row and masks it).
+    return length if cfg.is_global_layer(index) else min(length, cfg.local_window + 1)
+
+
+def _length_problem(cfg: EncoderConfig, length: int) -> tuple[str, str] | None:
+    if cfg.local_window >= length:
+        return ("local_window", f"must be shorter than sequence_length={length}: the local "
+                "layers would attend to the whole row, as the global ones do")
+    return None
+
+
+FAMILY = family_lib.Family(
+    name="modernbert", masked_lm=ModernBertForMaskedLM, encoder=Encoder, mlp_matrices=3,
+    rotary=True, packed_rows=True, attended_keys=_attended_keys, length_problem=_length_problem,
+    task_heads_use_prediction_head=True)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from xlmeta_jax.model import family as family_lib
 from xlmeta_jax.model import layers
 from xlmeta_jax.model.config import REMAT_POLICIES, EncoderConfig
 
@@ -293,3 +294,10 @@ class XLMRForMaskedLM(nn.Module):
         return self.encoder(
             input_ids, attention_mask, token_type_ids, deterministic, output_hidden_states
         )
+
+
+FAMILY = family_lib.Family(
+    name="xlmr", masked_lm=XLMRForMaskedLM, encoder=Encoder, mlp_matrices=2, rotary=False,
+    packed_rows=False,
+    attended_keys=family_lib.whole_row, length_problem=family_lib.no_length_problem,
+    task_heads_use_prediction_head=False)

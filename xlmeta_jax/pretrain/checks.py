@@ -78,11 +78,11 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
             f"attention_impl={kernel!r} ({source}) is {where}; this run's backend is "
             f"{backend!r}: use 'auto' (cuDNN on a GPU, splash on a TPU, XLA elsewhere) or "
             "'xla'")
-    if packed and model.family == "xlmr":
+    if packed and not network.family(model).packed_rows:
         raise ConfigError(
             f"Corpora.packing='documents' ({describe('xlmeta_jax.data.corpora.Corpora.packing')})"
-            " packs documents that attend only to themselves, which the xlmr family does not "
-            "(it reads fairseq's blocks): use packing='blocks', or a ModernBERT size "
+            f" packs documents that attend only to themselves, which the {model.family} family "
+            "does not (it reads fairseq's blocks): use packing='blocks', or a ModernBERT size "
             "(gin/models/modernbert_tiny.gin, mmbert_small.gin, mmbert_base.gin)")
     try:
         shape = partitioning.mesh_shape_for(*mesh_shape, num_devices=num_devices)
@@ -116,7 +116,8 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"microbatches (MICROBATCHES) of a multiple of the data-parallel mesh size "
                 f"{data_parallel} (mesh {shape})"
             )
-        if model.family != "modernbert":
+        family = network.family(model)
+        if not family.rotary:
             for field in ("global_rope_theta", "local_rope_theta"):
                 if getattr(p, field) is not None:
                     source = describe(f"{p.name}/{CONFIGURABLE}.{field}")
@@ -134,12 +135,12 @@ def validate(model_dir, model: network.EncoderConfig, phases: Sequence[Phase], m
                 f"{where}: sequence_length={p.sequence_length} is not a multiple of "
                 f"{layers.SPLASH_ALIGN}, which attention_impl='splash' ({source}) needs: "
                 f"use a length of {layers.SPLASH_ALIGN}·k, or 'auto' (XLA for such rows)")
-        if model.family == "modernbert" and model.local_window >= p.sequence_length:
-            source = describe("xlmeta_jax.model.network.get_config.local_window")
+        problem = family.length_problem(model, p.sequence_length)
+        if problem is not None:
+            field, text = problem
+            source = describe(f"xlmeta_jax.model.network.get_config.{field}")
             raise ConfigError(
-                f"{where}: local_window={model.local_window} ({source}) must be shorter than "
-                f"sequence_length={p.sequence_length}: the local layers would attend to the "
-                "whole row, as the global ones do")
+                f"{where}: {field}={getattr(model, field)} ({source}) {text}")
         # With reset_schedule=False a phase continues its init_from phase's step count,
         # so its schedule must reach that offset plus its own steps.
         offset = 0

@@ -17,6 +17,7 @@ import re
 import jax
 
 from xlmeta_jax import errors
+from xlmeta_jax.model import network
 
 
 def mlm_flops_per_token(cfg, length: int, slots: int, *, masked_head: bool = True) -> float:
@@ -29,15 +30,10 @@ def mlm_flops_per_token(cfg, length: int, slots: int, *, masked_head: bool = Tru
     ``mlm.max_predictions(length, masking rate)``).
     """
     h, f, v, n = cfg.hidden_size, cfg.mlp_dim, cfg.vocab_size, cfg.num_layers
-    modernbert = getattr(cfg, "family", "xlmr") == "modernbert"
-    # ModernBERT's GeGLU has two input projections (Wi is 2 x mlp_dim wide).
-    mlp_matrices = 3 if modernbert else 2
-    # Keys a query attends to: the row, or on ModernBERT's local layers the window's
-    # local_window + 1 (the model's work: the splash kernel skips tiles outside it, XLA's
-    # dense path computes the whole row and masks it).
-    keys = [length if not modernbert or cfg.is_global_layer(i)
-            else min(length, cfg.local_window + 1) for i in range(n)]
-    dense = 2 * (4 * h * h + mlp_matrices * h * f)
+    family = network.family(cfg)
+    # Keys a query attends to: the row, or on a sliding-window layer the window's.
+    keys = [family.attended_keys(cfg, i, length) for i in range(n)]
+    dense = 2 * (4 * h * h + family.mlp_matrices * h * f)
     layers = sum(dense + 2 * (2 * k * h) for k in keys)
     head_frac = slots / length if masked_head else 1.0
     head = 2 * (h * h + h * v) * head_frac

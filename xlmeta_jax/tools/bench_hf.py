@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 
 from xlmeta_jax.data import feeding
-from xlmeta_jax.interop.hf import modernbert_layout
-from xlmeta_jax.interop.hf import weights as hf
-from xlmeta_jax.interop.hf.hf_config import special_ids
+from xlmeta_jax.interop.hf import families
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import hardware
 from xlmeta_jax.tools import timing
@@ -51,15 +49,10 @@ class HFRun(timing.TimedRun):
         self.device = device = "cuda" if torch.cuda.is_available() else "cpu"
         self.autocast = cfg.dtype == "bfloat16"
         torch.manual_seed(seed)
-        if cfg.family == "modernbert":
-            bos, eos = special_ids(cfg)
-            hf_cfg = transformers.ModernBertConfig(**modernbert_layout.hf_config_from_config(
-                cfg, special={"bos_token_id": bos, "eos_token_id": eos, "cls_token_id": bos,
-                              "sep_token_id": eos}))
-            model_class = transformers.ModernBertForMaskedLM
-        else:
-            hf_cfg = transformers.XLMRobertaConfig(**hf.hf_config_from_config(cfg))
-            model_class = transformers.XLMRobertaForMaskedLM
+        layout = families.of(cfg)
+        hf_cfg = getattr(transformers, layout.CONFIG_CLASS)(
+            **layout.export_config(cfg, None, {}))
+        model_class = getattr(transformers, layout.ARCHITECTURE)
         model = model_class._from_config(
             hf_cfg, attn_implementation=attn_implementation
         ).to(device).train()

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from xlmeta_jax.interop.hf import families
+
 README_NAME = "README.md"
 
 _LOAD = """```python
@@ -50,26 +52,20 @@ def model_card(hf_config: Mapping[str, Any], tokenizer_class: str | None,
     Returns:
       Markdown text; the same for the same arguments (re-exports are byte-identical).
     """
-    positions = int(hf_config["max_position_embeddings"])
-    modern = hf_config.get("model_type") == "modernbert"
+    family = families.of_hf_config(hf_config, "the export's config.json")
+    title, inputs = family.card_description(hf_config)
     lines = [
         "---",
         "library_name: transformers",
         "pipeline_tag: fill-mask",
         "---",
         "",
-        ("# ModernBERT-style masked-LM encoder (xlmeta_jax)" if modern
-         else "# XLM-R-style masked-LM encoder (xlmeta_jax)"),
+        title,
         "",
         f"`{hf_config['architectures'][0]}`: {hf_config['num_hidden_layers']} layers, hidden "
         f"size {hf_config['hidden_size']}, {hf_config['num_attention_heads']} attention heads, "
-        f"{hf_config['vocab_size']} ids. " + (
-            f"Inputs of up to {positions} tokens (rotary positions; every layer of "
-            f"`layer_types` that is `sliding_attention` sees {hf_config.get('local_attention')}"
-            " tokens around each token)." if modern else
-            f"Inputs of up to {positions - 2} tokens (`model_max_length`; "
-            f"`max_position_embeddings` {positions}, the pad row and the unused row 0 as in "
-            "XLM-R).") + " Exported by `python -m xlmeta_jax.hf to_hf`.",
+        f"{hf_config['vocab_size']} ids. {inputs} Exported by `python -m xlmeta_jax.hf "
+        "to_hf`.",
         "",
         _LOAD.format(where="path/to/this/directory"),
         "",
@@ -92,9 +88,7 @@ def model_card(hf_config: Mapping[str, Any], tokenizer_class: str | None,
             "vocabulary (`<pad>` 0, `</s>` 1, `<unk>` 2, `<s>` 3, `<mask>` 4). The export "
             "renumbers them, and permutes the embedding rows to match, into XLM-R's: `<s>` 0, "
             f"`<pad>` 1, `</s>` 2, `<unk>` 3, `<mask>` {seqio_pieces - 1}, so every XLM-R-aware "
-            "tool reads them. " + ("" if modern else
-            "Pad id 0 left room for one more position in the same table; "
-            "the export drops that row (pretraining at the length above never reads it). ") +
+            "tool reads them. " + family.CARD_IDS_NOTE +
             "`python -m xlmeta_jax.hf to_flax` converts the directory back to our ids "
             "(`config.json` records the renumbering).",
         ]

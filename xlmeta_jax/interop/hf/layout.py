@@ -367,3 +367,20 @@ def hf_state_dict_from_params(
         for tied, source in _TIED.items():
             sd[tied] = sd[source].copy()
     return sd
+
+
+def permute_vocab_rows(state: Mapping[str, Any], rows: np.ndarray,
+                       keys: tuple[str, ...]) -> dict[str, Any]:
+    """``state`` with the vocabulary rows of the weights ``keys`` (those with a row per id:
+    embeddings, output bias, tied decoder) reordered to ``rows``."""
+    out = dict(state)
+    for key in keys:
+        if key in out:
+            arr = to_numpy(out[key])
+            if arr.shape[0] != rows.shape[0]:
+                raise ConversionError(
+                    f"HF weight {key!r} has {arr.shape[0]} vocabulary rows, the vocabulary "
+                    f"permutation {rows.shape[0]}"
+                )
+            out[key] = np.ascontiguousarray(arr[rows])
+    return out

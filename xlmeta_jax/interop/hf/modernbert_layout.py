@@ -20,11 +20,21 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from xlmeta_jax.interop.hf import layout
 from xlmeta_jax.interop.hf.hf_config import ConversionError, config_value
+from xlmeta_jax.interop.hf.hf_config import special_ids as hf_special_ids
 from xlmeta_jax.model.config import EncoderConfig
 
+FAMILY = "modernbert"
+DISPLAY_NAME = "ModernBERT"
 MODEL_TYPE = "modernbert"
+MODEL_TYPES = (MODEL_TYPE,)
 ARCHITECTURE = "ModernBertForMaskedLM"
+CONFIG_CLASS = "ModernBertConfig"
+# Weights with a row per vocabulary id (embeddings, output bias, tied decoder).
+VOCAB_KEYS = ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias")
+# The model card's note on the renumbering of our ids (none: RoPE has no position table).
+CARD_IDS_NOTE = ""
 _TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
 # The choices of ModernBertConfig that our network implements (field: value).
 _FIXED = {
@@ -310,3 +320,57 @@ def _unstack(tree: Any, count: int) -> list:
         raise ConversionError(f"the scanned layers hold {sorted(sizes)} layers, the config "
                               f"{count} after layer 0")
     return [jax.tree.map(lambda x, n=n: x[n], tree) for n in range(count)]
+
+
+# What :mod:`xlmeta_jax.interop.hf.families` asks every family's layout.
+
+
+def normalise(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The state dict as stored (``ModernBertForMaskedLM``'s keys)."""
+    return dict(state)
+
+
+def params_from_hf(state: Mapping[str, Any], cfg: EncoderConfig) -> dict[str, Any]:
+    """Our parameters from a state dict."""
+    return params_from_hf_state_dict(state, cfg, to_numpy=layout.to_numpy,
+                                     dtype=np.dtype(layout.np_dtype(cfg.param_dtype)))
+
+
+def state_from_params(params: Mapping[str, Any], cfg: EncoderConfig) -> dict[str, Any]:
+    """The state dict an export writes (tied weights once)."""
+    return hf_state_dict_from_params(params, cfg, include_tied=False,
+                                     to_numpy=layout.to_numpy)
+
+
+def export_config(cfg: EncoderConfig, special: Mapping[str, int] | None,
+                  config_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``config.json`` of an export: bos and eos from ``config_kwargs`` or the config's
+    vocabulary, cls and sep from ``special`` (a tokenizer's) or the same."""
+    bos, eos = hf_special_ids(cfg)
+    bos, eos = config_kwargs.get("bos_token_id", bos), config_kwargs.get("eos_token_id", eos)
+    cls, sep = (special["cls"], special["sep"]) if special else (bos, eos)
+    return hf_config_from_config(cfg, special={
+        "bos_token_id": bos, "eos_token_id": eos, "cls_token_id": cls, "sep_token_id": sep})
+
+
+def max_tokens(cfg: EncoderConfig) -> int:
+    """Tokens an input may hold: the configured length (RoPE has no position table)."""
+    return cfg.max_length
+
+
+def to_export_ids(state: Mapping[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """A state dict in our seqio ids -> the export's ids (the vocabulary rows move)."""
+    return layout.permute_vocab_rows(state, rows, VOCAB_KEYS)
+
+
+def from_export_ids(state: Mapping[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    """Inverse of :func:`to_export_ids`."""
+    return layout.permute_vocab_rows(state, np.argsort(rows), VOCAB_KEYS)
+
+
+def card_description(hf: Mapping[str, Any]) -> tuple[str, str]:
+    """The model card's title and its sentence on inputs."""
+    return ("# ModernBERT-style masked-LM encoder (xlmeta_jax)",
+            f"Inputs of up to {int(hf['max_position_embeddings'])} tokens (rotary positions; "
+            f"every layer of `layer_types` that is `sliding_attention` sees "
+            f"{hf.get('local_attention')} tokens around each token).")

@@ -28,15 +28,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from xlmeta_jax import files
-from xlmeta_jax.interop.hf import card, modernbert_layout, parity
+from xlmeta_jax.interop.hf import card, families, parity
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
-from xlmeta_jax.interop.hf.hf_config import config_from_hf, hf_config_from_config
-from xlmeta_jax.interop.hf.hf_config import special_ids as hf_special_ids
-from xlmeta_jax.interop.hf.layout import (
+from xlmeta_jax.interop.hf.hf_config import (  # noqa: F401 - XLM-R's, named here too
+    config_from_hf,
+    hf_config_from_config,
+)
+from xlmeta_jax.interop.hf.layout import (  # noqa: F401 - XLM-R's, named here too
     ConversionError,
     hf_state_dict_from_params,
-    normalise_keys,
-    np_dtype,
     params_from_hf_state_dict,
     to_numpy,
 )
@@ -153,78 +153,6 @@ def read_hf_state_dict(path: str | os.PathLike, *, allow_pickle: bool = False) -
     return state
 
 
-_POSITIONS_KEY = "roberta.embeddings.position_embeddings.weight"
-# Each family's weights with a row per vocabulary id (embeddings, output bias, tied decoder).
-_VOCAB_KEYS = {
-    "xlmr": ("roberta.embeddings.word_embeddings.weight", "lm_head.bias",
-             "lm_head.decoder.weight", "lm_head.decoder.bias"),
-    "modernbert": ("model.embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias"),
-}
-# config.json's model_type -> our family.
-_MODEL_TYPES = {"xlm-roberta": "xlmr", "roberta": "xlmr",
-                modernbert_layout.MODEL_TYPE: "modernbert"}
-
-
-def family_of(hf_config: Mapping[str, Any], where: os.PathLike | str) -> str:
-    """Our family of an HF ``config.json`` dict (XLM-R when it names no model_type).
-
-    Raises:
-      ConversionError: naming the architecture of any other model.
-    """
-    model_type = hf_config.get("model_type")
-    if model_type is None:
-        return "xlmr"
-    if model_type not in _MODEL_TYPES:
-        raise ConversionError(
-            f"{where}: model_type={model_type!r} (architectures "
-            f"{hf_config.get('architectures')}) is neither XLM-R ('xlm-roberta', 'roberta') "
-            f"nor ModernBERT ('{modernbert_layout.MODEL_TYPE}'), the two families we train")
-    return _MODEL_TYPES[model_type]
-
-
-def _permute_vocab_rows(state: dict[str, Any], rows: np.ndarray,
-                        family: str = "xlmr") -> dict[str, Any]:
-    """``state`` with the vocabulary rows of the embedding and output bias reordered."""
-    out = dict(state)
-    for key in _VOCAB_KEYS[family]:
-        if key in out:
-            arr = to_numpy(out[key])
-            if arr.shape[0] != rows.shape[0]:
-                raise ConversionError(
-                    f"HF weight {key!r} has {arr.shape[0]} vocabulary rows, the vocabulary "
-                    f"permutation {rows.shape[0]}"
-                )
-            out[key] = np.ascontiguousarray(arr[rows])
-    return out
-
-
-def _to_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    """A state dict in our seqio ids (pad 0) -> XLM-R's ids (pad 1), same table sizes.
-
-    Besides the vocabulary rows, the position table moves: positions count from
-    ``pad_token_id + 1`` (RoBERTa), so the first token reads row 1 with pad 0 and row 2
-    with pad 1. The table keeps its ``max_position_embeddings`` rows, XLM-R's shape
-    (514 rows for 512 tokens, ``model_max_length`` 512): it gains a leading row (a copy
-    of row 0; XLM-R never reads row 0) and loses its last, the row of the one position
-    pad 0 leaves room for beyond ``max_position_embeddings - 2`` tokens, which
-    pretraining at that length never reads.
-    """
-    out = _permute_vocab_rows(state, rows)
-    positions = to_numpy(out[_POSITIONS_KEY])
-    out[_POSITIONS_KEY] = np.ascontiguousarray(np.concatenate([positions[:1], positions[:-1]]))
-    return out
-
-
-def _from_xlmr_ids(state: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    """Inverse of :func:`_to_xlmr_ids`; the dropped last position row comes back as zeros
-    (the export has no values for it), so the table keeps its size."""
-    out = _permute_vocab_rows(state, np.argsort(rows))
-    positions = to_numpy(out[_POSITIONS_KEY])
-    out[_POSITIONS_KEY] = np.ascontiguousarray(
-        np.concatenate([positions[1:], np.zeros_like(positions[:1])]))
-    return out
-
-
 def load_hf(
     path: str | os.PathLike, *, allow_pickle: bool = False, seqio_ids: bool = False,
     parity_report: Callable[[str], None] | None = None, **config_overrides,
@@ -259,19 +187,17 @@ def load_hf(
     if not config_path.is_file():
         raise FileNotFoundError(f"HF config {config_path} does not exist")
     hf_config = read_json(config_path, "HF config")
-    family = family_of(hf_config, config_path)
+    family = families.of_hf_config(hf_config, config_path)
     # numpy once (a pickle's torch tensors), for the conversion and the parity check.
-    state = {k: to_numpy(v) for k, v in read_hf_state_dict(path, allow_pickle=allow_pickle).items()}
-    if family == "xlmr":
-        state = normalise_keys(state)
+    state = family.normalise({k: to_numpy(v) for k, v in read_hf_state_dict(
+        path, allow_pickle=allow_pickle).items()})
     rows = _seqio_rows(hf_config, config_path) if seqio_ids else None
     cfg, params = _convert(family, hf_config, state, config_overrides)
     if parity_report is not None:  # in the stored ids, before any renumbering
         parity.check(hf_config, state, cfg, params, report=parity_report)
     if rows is None:
         return cfg, params
-    state = (_from_xlmr_ids(state, rows) if family == "xlmr"
-             else _permute_vocab_rows(state, np.argsort(rows), family))
+    state = family.from_export_ids(state, rows)
     return _convert(family, hf_config, state, {"pad_token_id": 0, **config_overrides})
 
 
@@ -299,18 +225,12 @@ def config_of(path: str | os.PathLike, *, dtype: str | None = None,
         ("remat_policy", remat_policy), ("attention_impl", attention_impl),
         ("dropout_rate", dropout_rate), ("attention_dropout_rate", attention_dropout_rate),
     ) if v is not None}
-    if family_of(hf_config, config_path) == "modernbert":
-        return modernbert_layout.config_from_hf(hf_config, **overrides)
-    return config_from_hf(hf_config, **overrides)
+    return families.of_hf_config(hf_config, config_path).config_from_hf(hf_config, **overrides)
 
 
 def _convert(family, hf_config, state, overrides):
-    if family == "modernbert":
-        cfg = modernbert_layout.config_from_hf(hf_config, **overrides)
-        return cfg, modernbert_layout.params_from_hf_state_dict(
-            state, cfg, to_numpy=to_numpy, dtype=np.dtype(np_dtype(cfg.param_dtype)))
-    cfg = config_from_hf(hf_config, **overrides)
-    return cfg, params_from_hf_state_dict(state, cfg)
+    cfg = family.config_from_hf(hf_config, **overrides)
+    return cfg, family.params_from_hf(state, cfg)
 
 
 def _seqio_rows(hf_config: Mapping[str, Any], config_path: pathlib.Path) -> np.ndarray:
@@ -389,12 +309,8 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
         )
     if vocab_path is not None:
         try:
-            # XLM-R's shapes: max_position_embeddings - 2 tokens whatever the pad id;
-            # ModernBERT: max_position_embeddings itself (RoPE has no table).
-            max_tokens = (cfg.max_length if cfg.family == "modernbert"
-                          else cfg.max_position_embeddings - 2)
             files, seqio_pieces = hf_tokenizer.tokenizer_files(
-                vocab_path, cfg.vocab_size, max_tokens)
+                vocab_path, cfg.vocab_size, families.of(cfg).max_tokens(cfg))
             if seqio_pieces is not None:
                 rows = hf_tokenizer.hf_rows(seqio_pieces, cfg.vocab_size)
         except hf_tokenizer.VocabularyLayoutError as e:
@@ -419,23 +335,12 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
     files = {n: data for n, data in files.items() if n not in same}
     if existing:
         raise ConversionError(f"{path} already holds {existing}; export into a new directory")
-    if cfg.family == "modernbert":
-        state = modernbert_layout.hf_state_dict_from_params(params, cfg, include_tied=False,
-                                                            to_numpy=to_numpy)
-        if rows is not None:
-            state = _permute_vocab_rows(state, rows, "modernbert")
-            cfg = cfg.replace(pad_token_id=1)
-        bos, eos = hf_special_ids(cfg)
-        bos, eos = config_kwargs.get("bos_token_id", bos), config_kwargs.get("eos_token_id", eos)
-        cls, sep = (special["cls"], special["sep"]) if special else (bos, eos)
-        hf_config = modernbert_layout.hf_config_from_config(cfg, special={
-            "bos_token_id": bos, "eos_token_id": eos, "cls_token_id": cls, "sep_token_id": sep})
-    else:
-        state = hf_state_dict_from_params(params, cfg, include_tied=False)
-        if rows is not None:
-            state = _to_xlmr_ids(state, rows)
-            cfg = cfg.replace(pad_token_id=1)
-        hf_config = hf_config_from_config(cfg, **config_kwargs)
+    family = families.of(cfg)
+    state = family.state_from_params(params, cfg)
+    if rows is not None:
+        state = family.to_export_ids(state, rows)
+        cfg = cfg.replace(pad_token_id=1)
+    hf_config = family.export_config(cfg, special, config_kwargs)
     if rows is not None:
         hf_config[hf_tokenizer.CONFIG_KEY] = seqio_pieces
     if parity_report is not None:  # before anything is written
