@@ -344,7 +344,7 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
     if rows is not None:
         hf_config[hf_tokenizer.CONFIG_KEY] = seqio_pieces
     if parity_report is not None:  # before anything is written
-        parity.check(hf_config, state, *_convert(cfg.family, hf_config, state, {}),
+        parity.check(hf_config, state, *_convert(family, hf_config, state, {}),
                      report=parity_report)
     files[card.README_NAME] = card.model_card(hf_config, tokenizer_class, seqio_pieces).encode()
     path.mkdir(parents=True, exist_ok=True)
