@@ -43,6 +43,8 @@ _TEST = [
     # CPU build; other torch releases pull multi-GB CUDA builds.
     "torch==2.13.0",
     "transformers>=4.45",
+    # The reference of the contrastive losses and the loader of embedding exports.
+    "sentence-transformers>=5.0",
     "ruff>=0.6",
     # The Beam jobs (data preparation, token cache) run in the tests on the DirectRunner.
     "apache-beam>=2.60",
