@@ -178,7 +178,14 @@ def test_every_gin_file_of_experiment_help_configures_an_experiment(name, tmp_pa
 def test_every_gin_file_of_finetune_help_configures_an_evaluation(name):
     # The CPU-size file goes after a task file, as its header says.
     files = ["finetune/pawsx.gin", name] if name == "finetune/demo.gin" else [name]
-    gin_cli.apply_gin(files, [_REQUIRED[0], _REQUIRED[2]], finalize=False)
+    # TRAIN_FILES: the contrastive runs' data (other files have no such macro).
+    train_files = ["TRAIN_FILES = ['/tmp/unused.jsonl']"] if "embeddings" in name else []
+    gin_cli.apply_gin(files, [_REQUIRED[0], _REQUIRED[2], *train_files], finalize=False)
+    if evaluation_runs.bound_task() == "embeddings":
+        config = evaluation_runs.embeddings_config()
+        assert config.steps > 0 and config.evaluate
+        assert config.train_files or config.bitext_languages
+        return
     config = evaluation_runs.finetune_config()
     assert config.task in evaluation_tasks.names()
     assert f"finetune/{config.task}.gin" in files

@@ -5,9 +5,12 @@ experiment), not by the trainer."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gin
 
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
+from xlmeta_jax.evaluation.embedding_run import EmbeddingConfig
 from xlmeta_jax.evaluation.finetune import FineTuneConfig
 from xlmeta_jax.evaluation.settings import RetrievalSettings
 
@@ -60,6 +63,24 @@ def finetune_config(
     )
 
 
+def embeddings_config(initial_checkpoint_path: str = gin.REQUIRED,
+                      model_dir: str = gin.REQUIRED, steps: int = gin.REQUIRED,
+                      **fields) -> EmbeddingConfig:
+    """The contrastive run the gin bindings describe (gin name: ``embeddings``): every
+    field of :class:`~xlmeta_jax.evaluation.embedding_run.EmbeddingConfig`."""
+    return EmbeddingConfig(initial_checkpoint_path=initial_checkpoint_path,
+                           model_dir=model_dir, steps=steps,
+                           config_text=gin.operative_config_str(), **fields)
+
+
+def bound_task() -> str | None:
+    """``finetune.task`` as the gin files bind it (None: unbound)."""
+    try:
+        return gin.query_parameter("xlmeta_jax.cli.runs.finetune.task")
+    except ValueError:
+        return None
+
+
 # Registered here rather than by decorators: a process that ran the trainer first (a
 # notebook's training cell) holds gin's config locked, and these names, which bind nothing
 # yet, are still safe to add then.
@@ -68,3 +89,6 @@ with gin.unlock_config():
         "layer", "neighbourhood", "pooling"])(evaluate_retrieval)
     finetune_config = gin.configurable("finetune", module="xlmeta_jax.cli.runs")(
         finetune_config)
+    embeddings_config = gin.configurable("embeddings", module="xlmeta_jax.cli.runs", allowlist=[
+        f.name for f in dataclasses.fields(EmbeddingConfig) if f.name != "config_text"])(
+        embeddings_config)

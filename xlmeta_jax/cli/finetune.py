@@ -33,12 +33,13 @@ import sys
 from xlmeta_jax import errors, hosts, logs
 from xlmeta_jax.cli import evaluation_runs
 from xlmeta_jax.cli import flags as gin_cli
+from xlmeta_jax.evaluation import embedding_run
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
 from xlmeta_jax.evaluation import results as evaluation_results
 
-# The task files --help lists, and the CPU-size add-on (finetune/base.gin is included by
-# every task file, not run alone).
-GIN_FILES = ("finetune/[!b]*.gin", "finetune/bucc.gin")
+# The task files --help lists, the CPU-size add-on and the embeddings demo
+# (finetune/base.gin is included by every task file, not run alone).
+GIN_FILES = ("finetune/[!b]*.gin", "finetune/bucc.gin", "demo_embeddings.gin")
 
 
 def help_text() -> str:
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> dict:
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True)
     # After parsing: gin logs every include-path probe at INFO.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if evaluation_runs.bound_task() == embedding_run.TASK:
+        # gin/finetune/embeddings.gin: contrastive training, scored before and after.
+        results = embedding_run.train_embeddings(evaluation_runs.embeddings_config())
+        print(embedding_run.format_table(results))
+        return results
     results = evaluation_finetune.finetune(
         evaluation_runs.finetune_config(**({} if seeds is None else {"num_seeds": seeds})))
     print(evaluation_results.format_table(results))

@@ -41,6 +41,9 @@ class LoadedEncoder:
     tokenizer: Any  # tokenization.Tokenizer or tokenization.HFTokenizer
     # "pretraining" (also `hf to_flax` output), "hf" or "init".
     source: str
+    # The whole masked-LM parameter tree (encoder and LM head; None for a fresh init):
+    # what a run that continues the checkpoint (contrastive training) starts from.
+    masked_lm_params: Any = None
 
 
 def _tokenizer_kind(cfg: EncoderConfig) -> str:
@@ -119,4 +122,4 @@ def load_encoder(
         raise ValueError(
             f"vocabulary pad id {tokenizer.pad_id} != encoder pad_token_id {cfg.pad_token_id}"
         )
-    return LoadedEncoder(cfg, _encoder_params(params, path), tokenizer, source)
+    return LoadedEncoder(cfg, _encoder_params(params, path), tokenizer, source, params)

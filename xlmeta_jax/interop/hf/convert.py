@@ -18,6 +18,8 @@ import pathlib
 
 from xlmeta_jax import files
 from xlmeta_jax.data import hf_tokenizer as hf_tokenizer_files
+from xlmeta_jax.evaluation import embeddings
+from xlmeta_jax.interop.hf import families, st_export
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
 from xlmeta_jax.interop.hf.weights import (
     CONFIG_NAME,
@@ -115,9 +117,15 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None,
         # A Hugging Face tokenizer the model was trained in: its files go with the model as
         # they are, and the rows stay in its ids.
         tok = hf_tokenizer_files.read(vocab)
-        return save_hf(output, cfg, params, tokenizer_files=tok.files,
-                       special=tok.specials.as_dict(), parity_report=report)
-    return save_hf(output, cfg, params, vocab_path=vocab, parity_report=report)
+        out = save_hf(output, cfg, params, tokenizer_files=tok.files,
+                      special=tok.specials.as_dict(), parity_report=report)
+    else:
+        out = save_hf(output, cfg, params, vocab_path=vocab, parity_report=report)
+    # A contrastive run's checkpoint: sentence-transformers' files too.
+    settings = embeddings.recorded_settings(checkpoint)
+    if settings is not None:
+        st_export.write(out, settings, cfg.hidden_size, families.of(cfg).max_tokens(cfg))
+    return out
 
 
 def _check_output(out: pathlib.Path) -> None:

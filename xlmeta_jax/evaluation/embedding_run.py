@@ -1,0 +1,502 @@
+"""Contrastive fine-tuning of an encoder into a sentence embedder, evaluated before and after.
+
+``python -m xlmeta_jax.finetune --gin_file=gin/finetune/embeddings.gin`` builds an
+:class:`EmbeddingConfig` (gin: ``embeddings.<field>``) and runs :func:`train_embeddings`:
+
+1. read and check the training rows (:mod:`xlmeta_jax.evaluation.pairs`), the checkpoint
+   and the evaluation data, before anything is written;
+2. score the retrieval tasks (Tatoeba, BUCC, through their scorers) with the initial
+   weights, pooled and normalised as the loss will see them; kept in
+   ``MODEL_DIR/before.json``;
+3. train (:mod:`xlmeta_jax.evaluation.embedding_step`) with checkpoints under
+   ``MODEL_DIR/embeddings/<step>`` in the trainer's format: parameters, optimizer state,
+   the step, and the embedding settings in its metadata. A rerun resumes from the latest
+   checkpoint and reads the batches the uninterrupted run reads (the step decides them);
+   a rerun with other settings is refused, naming them;
+4. score again and write ``MODEL_DIR/results.json``: per task and language, before,
+   after and the difference.
+
+The final checkpoint is an ordinary one: ``hf to_hf`` exports it as a
+sentence-transformers folder, :func:`xlmeta_jax.evaluation.embeddings.load` reads it,
+and fine-tuning and continued pretraining take it as ``INITIAL_CHECKPOINT_PATH``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from xlmeta_jax import errors, files, hosts
+from xlmeta_jax.evaluation import embeddings, encoders, pairs, scorers, tasks, training
+from xlmeta_jax.evaluation.embedding_step import LossSettings, make_embedding_step
+from xlmeta_jax.evaluation.settings import RetrievalSettings
+from xlmeta_jax.evaluation.tasks.base import TaskError
+from xlmeta_jax.model import contrastive, partitioning
+from xlmeta_jax.pretrain import checkpoints, run_dir
+from xlmeta_jax.pretrain.progress import Writer
+
+log = logging.getLogger("xlmeta_jax.embeddings")
+
+CONFIGURABLE = "xlmeta_jax.cli.runs.embeddings"
+# finetune.task of gin/finetune/embeddings.gin: the evaluation command runs this module.
+TASK = "embeddings"
+PHASE = "embeddings"
+RETRIEVAL_TASKS = ("tatoeba", "bucc")
+# Settings that decide the batches and updates: a rerun must not change them.
+RUN_FIELDS = ("initial_checkpoint_path", "steps", "batch_size", "mini_batch_size",
+              "learning_rate", "warmup_steps", "weight_decay", "max_grad_norm", "adam_b1",
+              "adam_b2", "adam_eps", "query_length", "document_length", "pooling", "scale",
+              "symmetric", "margin", "dropout_rate", "seed", "train_files", "bitext_dir",
+              "bitext_languages", "bitext_pivot", "bitext_split",
+              "exclude_evaluation_sentences")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingConfig:
+    """One contrastive run (every field is a gin binding ``embeddings.<field>``)."""
+
+    # The encoder trained: a run's MODEL_DIR, a phase or step folder, an HF folder of
+    # either family, or a `hf to_flax` output (see evaluation/encoders.py).
+    initial_checkpoint_path: str
+    # Output folder: embeddings/<step>/, before.json, results.json, config.gin.
+    model_dir: str
+    # Optimizer steps.
+    steps: int
+    # JSONL or TSV files of (query, positive[, negatives]) rows.
+    train_files: Sequence[str] = ()
+    # Line-aligned parallel text (FLORES-200's devtest/ layout): translation pairs.
+    bitext_dir: str | None = None
+    bitext_languages: Sequence[str] = ()
+    bitext_pivot: str = "eng_Latn"
+    bitext_split: str = "devtest"
+    # Drop training rows that hold a sentence of the evaluated retrieval sets.
+    exclude_evaluation_sentences: bool = True
+    # Rows per step (the global batch: every row's negatives), and GradCache's rows per
+    # forward pass (None: one pass).
+    batch_size: int = 64
+    mini_batch_size: int | None = None
+    # AdamW (Hugging Face's: no decay on biases and LayerNorms) on a linear schedule;
+    # sentence-transformers' Trainer defaults.
+    learning_rate: float = 5e-5
+    warmup_steps: int = 0
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    # Tokens per query and per document (positives, negatives), special tokens included.
+    query_length: int = 128
+    document_length: int = 128
+    pooling: str = "mean"
+    # sentence-transformers' scale (1 / temperature), the documents' direction too, and
+    # LaBSE's additive margin.
+    scale: float = 20.0
+    symmetric: bool = False
+    margin: float = 0.0
+    # Dropout of the encoder while training (None: the checkpoint's).
+    dropout_rate: float | None = None
+    seed: int = 0
+    # (data, fsdp, tensor); -1: what the others leave.
+    mesh_shape: Sequence[int] = (-1, 1, 1)
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    # Retrieval tasks scored before and after ('tatoeba', 'bucc'), their languages
+    # (None: the task's), sentences per language (None: all) and forward batch.
+    evaluate: Sequence[str] = ("tatoeba",)
+    eval_languages: Sequence[str] | None = None
+    max_eval_sentences: int | None = None
+    eval_batch_size: int = 64
+    # Folder laid out like ../shared/data (None: that folder).
+    data_dir: str | None = None
+    allow_pickle: bool = False
+    # Written to MODEL_DIR/config.gin once the inputs are read.
+    config_text: str | None = None
+
+    def __post_init__(self):
+        for field, setting in (("initial_checkpoint_path", "INITIAL_CHECKPOINT_PATH"),
+                               ("model_dir", "MODEL_DIR"), ("data_dir", "DATA_DIR"),
+                               ("bitext_dir", "embeddings.bitext_dir")):
+            object.__setattr__(self, field, files.user_path(getattr(self, field), setting))
+        object.__setattr__(self, "train_files", tuple(
+            files.user_paths(self.train_files, "embeddings.train_files") or ()))
+        for field in ("bitext_languages", "evaluate", "mesh_shape"):
+            object.__setattr__(self, field, tuple(getattr(self, field)))
+        if self.eval_languages is not None:
+            object.__setattr__(self, "eval_languages", tuple(self.eval_languages))
+        _check(self)
+
+    def loss(self) -> LossSettings:
+        return LossSettings(pooling=self.pooling, scale=self.scale, symmetric=self.symmetric,
+                            margin=self.margin, mini_batch_size=self.mini_batch_size)
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields a rerun must keep, as JSON values."""
+        return {k: (list(v) if isinstance(v, tuple) else v)
+                for k, v in dataclasses.asdict(self).items() if k in RUN_FIELDS}
+
+
+def _bad(field: str, value, message: str) -> errors.SettingError:
+    return errors.SettingError(CONFIGURABLE, field, value, message)
+
+
+def _check(c: EmbeddingConfig) -> None:
+    """Every field's range, once, where the config is built."""
+    positive = ("steps", "batch_size", "query_length", "document_length", "checkpoint_every",
+                "keep_checkpoints", "log_every", "eval_batch_size")
+    for field in positive:
+        value = getattr(c, field)
+        if not errors.is_count(value) or value < 1:
+            raise _bad(field, value, f"must be a whole number >= 1, got {value!r}")
+    if c.mini_batch_size is not None:
+        if not errors.is_count(c.mini_batch_size) or c.mini_batch_size < 1:
+            raise _bad("mini_batch_size", c.mini_batch_size,
+                       f"must be a whole number >= 1 or None, got {c.mini_batch_size!r}")
+        if c.batch_size % c.mini_batch_size:
+            raise _bad("mini_batch_size", c.mini_batch_size,
+                       f"{c.mini_batch_size} does not divide batch_size={c.batch_size}")
+    for field in ("learning_rate", "scale"):
+        value = getattr(c, field)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise _bad(field, value, f"must be a number > 0, got {value!r}")
+    for field in ("weight_decay", "max_grad_norm", "warmup_steps"):
+        value = getattr(c, field)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise _bad(field, value, f"must be a number >= 0, got {value!r}")
+    for field in ("adam_b1", "adam_b2", "margin"):
+        value = getattr(c, field)
+        if not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise _bad(field, value, f"must be in [0, 1), got {value!r}")
+    if not isinstance(c.adam_eps, (int, float)) or not c.adam_eps > 0:
+        raise _bad("adam_eps", c.adam_eps, f"must be a number > 0, got {c.adam_eps!r}")
+    if c.dropout_rate is not None and (not isinstance(c.dropout_rate, (int, float))
+                                       or not 0 <= c.dropout_rate < 1):
+        raise _bad("dropout_rate", c.dropout_rate, f"must be in [0, 1) or None, got "
+                   f"{c.dropout_rate!r}")
+    if c.pooling not in contrastive.POOLINGS:
+        raise _bad("pooling", c.pooling, f"must be one of {contrastive.POOLINGS}, got "
+                   f"{c.pooling!r}")
+    unknown = [t for t in c.evaluate if t not in RETRIEVAL_TASKS]
+    if unknown:
+        raise _bad("evaluate", c.evaluate, f"unknown tasks {unknown}; retrieval tasks: "
+                   f"{RETRIEVAL_TASKS}")
+    if not c.train_files and c.bitext_dir is None:
+        raise _bad("train_files", c.train_files,
+                   "no training data: give train_files (JSONL or TSV rows) or bitext_dir")
+    if c.bitext_dir is not None and not c.bitext_languages:
+        raise _bad("bitext_languages", c.bitext_languages,
+                   "bitext_dir needs the languages paired with bitext_pivot")
+    if len(c.mesh_shape) != 3 or not all(isinstance(x, int) for x in c.mesh_shape):
+        raise _bad("mesh_shape", c.mesh_shape, "must be (data, fsdp, tensor) whole numbers")
+    if c.max_eval_sentences is not None and (not errors.is_count(c.max_eval_sentences)
+                                             or c.max_eval_sentences < 1):
+        raise _bad("max_eval_sentences", c.max_eval_sentences, "must be >= 1 or None")
+
+
+# --------------------------------------------------------------------------------------
+# Inputs: rows, evaluation data, the checkpoint.
+# --------------------------------------------------------------------------------------
+
+
+def _evaluation_data(config: EmbeddingConfig) -> dict[str, dict[str, Any]]:
+    """{task: {language: its data}}, read before anything is trained."""
+    out = {}
+    for name in config.evaluate:
+        task = tasks.get(name)
+        langs = list(config.eval_languages or task.languages)
+        try:
+            task.check_retrieval_languages(langs)
+        except TaskError as e:
+            raise _bad("eval_languages", config.eval_languages, str(e)) from None
+        out[name] = {lang: task.read(lang, config.data_dir) for lang in langs}
+    return out
+
+
+def _evaluation_sentences(data: dict[str, dict[str, Any]]) -> set[str]:
+    sentences: set[str] = set()
+    for by_lang in data.values():
+        for value in by_lang.values():
+            for part in value:
+                if isinstance(part, dict):
+                    sentences.update(s.strip() for s in part.values())
+                elif isinstance(part, list):
+                    sentences.update(s.strip() for s in part)
+    return sentences
+
+
+def read_rows(config: EmbeddingConfig, excluded: set[str]) -> tuple[list[pairs.Pair], dict]:
+    """The training rows and where they came from (counts per source, rows dropped)."""
+    rows, sources = [], {}
+    for path in config.train_files:
+        got = pairs.read_pairs(path)
+        sources[path] = len(got)
+        rows += got
+    if config.bitext_dir is not None:
+        got = pairs.bitext_pairs(config.bitext_dir, config.bitext_languages,
+                                 pivot=config.bitext_pivot, split=config.bitext_split)
+        sources[config.bitext_dir] = len(got)
+        rows += got
+    pairs.check_columns(rows, "the training rows")
+    kept = pairs.without_texts(rows, excluded) if config.exclude_evaluation_sentences else rows
+    return kept, {"sources": sources, "rows": len(kept), "dropped_evaluation_sentences":
+                  len(rows) - len(kept)}
+
+
+def _tokenized(rows: Sequence[pairs.Pair], tokenizer, config: EmbeddingConfig, pad: int
+               ) -> dict[str, np.ndarray]:
+    """Every column as one ``[rows, length]`` id array (queries: query_length; the
+    documents: document_length)."""
+    columns = {"query": [r.query for r in rows], "positive": [r.positive for r in rows]}
+    for i in range(len(rows[0].negatives)):
+        columns[f"negative_{i}"] = [r.negatives[i] for r in rows]
+    out = {}
+    for name, texts in columns.items():
+        length = config.query_length if name == "query" else config.document_length
+        ids = np.full((len(texts), length), pad, np.int32)
+        for r, row in enumerate(tokenizer.encode_batch(texts)):
+            row = tokenizer.single(row, length)
+            ids[r, : len(row)] = row
+        out[name] = ids
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Evaluation: the retrieval tasks' scorers on the embedder.
+# --------------------------------------------------------------------------------------
+
+
+def evaluate(embedder: embeddings.Embedder, data: dict[str, dict[str, Any]],
+             config: EmbeddingConfig) -> dict[str, Any]:
+    """{task: {"languages": {lang: scores}, summary}}, as the tasks score them."""
+    out = {}
+    for name, by_lang in data.items():
+        task = tasks.get(name)
+        per_lang = {lang: task.score_language(lang, d, embedder, 0, RetrievalSettings(),
+                                              config.max_eval_sentences)["scores"]
+                    for lang, d in by_lang.items()}
+        out[name] = {"metric": task.metric, "languages": per_lang,
+                     **scorers.transfer_summary(per_lang, task.metric)}
+    return out
+
+
+def _compare(before: dict, after: dict) -> dict[str, Any]:
+    out = {}
+    for name, b in before.items():
+        metric, a = b["metric"], after[name]
+        out[name] = {"metric": metric, "languages": {
+            lang: {"before": b["languages"][lang][metric], "after": a["languages"][lang][metric],
+                   "difference": a["languages"][lang][metric] - b["languages"][lang][metric]}
+            for lang in b["languages"]}}
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The run.
+# --------------------------------------------------------------------------------------
+
+
+def _check_model_dir(model_dir: pathlib.Path, config: EmbeddingConfig) -> int | None:
+    """The latest step of a previous run of the same config in MODEL_DIR (None: none).
+
+    Raises:
+      errors.UserError: MODEL_DIR is a file, or holds a run of other settings or of
+        another command.
+    """
+    problem = files.not_a_folder(model_dir, "MODEL_DIR")
+    if problem:
+        raise errors.UserError(problem)
+    if not model_dir.exists() or not any(model_dir.iterdir()):
+        return None
+    phase = model_dir / PHASE
+    steps = sorted(int(p.name) for p in phase.iterdir() if p.name.isdigit()) if phase.is_dir() \
+        else []
+    if not steps:
+        if (model_dir / "before.json").is_file():
+            return None
+        raise errors.UserError(f"MODEL_DIR {model_dir} holds something else than a "
+                               "contrastive run: choose a new folder")
+    meta = checkpoints.read_meta(phase / str(steps[-1]))
+    recorded = meta.get("embedding_run") or {}
+    mine = config.recorded()
+    changed = [k for k in RUN_FIELDS if k in recorded and recorded[k] != mine[k]]
+    if changed:
+        k = changed[0]
+        raise run_dir.RunConfigMismatch(
+            f"MODEL_DIR {model_dir} holds a contrastive run with embeddings.{k}="
+            f"{recorded[k]!r}, not {mine[k]!r}: choose a new MODEL_DIR, or keep the setting "
+            "to resume")
+    return steps[-1]
+
+
+def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
+    """Trains and evaluates one contrastive run (see module doc).
+
+    Returns:
+      The results written to ``MODEL_DIR/results.json``.
+    """
+    if jax.process_count() > 1:
+        raise hosts.MultiHostError(hosts.one_host_message(
+            "embeddings", jax.process_index(), jax.process_count()))
+    model_dir = pathlib.Path(config.model_dir)
+    resume_from = _check_model_dir(model_dir, config)
+
+    # ---- inputs, all read and checked before anything is written --------------------
+    data = _evaluation_data(config)
+    rows, provenance = read_rows(config, _evaluation_sentences(data))
+    if not rows:
+        raise pairs.PairsError("no training rows left after dropping those that hold an "
+                               "evaluation sentence")
+    order = pairs.BatchOrder(rows, config.batch_size, config.seed)
+    loaded = encoders.load_encoder(config.initial_checkpoint_path,
+                                   allow_pickle=config.allow_pickle)
+    if loaded.masked_lm_params is None:
+        raise errors.UserError(f"INITIAL_CHECKPOINT_PATH {config.initial_checkpoint_path}: "
+                               "contrastive training starts from trained weights")
+    cfg = loaded.config
+    if config.dropout_rate is not None:
+        cfg = cfg.replace(dropout_rate=config.dropout_rate,
+                          attention_dropout_rate=config.dropout_rate)
+    longest = max(config.query_length, config.document_length)
+    if longest > cfg.max_length:
+        field = "query_length" if config.query_length > cfg.max_length else "document_length"
+        raise _bad(field, longest, f"{longest} exceeds the encoder's {cfg.max_length} "
+                   "positions")
+    mesh = partitioning.create_mesh(*config.mesh_shape)
+    shards = partitioning.batch_shards(mesh)
+    for field in ("batch_size", "mini_batch_size"):
+        value = getattr(config, field)
+        if value is not None and value % shards:
+            raise _bad(field, value, f"{value} is not divisible by the mesh's {shards} batch "
+                       "shards (data x fsdp)")
+    arrays = _tokenized(rows, loaded.tokenizer, config, cfg.pad_token_id)
+    settings = embeddings.EmbeddingSettings(pooling=config.pooling,
+                                            max_seq_length=config.document_length)
+
+    # ---- MODEL_DIR: held by this run ---------------------------------------------------
+    model_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir.RunLock(os.fspath(model_dir)).acquire()
+    try:
+        if config.config_text is not None:
+            files.write_atomic(model_dir / "config.gin", config.config_text)
+        before_path = model_dir / "before.json"
+        if before_path.is_file():
+            before = json.loads(before_path.read_text())
+        else:
+            log.info("scoring %s with the initial weights", ", ".join(config.evaluate))
+            before = evaluate(embeddings.from_loaded(
+                loaded, settings, batch_size=config.eval_batch_size), data, config)
+            files.write_atomic(before_path, json.dumps(before, indent=1))
+        state, losses, seconds = _train(config, cfg, loaded, order, arrays, mesh,
+                                        resume_from, settings)
+        after = evaluate(embeddings.from_loaded(
+            loaded, settings, batch_size=config.eval_batch_size,
+            params=jax.device_get(state.params["encoder"])), data, config)
+        results = {
+            "task": "embeddings",
+            "evaluation": _compare(before, after),
+            "before": before, "after": after,
+            "train": {"steps": config.steps, "rows": provenance["rows"],
+                      "data": provenance, "losses": losses, "seconds": seconds,
+                      "first_loss": losses[0] if losses else None,
+                      "final_loss": losses[-1] if losses else None},
+            "model": {"checkpoint": config.initial_checkpoint_path, "source": loaded.source,
+                      "vocab_path": loaded.tokenizer.model_path,
+                      "encoder": dataclasses.asdict(cfg)},
+            "settings": config.recorded(),
+            "embedding": dataclasses.asdict(settings),
+        }
+        files.write_atomic(model_dir / "results.json",
+                           json.dumps(results, indent=1, ensure_ascii=False))
+    finally:
+        lock.release()
+    log.info("results written to %s", model_dir / "results.json")
+    return results
+
+
+def _train(config: EmbeddingConfig, cfg, loaded, order: pairs.BatchOrder,
+           arrays: dict[str, np.ndarray], mesh, resume_from: int | None,
+           settings: embeddings.EmbeddingSettings):
+    """The loop: from the initial weights or the latest checkpoint to ``steps``."""
+    schedule = training.hf_linear_schedule(config.learning_rate, config.warmup_steps,
+                                           config.steps)
+    tx = training.make_finetune_optimizer(
+        learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
+        total_steps=config.steps, weight_decay=config.weight_decay, b1=config.adam_b1,
+        b2=config.adam_b2, eps=config.adam_eps, max_grad_norm=config.max_grad_norm)
+    fns = make_embedding_step(cfg, tx, mesh, config.loss(), seed=config.seed,
+                              schedule=schedule)
+    ckpt = checkpoints.PhaseCheckpoints(
+        os.fspath(pathlib.Path(config.model_dir) / PHASE),
+        save_interval_steps=config.checkpoint_every, max_to_keep=config.keep_checkpoints)
+    meta = {"phase": PHASE, "run_phases": [PHASE], "num_steps": config.steps,
+            "model_config": dataclasses.asdict(cfg), "vocab_path": loaded.tokenizer.model_path,
+            "tokenizer": loaded.tokenizer.record(),
+            "initialized_from": config.initial_checkpoint_path,
+            embeddings.META_KEY: dataclasses.asdict(settings),
+            "embedding_run": config.recorded(), "metrics": {}}
+    losses: list[float] = []
+    t0 = time.time()
+    writer = Writer(os.fspath(pathlib.Path(config.model_dir) / "tensorboard"))
+    try:
+        if resume_from is not None:
+            state, stored = ckpt.restore(resume_from, fns.abstract_state)
+            losses = list(stored.get("losses", []))
+            log.info("resuming from step %d of %d", resume_from, config.steps)
+        else:
+            params = jax.tree.map(np.asarray, loaded.masked_lm_params)
+            state = fns.from_params(jax.device_put(params, fns.state_sharding.params))
+        start = int(jax.device_get(state.step))
+        batches = order.batches(start)
+        recent = []
+        for step in range(start + 1, config.steps + 1):
+            idx = np.asarray(next(batches))
+            state, metrics = fns.train_step(state, {k: v[idx] for k, v in arrays.items()})
+            recent.append(metrics)
+            if step % config.log_every == 0 or step == config.steps:
+                values = jax.device_get(recent)
+                loss = float(np.mean([m["loss"] for m in values]))
+                if not math.isfinite(loss):
+                    raise errors.NonFiniteError(
+                        f"non-finite contrastive loss by step {step}: lower "
+                        "embeddings.learning_rate")
+                losses += [float(m["loss"]) for m in values]
+                writer.scalars(step, {k: float(v) for k, v in values[-1].items()})
+                log.info("step %d/%d loss %.4f", step, config.steps, loss)
+                recent = []
+            if step % config.checkpoint_every == 0 or step == config.steps:
+                if recent:
+                    losses += [float(m["loss"]) for m in jax.device_get(recent)]
+                    recent = []
+                ckpt.save(step, state, None, {**meta, "phase_step": step, "losses": losses},
+                          force=step == config.steps)
+        if start == config.steps:
+            log.info("all %d steps were trained; scoring the final checkpoint", config.steps)
+        ckpt.wait()
+    finally:
+        ckpt.close()
+        writer.close()
+    return state, losses, time.time() - t0
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """Per task and language: the score before, after, and the difference."""
+    lines = []
+    for name, by_task in results["evaluation"].items():
+        lines.append(f"{name} ({by_task['metric']}): before -> after")
+        for lang, v in by_task["languages"].items():
+            lines.append(f"  {lang:8s} {v['before']:6.2f} -> {v['after']:6.2f} "
+                         f"({v['difference']:+.2f})")
+    train = results["train"]
+    lines.append(f"loss {train['first_loss']:.4f} -> {train['final_loss']:.4f} over "
+                 f"{train['steps']} steps of {train['rows']} rows")
+    return "\n".join(lines)
