@@ -11,6 +11,7 @@ import pathlib
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -176,6 +177,34 @@ def demo_data(tmp_path_factory) -> pathlib.Path:
     with _session_lock(tmp_path_factory, "demo_run") as model_dir:
         demo_corpus.prepare_demo(os.fspath(model_dir))
     return model_dir / "demo_data"
+
+
+@pytest.fixture(scope="session")
+def demo_run(demo_data, tmp_path_factory) -> dict:
+    """README's demo (gin/demo.gin), shortened to 6 steps a phase, run once for the
+    session by the command itself on the session's demo corpus: {"model_dir", "stdout",
+    "stderr"}. Read only: tests/test_demo.py checks the run, and the embeddings demo
+    starts from it (tests/test_embeddings_run.py)."""
+    def build(folder):
+        model_dir = folder / "demo"
+        shutil.copytree(demo_data, model_dir / "demo_data")
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+        env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # what a user sees: the command's own settings
+        cmd = [
+            sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo.gin",
+            # Relative, as in README's command.
+            f"--gin.MODEL_DIR='{os.path.relpath(model_dir, REPO)}'",
+            "--gin.META_STEPS=6", "--gin.XLING_STEPS=6",
+            "--gin.WARMUP_STEPS=2",
+            "--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every=3",
+            "--gin.xlmeta_jax.pretrain.trainer.train.log_every=3",
+        ]
+        out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+        return {"model_dir": str(model_dir), "stdout": out.stdout, "stderr": out.stderr}
+
+    return _built_once(tmp_path_factory, "demo_run_both_phases", build)
 
 
 @pytest.fixture(scope="session")

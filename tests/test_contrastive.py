@@ -180,12 +180,14 @@ def test_global_batch_is_every_rows_negative_on_a_mesh():
     equal losses and gradient norms, so each row met the whole global batch's negatives
     (with a device's rows only, the loss would be another). Parameters are not compared:
     Adam's first updates are about the learning rate times the gradient's sign, so
-    rounding-level gradients flip them."""
+    rounding-level gradients flip them. Without GradCache: its loops are compiled for a
+    mesh below (XLA's CPU runtime can stall running collectives inside loops on fake
+    devices of a loaded machine; the run refuses that setting, see embedding_run)."""
     cfg = _tiny(dropout=0.1)
     params = _params(cfg, seed=1)
     batches = [dict(zip(("query", "positive", "negative_0"), _columns(8, 1, seed=s)))
                for s in range(3)]
-    settings = LossSettings(mini_batch_size=4)
+    settings = LossSettings(mini_batch_size=None)
     one = partitioning.create_mesh(data=1, devices=jax.devices()[:1])
     eight = partitioning.create_mesh(data=2, fsdp=2, tensor=2)
     losses_1, norms_1, params_1 = _train(cfg, params, batches, settings, one)
@@ -306,8 +308,30 @@ def test_ten_steps_equal_sentence_transformers(exported, cached):
                     for q, p in batches]
     # Mini-batches of 2 here, 3 in the reference: the losses do not depend on it.
     settings = LossSettings(mini_batch_size=2 if cached else None)
-    mesh = partitioning.create_mesh(data=-1)
+    mesh = partitioning.create_mesh(data=1, devices=jax.devices()[:1])
     ours, _, _ = _train(cfg, params, ours_batches, settings, mesh)
     np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-4)
     # Training moved: the losses are not all the first one.
     assert abs(ours[-1] - ours[0]) > 1e-3
+
+
+def test_gradcache_step_compiles_for_a_mesh_with_the_parameters_shardings():
+    """GradCache on data 2 x fsdp 2 x tensor 2, compiled (not run): the updated state keeps
+    pretraining's parameter shardings, and the step holds the cache's loops."""
+    cfg = _tiny(dropout=0.1)
+    mesh = partitioning.create_mesh(data=2, fsdp=2, tensor=2)
+    fns = embedding_step.make_embedding_step(cfg, _optimizer(), mesh,
+                                             LossSettings(mini_batch_size=4))
+    batch = {k: jax.ShapeDtypeStruct((8, 11), jnp.int32, sharding=fns.batch_sharding)
+             for k in ("query", "positive", "negative_0")}
+    with partitioning.axis_rules_context(), partitioning.mesh_context(mesh):
+        compiled = fns.train_step_jit.lower(fns.abstract_state, batch, fns.seed_spec).compile()
+    state_out, _ = compiled.output_shardings
+    kernels = [(jax.tree_util.keystr(p), s.spec) for p, s in
+               jax.tree_util.tree_flatten_with_path(state_out.params)[0]]
+    expected = [(jax.tree_util.keystr(p), s.spec) for p, s in
+                jax.tree_util.tree_flatten_with_path(fns.state_sharding.params)[0]]
+    assert kernels == expected
+    assert any("fsdp" in str(spec) for _, spec in kernels)
+    assert any("tensor" in str(spec) for _, spec in kernels)
+    assert "while" in compiled.as_text()

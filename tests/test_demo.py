@@ -23,29 +23,16 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 MMBERT = "xlmeta_jax.pretrain.recipes.mmbert"
 
 
-def test_demos_run_both_phases_hand_off_and_export(demo_data, tmp_path):
+def test_demos_run_both_phases_hand_off_and_export(demo_run, tmp_path):
     """gin/demo.gin on the session's demo corpus and vocabulary (what its first run writes,
     the conftest fixture: the run reuses them), then gin/demo_modernbert.gin on the same."""
-    model_dir = tmp_path / "demo"
-    shutil.copytree(demo_data, model_dir / "demo_data")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # what a user sees: the command's own settings
-    cmd = [
-        sys.executable, "-m", "xlmeta_jax.train", "--gin_file=gin/demo.gin",
-        # Relative, as in README's command.
-        f"--gin.MODEL_DIR='{os.path.relpath(model_dir, REPO)}'",
-        "--gin.META_STEPS=6", "--gin.XLING_STEPS=6",
-        "--gin.WARMUP_STEPS=2",
-        "--gin.xlmeta_jax.pretrain.trainer.train.checkpoint_every=3",
-        "--gin.xlmeta_jax.pretrain.trainer.train.log_every=3",
-    ]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    model_dir = pathlib.Path(demo_run["model_dir"])
+    stdout, stderr = demo_run["stdout"], demo_run["stderr"]
     # TensorFlow, imported when the first pipeline is built, without its start-up lines.
-    assert out.stderr.strip() == "", out.stderr[-4000:]
-    assert "[phase1] step 6/6" in out.stdout and "[phase2] step 6/6" in out.stdout
-    assert f"[phase2] initialised from {model_dir}/phase1/6" in out.stdout
-    assert f"tensorboard --logdir {model_dir}" in out.stdout
+    assert stderr.strip() == "", stderr[-4000:]
+    assert "[phase1] step 6/6" in stdout and "[phase2] step 6/6" in stdout
+    assert f"[phase2] initialised from {model_dir}/phase1/6" in stdout
+    assert f"tensorboard --logdir {model_dir}" in stdout
 
     data = model_dir / "demo_data"
     assert sorted(p.name for p in (data / "xling").iterdir())[:3] == ["ar.txt", "bg.txt", "de.txt"]

@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if evaluation_runs.bound_task() == embedding_run.TASK:
         # gin/finetune/embeddings.gin: contrastive training, scored before and after.
+        logs.show_progress()
         results = embedding_run.train_embeddings(evaluation_runs.embeddings_config())
         print(embedding_run.format_table(results))
         return results

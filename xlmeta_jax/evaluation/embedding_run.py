@@ -45,7 +45,8 @@ from xlmeta_jax.model import contrastive, partitioning
 from xlmeta_jax.pretrain import checkpoints, run_dir
 from xlmeta_jax.pretrain.progress import Writer
 
-log = logging.getLogger("xlmeta_jax.embeddings")
+# Under the progress logger, which the command prints on stdout (logs.show_progress).
+log = logging.getLogger("xlmeta_jax.train.embeddings")
 
 CONFIGURABLE = "xlmeta_jax.cli.runs.embeddings"
 # finetune.task of gin/finetune/embeddings.gin: the evaluation command runs this module.
@@ -372,6 +373,13 @@ def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
         raise _bad(field, longest, f"{longest} exceeds the encoder's {cfg.max_length} "
                    "positions")
     mesh = partitioning.create_mesh(*config.mesh_shape)
+    if (config.mini_batch_size is not None and mesh.devices.size > 1
+            and jax.default_backend() == "cpu"):
+        # XLA's CPU runtime can stall, then abort, running collectives inside GradCache's
+        # loops on several host devices of a loaded machine (seen with fake CPU devices).
+        raise _bad("mini_batch_size", config.mini_batch_size,
+                   f"GradCache on {mesh.devices.size} CPU devices is not supported: use one "
+                   "CPU device (mesh_shape=(1, 1, 1)) or mini_batch_size=None")
     shards = partitioning.batch_shards(mesh)
     for field in ("batch_size", "mini_batch_size"):
         value = getattr(config, field)

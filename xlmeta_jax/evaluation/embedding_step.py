@@ -81,6 +81,14 @@ def loss_of(settings: LossSettings) -> Callable:
     return loss
 
 
+def _after(previous, x):
+    """``x``, made to wait for ``previous``: XLA may run independent parts of a program at
+    the same time, and two loops whose bodies hold collectives, started in another order on
+    two devices, would wait for each other for ever (seen on CPU devices). Every loop of a
+    step with collectives is chained after the one before it."""
+    return jax.lax.optimization_barrier((previous, x))[1]
+
+
 def loss_and_grads(embed: Callable, params, columns: list[jax.Array], key,
                    settings: LossSettings, *, deterministic: bool = False,
                    rows_sharding: NamedSharding | None = None, grads_sharding=None):
@@ -101,7 +109,12 @@ def loss_and_grads(embed: Callable, params, columns: list[jax.Array], key,
     rows = columns[0].shape[0]
     if settings.mini_batch_size is None:
         def total(p):
-            return loss_fn([embed(p, ids, k, deterministic) for ids, k in zip(columns, keys)])
+            embeddings = []
+            for ids, k in zip(columns, keys):
+                if embeddings:
+                    ids = _after(embeddings[-1], ids)
+                embeddings.append(embed(p, ids, k, deterministic))
+            return loss_fn(embeddings)
         return jax.value_and_grad(total)(params)
 
     # The run's config refuses a batch that the mini-batch does not divide.
@@ -127,13 +140,17 @@ def loss_and_grads(embed: Callable, params, columns: list[jax.Array], key,
         def forward(xs, k=k):
             index, chunk = xs
             return embed(frozen, constrain(chunk), jax.random.fold_in(k, index), deterministic)
+        if embeddings:
+            ids = _after(embeddings[-1], ids)
         embeddings.append(unsplit(jax.lax.map(forward, (jnp.arange(chunks), split(ids)))))
     loss, cached = jax.value_and_grad(loss_fn)(embeddings)
+    cached = _after(loss, cached)
 
     grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     if grads_sharding is not None:
         grads = jax.lax.with_sharding_constraint(grads, grads_sharding)
     for ids, k, g in zip(columns, keys, cached):
+        # Each column's loop waits for the previous one through the accumulated gradients.
         def body(acc, xs, k=k):
             index, chunk, chunk_grads = xs
             _, vjp = jax.vjp(
