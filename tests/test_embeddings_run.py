@@ -118,6 +118,8 @@ def _command(model_dir, demo_model, shared_data, *extra):
         "--gin.MINI_BATCH_SIZE=4",
         "--gin.embeddings.bitext_languages=['fra_Latn', 'deu_Latn']",
         "--gin.embeddings.eval_languages=['fr', 'de']",
+        # XQuAD-R's pool of the evaluated languages it has: German alone.
+        "--gin.embeddings.evaluate=['tatoeba', 'xquad_r']",
         "--gin.embeddings.max_eval_sentences=50", "--gin.embeddings.checkpoint_every=4",
         "--gin.embeddings.log_every=4", "--gin.embeddings.warmup_steps=1", *extra]
 
@@ -156,6 +158,10 @@ def test_embeddings_demo_trains_scores_resumes_and_exports(demo_run, shared_data
         assert v["difference"] == pytest.approx(v["after"] - v["before"])
         assert 0 <= v["before"] <= 100 and 0 <= v["after"] <= 100
     assert results["after"]["tatoeba"]["languages"]["fr"]["num_examples"] == 50
+    xquad = results["after"]["xquad_r"]
+    assert list(xquad["languages"]) == ["de"] and xquad["pool"]["questions"] == 1190
+    assert 0 <= results["evaluation"]["xquad_r"]["languages"]["de"]["after"] <= 100
+    assert "sentence breaks" in xquad["differences"]
     # No training row holds a Tatoeba sentence of the evaluated languages.
     tatoeba = set()
     for code in ("fra", "deu"):

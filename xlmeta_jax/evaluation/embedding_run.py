@@ -37,7 +37,15 @@ import jax
 import numpy as np
 
 from xlmeta_jax import errors, files, hosts
-from xlmeta_jax.evaluation import embeddings, encoders, pairs, scorers, tasks, training
+from xlmeta_jax.evaluation import (
+    embeddings,
+    encoders,
+    lareqa,
+    pairs,
+    scorers,
+    tasks,
+    training,
+)
 from xlmeta_jax.evaluation.embedding_step import LossSettings, make_embedding_step
 from xlmeta_jax.evaluation.settings import RetrievalSettings
 from xlmeta_jax.evaluation.tasks.base import TaskError
@@ -52,7 +60,9 @@ CONFIGURABLE = "xlmeta_jax.cli.runs.embeddings"
 # finetune.task of gin/finetune/embeddings.gin: the evaluation command runs this module.
 TASK = "embeddings"
 PHASE = "embeddings"
-RETRIEVAL_TASKS = ("tatoeba", "bucc")
+RETRIEVAL_TASKS = ("tatoeba", "bucc", "xquad_r", "mlqa_r")
+# LAReQA's sets (evaluation/lareqa.py): one multilingual pool each.
+LAREQA_SETS = ("xquad_r", "mlqa_r")
 # Settings that decide the batches and updates: a rerun must not change them.
 RUN_FIELDS = ("initial_checkpoint_path", "steps", "batch_size", "mini_batch_size",
               "learning_rate", "warmup_steps", "weight_decay", "max_grad_norm", "adam_b1",
@@ -213,6 +223,17 @@ def _evaluation_data(config: EmbeddingConfig) -> dict[str, dict[str, Any]]:
     """{task: {language: its data}}, read before anything is trained."""
     out = {}
     for name in config.evaluate:
+        if name in LAREQA_SETS:
+            known = lareqa.XQUAD_R_LANGUAGES if name == "xquad_r" else lareqa.MLQA_R_LANGUAGES
+            langs = [lang for lang in (config.eval_languages or known) if lang in known]
+            if not langs:
+                raise _bad("eval_languages", config.eval_languages,
+                           f"none of them is one of {name}'s {known}")
+            try:
+                out[name] = lareqa.read(name, config.data_dir, langs)
+            except TaskError as e:
+                raise _bad("evaluate", config.evaluate, str(e)) from None
+            continue
         task = tasks.get(name)
         langs = list(config.eval_languages or task.languages)
         try:
@@ -224,8 +245,12 @@ def _evaluation_data(config: EmbeddingConfig) -> dict[str, dict[str, Any]]:
 
 
 def _evaluation_sentences(data: dict[str, dict[str, Any]]) -> set[str]:
+    """The Tatoeba and BUCC sentences (LAReQA's pool is paragraphs of Wikipedia articles
+    that FLORES-style bitext does not hold)."""
     sentences: set[str] = set()
-    for by_lang in data.values():
+    for name, by_lang in data.items():
+        if name in LAREQA_SETS:
+            continue
         for value in by_lang.values():
             for part in value:
                 if isinstance(part, dict):
@@ -281,6 +306,13 @@ def evaluate(embedder: embeddings.Embedder, data: dict[str, dict[str, Any]],
     """{task: {"languages": {lang: scores}, summary}}, as the tasks score them."""
     out = {}
     for name, by_lang in data.items():
+        if name in LAREQA_SETS:
+            result = lareqa.evaluate(embedder.encode, by_lang)
+            per_lang = result["languages"]
+            out[name] = {"metric": "map_at_20", "languages": per_lang,
+                         "average": result["map"] * 100, "pool": result["pool"],
+                         "differences": result["differences"]}
+            continue
         task = tasks.get(name)
         per_lang = {lang: task.score_language(lang, d, embedder, 0, RetrievalSettings(),
                                               config.max_eval_sentences)["scores"]
