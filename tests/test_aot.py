@@ -268,3 +268,29 @@ def test_a_run_of_stages_of_other_shapes_adds_each_stages_steps_at_its_own_step_
     # 86,400 s + 86,400 s = 2 days (every step at 10 s would say 11).
     assert "run: base 86,400 + ext 8,640 steps ~ 2.0 days" in text
     assert text.rstrip().endswith("| 10000 ms | 2.0 |")
+
+
+def test_embeddings_search_halves_the_gradcache_rows_per_device():
+    from xlmeta_jax.tools import aot_embeddings
+
+    shape = aot_embeddings.EmbeddingShape(
+        model=network.get_config("tiny"), batch_size=64, mini_batch_size=None,
+        query_length=16, document_length=32, negatives=0, mesh_shape=(-1, 1, 1),
+        pooling="mean")
+    # 4 shards: 16 rows a device without the cache, then 8, 4, 2, 1 a device.
+    assert aot_embeddings._mini_batches(shape, 4) == [None, 32, 16, 8, 4]
+
+
+@needs_libtpu
+def test_embeddings_run_compiles_and_the_search_finds_a_mini_batch(capsys):
+    """gin/finetune/embeddings.gin with the tiny model for a v4-8: the contrastive step
+    compiles (GradCache's mini-batch as bound), and the table says it fits."""
+    status = errors.run_command(aot.main, [
+        "--topology=v4-8", "--gin_file=gin/finetune/embeddings.gin",
+        "--gin_file=gin/models/tiny.gin", "--gin.BATCH_SIZE=64", "--gin.MINI_BATCH_SIZE=16",
+        "--gin.embeddings.query_length=32", "--gin.embeddings.document_length=64",
+        "--gin.TRAIN_FILES=[]"], prog=aot.PROG)
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "v4-8 (4 devices" in out and "64 pairs of 32 + 64 tokens" in out
+    assert "mini-batch 16: fits" in out

@@ -23,15 +23,17 @@ from collections.abc import Callable, Sequence
 import jax
 
 from xlmeta_jax import errors, logs
+from xlmeta_jax.cli import evaluation_runs, experiment_runs
 from xlmeta_jax.cli import experiment as experiment_cli
-from xlmeta_jax.cli import experiment_runs
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.data import corpora
+from xlmeta_jax.evaluation import embedding_run
 from xlmeta_jax.experiment.arms import Budget, arm_phases
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import checks, hardware
 from xlmeta_jax.pretrain.hardware import TpuSlice, UnknownSliceError, tpu_slice
+from xlmeta_jax.tools import aot_embeddings
 from xlmeta_jax.tools.aot_compile import (
     Compiled,
     Variant,
@@ -394,7 +396,8 @@ def help_text() -> str:
         "tries remat policies, microbatches and FSDP meshes and prints the smallest "
         "change that fits as --gin. flags. Takes the train command's gin files and "
         "overrides; MODEL_DIR, VOCAB_PATH and the corpora need no value.",
-        gin_files=(*train_cli.GIN_FILES[:3], *experiment_cli.GIN_FILES, "models/*.gin"),
+        gin_files=(*train_cli.GIN_FILES[:3], *experiment_cli.GIN_FILES, "models/*.gin",
+                   "finetune/embeddings.gin"),
         example=f"python -m {PROG} --topology=v4-32 --gin_file=gin/native/meta.gin",
         flags=HELP_FLAGS,
     )
@@ -447,6 +450,14 @@ def main(argv: Sequence[str]) -> int:
     # the corpora), which the compile never reads.
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, finalize=False,
                       check_macros=True)
+    if evaluation_runs.bound_task() == embedding_run.TASK:
+        # gin/finetune/embeddings.gin: the contrastive step, GradCache's mini-batch searched.
+        shape = aot_embeddings.configured()
+        for tpu in slices:
+            results = aot_embeddings.run(shape, tpu, search=search,
+                                         say=lambda s: print(s, file=sys.stderr, flush=True))
+            print(aot_embeddings.report(shape, tpu, results), flush=True)
+        return 0
     try:
         run = configured_run()
     except ValueError as e:

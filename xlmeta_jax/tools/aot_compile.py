@@ -18,6 +18,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -229,10 +230,17 @@ def compile_step(model, optimizer, devices, variant: Variant, *, batch_size: int
         model.replace(remat_policy=variant.remat_policy, attention_impl=kernel), optimizer,
         mesh, packed=packed, **kwargs)
     batch = abstract_batch(batch_size, length, slots, fns.batch_sharding, packed)
+    return analysed(variant, lambda: fns.train_step_jit.lower(
+        fns.abstract_state, batch, fns.seed_spec))
+
+
+def analysed(variant, lower: Callable) -> Compiled:
+    """Compiles ``lower()`` (a jitted step's ``Lowered``) and reads XLA's memory and cost
+    analyses; XLA:TPU's refusal for lack of HBM is a :class:`Compiled` that does not fit."""
     t0 = time.time()
     try:
         with _no_compilation_cache():
-            compiled = fns.train_step_jit.lower(fns.abstract_state, batch, fns.seed_spec).compile()
+            compiled = lower().compile()
     except jax.errors.JaxRuntimeError as e:
         text = str(e)
         # XLA's status code (compiled; one exception type for every status): the one
