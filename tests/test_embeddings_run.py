@@ -59,7 +59,7 @@ def test_a_malformed_file_is_refused_naming_file_and_line(tmp_path, name, conten
     ("train_files", [], "embeddings.train_files: no training data"),
 ])
 def test_a_bad_setting_is_refused_where_the_config_is_built(field, value, message):
-    from xlmeta_jax.evaluation.embedding_run import EmbeddingConfig
+    from xlmeta_jax.evaluation.embedding_config import EmbeddingConfig
 
     fields = {"initial_checkpoint_path": "/ckpt", "model_dir": "/out", "steps": 10,
               "train_files": ["/rows.jsonl"], field: value}

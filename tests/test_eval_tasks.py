@@ -16,8 +16,15 @@ EVALUATION = REPO / "xlmeta_jax" / "evaluation"
 
 
 def test_registry_names_are_the_finetune_gin_files():
-    gin_tasks = {p.stem for p in (REPO / "gin" / "finetune").glob("*.gin")} - {"base", "demo"}
+    from xlmeta_jax.evaluation import embedding_config as embedding_run
+
+    # embeddings.gin is the contrastive run, which the command dispatches on its task name.
+    gin_tasks = {p.stem for p in (REPO / "gin" / "finetune").glob("*.gin")} - {
+        "base", "demo", embedding_run.TASK}
     assert set(tasks.names()) == gin_tasks
+    assert embedding_run.TASK not in tasks.names()
+    text = (REPO / "gin" / "finetune" / f"{embedding_run.TASK}.gin").read_text()
+    assert f"finetune.task = '{embedding_run.TASK}'" in text
     for name in tasks.names():
         text = (REPO / "gin" / "finetune" / f"{name}.gin").read_text()
         assert f"finetune.task = '{name}'" in text

@@ -51,12 +51,13 @@ def test_search_paths_find_files_and_includes(tmp_path):
     assert gin.query_parameter("finetune.batch_size") == 8
 
 
-TASK_GIN = [p for p in FINETUNE_GIN if p.stem not in ("base", "demo")]
+# embeddings.gin: the contrastive run (evaluation/embedding_run.py), not an XTREME task.
+TASK_GIN = [p for p in FINETUNE_GIN if p.stem not in ("base", "demo", "embeddings")]
 _MACROS = ["INITIAL_CHECKPOINT_PATH = 'init:tiny'", "MODEL_DIR = '/tmp/x'"]
 
 
 def test_finetune_gin_files_are_base_tasks_and_one_demo_override():
-    assert {p.stem for p in FINETUNE_GIN} == {*tasks.names(), "base", "demo"}
+    assert {p.stem for p in FINETUNE_GIN} == {*tasks.names(), "base", "demo", "embeddings"}
     base = (gin_cli.REPO_GIN_DIR / "finetune" / "base.gin").read_text()
     assert all(f"{m} = %gin.REQUIRED" in base for m in ("INITIAL_CHECKPOINT_PATH", "MODEL_DIR"))
 

@@ -10,7 +10,7 @@ import dataclasses
 import gin
 
 from xlmeta_jax.evaluation import tasks as evaluation_tasks
-from xlmeta_jax.evaluation.embedding_run import EmbeddingConfig
+from xlmeta_jax.evaluation.embedding_config import EmbeddingConfig
 from xlmeta_jax.evaluation.finetune import FineTuneConfig
 from xlmeta_jax.evaluation.settings import RetrievalSettings
 
@@ -67,7 +67,7 @@ def embeddings_config(initial_checkpoint_path: str = gin.REQUIRED,
                       model_dir: str = gin.REQUIRED, steps: int = gin.REQUIRED,
                       **fields) -> EmbeddingConfig:
     """The contrastive run the gin bindings describe (gin name: ``embeddings``): every
-    field of :class:`~xlmeta_jax.evaluation.embedding_run.EmbeddingConfig`."""
+    field of :class:`~xlmeta_jax.evaluation.embedding_config.EmbeddingConfig`."""
     return EmbeddingConfig(initial_checkpoint_path=initial_checkpoint_path,
                            model_dir=model_dir, steps=steps,
                            config_text=gin.operative_config_str(), **fields)

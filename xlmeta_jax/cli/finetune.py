@@ -33,7 +33,7 @@ import sys
 from xlmeta_jax import errors, hosts, logs
 from xlmeta_jax.cli import evaluation_runs
 from xlmeta_jax.cli import flags as gin_cli
-from xlmeta_jax.evaluation import embedding_run
+from xlmeta_jax.evaluation import embedding_config, embedding_run
 from xlmeta_jax.evaluation import finetune as evaluation_finetune
 from xlmeta_jax.evaluation import results as evaluation_results
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, check_macros=True)
     # After parsing: gin logs every include-path probe at INFO.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if evaluation_runs.bound_task() == embedding_run.TASK:
+    if evaluation_runs.bound_task() == embedding_config.TASK:
         # gin/finetune/embeddings.gin: contrastive training, scored before and after.
         logs.show_progress()
         results = embedding_run.train_embeddings(evaluation_runs.embeddings_config())

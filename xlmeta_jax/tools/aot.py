@@ -28,7 +28,7 @@ from xlmeta_jax.cli import experiment as experiment_cli
 from xlmeta_jax.cli import flags as gin_cli
 from xlmeta_jax.cli import train as train_cli
 from xlmeta_jax.data import corpora
-from xlmeta_jax.evaluation import embedding_run
+from xlmeta_jax.evaluation import embedding_config
 from xlmeta_jax.experiment.arms import Budget, arm_phases
 from xlmeta_jax.model import mlm, network, partitioning
 from xlmeta_jax.pretrain import checks, hardware
@@ -450,7 +450,7 @@ def main(argv: Sequence[str]) -> int:
     # the corpora), which the compile never reads.
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths, finalize=False,
                       check_macros=True)
-    if evaluation_runs.bound_task() == embedding_run.TASK:
+    if evaluation_runs.bound_task() == embedding_config.TASK:
         # gin/finetune/embeddings.gin: the contrastive step, GradCache's mini-batch searched.
         shape = aot_embeddings.configured()
         for tpu in slices:
