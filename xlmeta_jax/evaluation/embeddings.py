@@ -29,6 +29,7 @@ import numpy as np
 from xlmeta_jax import errors
 from xlmeta_jax.evaluation import encoders
 from xlmeta_jax.evaluation.embedding_step import embedder
+from xlmeta_jax.evaluation.retrieval import length_sorted_batches
 from xlmeta_jax.model import contrastive
 from xlmeta_jax.model.network import EncoderConfig
 from xlmeta_jax.pretrain import checkpoints, loading
@@ -77,14 +78,8 @@ class Embedder:
         """``[len(texts), hidden]`` float32 unit vectors."""
         ids = self.ids(texts)
         out = np.zeros((len(ids), self.cfg.hidden_size), np.float32)
-        # Sorted by length: little padding, and few compiled widths (multiples of 32).
-        order = np.argsort([len(x) for x in ids], kind="stable")
-        for i in range(0, len(ids), self.batch_size):
-            idx = order[i : i + self.batch_size]
-            width = min(self.max_seq_length, -(-max(len(ids[j]) for j in idx) // 32) * 32)
-            batch = np.full((self.batch_size, width), self.cfg.pad_token_id, np.int32)
-            for r, j in enumerate(idx):
-                batch[r, : len(ids[j])] = ids[j]
+        for idx, batch in length_sorted_batches(ids, self.batch_size, self.max_seq_length,
+                                                self.cfg.pad_token_id):
             out[idx] = np.asarray(self._embed(self.params, batch))[: len(idx)]
         return out
 

@@ -63,18 +63,29 @@ class SentenceEmbedder:
         """[num_layers + 1, len(sentences), hidden] float32 embeddings."""
         ids = [self.tokenizer.single(x, self.max_seq_length)
                for x in self.tokenizer.encode_batch([t.strip() for t in sentences])]
-        # Sorting by length keeps padding (and the number of compiled shapes) small.
-        order = np.argsort([len(x) for x in ids], kind="stable")
         out = np.zeros((self.cfg.num_layers + 1, len(ids), self.cfg.hidden_size), np.float32)
-        for i in range(0, len(ids), self.batch_size):
-            idx = order[i : i + self.batch_size]
-            width = min(self.max_seq_length, -(-max(len(ids[j]) for j in idx) // 32) * 32)
-            batch = np.full((self.batch_size, width), self.cfg.pad_token_id, np.int32)
-            for r, j in enumerate(idx):
-                batch[r, : len(ids[j])] = ids[j]
-            emb = np.asarray(self._embed(self.params, batch))
-            out[:, idx] = emb[:, : len(idx)]
+        for idx, batch in length_sorted_batches(ids, self.batch_size, self.max_seq_length,
+                                                self.cfg.pad_token_id):
+            out[:, idx] = np.asarray(self._embed(self.params, batch))[:, : len(idx)]
         return out
+
+
+def length_sorted_batches(ids: Sequence[Sequence[int]], batch_size: int, max_length: int,
+                          pad_id: int):
+    """``(row indices, [batch_size, width] ids)`` of every batch of ``ids``, in length order.
+
+    Sorting by length keeps padding small, and widths in multiples of 32 (at most
+    ``max_length``) keep the number of compiled shapes small; the last batch is filled with
+    padding rows.
+    """
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    for i in range(0, len(ids), batch_size):
+        idx = order[i : i + batch_size]
+        width = min(max_length, -(-max(len(ids[j]) for j in idx) // 32) * 32)
+        batch = np.full((batch_size, width), pad_id, np.int32)
+        for r, j in enumerate(idx):
+            batch[r, : len(ids[j])] = ids[j]
+        yield idx, batch
 
 
 def fresh_params(cfg: EncoderConfig, seed: int):
