@@ -176,12 +176,17 @@ def test_embeddings_demo_trains_scores_resumes_and_exports(demo_run, shared_data
                   if p.name.isdigit()) == ["4", "8"]
 
     # Resume: without the final checkpoint the rerun trains steps 5-8 again from step 4,
-    # on the same batches and dropout: the same parameters, bit for bit.
+    # on the same batches and dropout: the same parameters, bit for bit. It reads the rows'
+    # ids from their token cache, written by the caching command with the run's flags.
     final = _final_params(model_dir)
     losses = results["train"]["losses"]
     shutil.rmtree(model_dir / "embeddings" / "8")
     (model_dir / "results.json").unlink()
-    out = _run(cmd)
+    cache_dir = tmp_path / "seqio_cache"
+    out = _run([cmd[0], "-m", "xlmeta_jax.tools.caching", *cmd[3:], f"--cache_dir={cache_dir}"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"cached the contrastive run's rows in {cache_dir}" in out.stdout
+    out = _run([*cmd, f"--gin.CACHE_DIR='{cache_dir}'"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "resuming from step 4 of 8" in out.stdout + out.stderr
     resumed = _final_params(model_dir)

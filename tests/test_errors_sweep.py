@@ -272,3 +272,26 @@ def test_a_stage_length_in_tokens_names_the_stage_and_its_macro(macro, value, li
     with pytest.raises(errors.SettingError) as e:
         gin_flags.bound("xlmeta_jax.pretrain.trainer.train.phases", None)
     assert errors.user_message(e.value) == line
+
+
+@pytest.mark.parametrize("gin_file, extra, part", [
+    ("gin/data/english_files.gin", [], "--task: name a task to cache (or give a contrastive "
+                                       "run's gin files)"),
+    ("gin/finetune/embeddings.gin", ["--task=xlmeta_english_text"],
+     "--task=xlmeta_english_text: a contrastive run's gin files cache its own rows; leave "
+     "--task out"),
+])
+def test_caching_task_flags(capsys, tmp_path, clean_gin, gin_file, extra, part):
+    from xlmeta_jax.tools import caching
+
+    argv = [f"--gin_file={gin_file}", f"--cache_dir={tmp_path / 'cache'}",
+            "--gin.INITIAL_CHECKPOINT_PATH='/ckpt'", "--gin.MODEL_DIR='/out'",
+            "--gin.TRAIN_FILES=['/rows.jsonl']", "--gin.VOCAB_PATH='/v.model'",
+            "--gin.ENGLISH_FILES=['/en.txt']", *extra]
+    if "english" in gin_file:
+        argv = [a for a in argv if "CHECKPOINT" not in a and "MODEL_DIR" not in a
+                and "TRAIN_FILES" not in a]
+    else:
+        argv = [a for a in argv if "VOCAB_PATH" not in a and "ENGLISH_FILES" not in a]
+    _one_line(capsys, caching.main, argv, "xlmeta_jax.tools.caching", part)
+    assert not (tmp_path / "cache").exists()

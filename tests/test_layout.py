@@ -58,7 +58,7 @@ HEAVY = frozenset({
     "apache_beam",
     # Our modules that import seqio and TensorFlow at their top.
     "xlmeta_jax.data.tasks", "xlmeta_jax.data.providers", "xlmeta_jax.data.preprocessors",
-    "xlmeta_jax.data.seqio_vocabularies",
+    "xlmeta_jax.data.seqio_vocabularies", "xlmeta_jax.evaluation.pair_task",
     # gin flag parsing, absent on accelerator hosts that only benchmark.
     "xlmeta_jax.cli.flags",
     # Our trainer's gin names beside t5x's, only for t5x_train --phase (t5x's own run files

@@ -65,7 +65,38 @@ class SentencePieceVocabulary(_SpecialIdAttributes, seqio.SentencePieceVocabular
             return hf_tokenizer.sentencepiece_record(f.read(), self.specials.size)
 
 
-class TokenizerVocabulary(_SpecialIdAttributes, seqio.Vocabulary):
+class BatchEncodingTf:
+    """``encode_tf`` through the Python ``encode_batch`` of a tokenizer library: a batch of
+    strings per ``tf.numpy_function`` call, as ``(ids, counts)`` (no per-string call)."""
+
+    def encode_flat(self, strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """UTF-8 strings to (all their ids, each one's count): what tf.data receives."""
+        ids = self.encode_batch([s.decode("utf-8") for s in strings])
+        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        values = np.fromiter(itertools.chain.from_iterable(ids), np.int32,
+                             count=int(lengths.sum()))
+        return values, lengths
+
+    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
+        """A string scalar to int32 ids, or a vector of strings to a ragged [n, None].
+
+        Sets ``TOKENIZERS_PARALLELISM=false`` in the process unless it is set: tf.data
+        runs these calls in parallel already, and each call's own thread pool competing
+        with them cost a third of the tokens per CPU-second (benchmarks/tokenize_speed.py;
+        it also spares Beam's forked workers the library's fork warning).
+        """
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        s = tf.convert_to_tensor(s, tf.string)
+        values, lengths = tf.numpy_function(self.encode_flat, [tf.reshape(s, [-1])],
+                                            [tf.int32, tf.int64], stateful=False)
+        values.set_shape([None])
+        lengths.set_shape([None])
+        if s.shape.rank == 0:
+            return values
+        return tf.RaggedTensor.from_row_lengths(values, lengths)
+
+
+class TokenizerVocabulary(_SpecialIdAttributes, BatchEncodingTf, seqio.Vocabulary):
     """A Hugging Face tokenizer in its own ids, as a seqio vocabulary.
 
     Args:
@@ -120,32 +151,6 @@ class TokenizerVocabulary(_SpecialIdAttributes, seqio.Vocabulary):
 
     def _decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
-
-    def encode_flat(self, strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """UTF-8 strings to (all their ids, each one's count): what tf.data receives."""
-        ids = self.encode_batch([s.decode("utf-8") for s in strings])
-        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-        values = np.fromiter(itertools.chain.from_iterable(ids), np.int32,
-                             count=int(lengths.sum()))
-        return values, lengths
-
-    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        """A string scalar to int32 ids, or a vector of strings to a ragged [n, None].
-
-        Sets ``TOKENIZERS_PARALLELISM=false`` in the process unless it is set: tf.data
-        runs these calls in parallel already, and each call's own thread pool competing
-        with them cost a third of the tokens per CPU-second (benchmarks/tokenize_speed.py;
-        it also spares Beam's forked workers the library's fork warning).
-        """
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        s = tf.convert_to_tensor(s, tf.string)
-        values, lengths = tf.numpy_function(self.encode_flat, [tf.reshape(s, [-1])],
-                                            [tf.int32, tf.int64], stateful=False)
-        values.set_shape([None])
-        lengths.set_shape([None])
-        if s.shape.rank == 0:
-            return values
-        return tf.RaggedTensor.from_row_lengths(values, lengths)
 
     def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
         def decode(rows):

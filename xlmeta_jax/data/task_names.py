@@ -17,6 +17,9 @@ MC4_MIXTURE = "xlmeta_mc4"
 # One-phase baseline with meta's data: the English task mixed into the multilingual mixture
 # at Corpora.joint_english_share of the tokens (the experiment's `joint` arm).
 JOINT_MIXTURE = "xlmeta_joint"
+# Contrastive fine-tuning's rows (query, positive, hard negatives), in the encoder's ids
+# (xlmeta_jax/evaluation/pair_task.py).
+EMBEDDING_PAIRS_TASK = "xlmeta_embedding_pairs"
 
 
 def cc100_task(lang: str) -> str:

@@ -46,6 +46,9 @@ class EmbeddingConfig:
     bitext_languages: Sequence[str] = ()
     bitext_pivot: str = "eng_Latn"
     bitext_split: str = "devtest"
+    # The rows' token cache (python -m xlmeta_jax.tools.caching with this run's gin flags
+    # writes it): read in place of tokenizing; None: tokenize on the way.
+    cache_dir: str | None = None
     # Drop training rows that hold a sentence of the evaluated retrieval sets.
     exclude_evaluation_sentences: bool = True
     # Rows per step (the global batch: every row's negatives), and GradCache's rows per
@@ -93,7 +96,8 @@ class EmbeddingConfig:
     def __post_init__(self):
         for field, setting in (("initial_checkpoint_path", "INITIAL_CHECKPOINT_PATH"),
                                ("model_dir", "MODEL_DIR"), ("data_dir", "DATA_DIR"),
-                               ("bitext_dir", "embeddings.bitext_dir")):
+                               ("bitext_dir", "embeddings.bitext_dir"),
+                               ("cache_dir", "CACHE_DIR")):
             object.__setattr__(self, field, files.user_path(getattr(self, field), setting))
         object.__setattr__(self, "train_files", tuple(
             files.user_paths(self.train_files, "embeddings.train_files") or ()))

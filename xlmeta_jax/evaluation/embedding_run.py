@@ -4,7 +4,9 @@
 :class:`EmbeddingConfig` (gin: ``embeddings.<field>``) and runs :func:`train_embeddings`:
 
 1. read and check the training rows (:mod:`xlmeta_jax.evaluation.pairs`), the checkpoint
-   and the evaluation data, before anything is written;
+   and the evaluation data, before anything is written; the rows' ids come through their
+   seqio task (:mod:`xlmeta_jax.evaluation.pair_task`), from its token cache when
+   ``CACHE_DIR`` names one;
 2. score the retrieval tasks (Tatoeba, BUCC, through their scorers) with the initial
    weights, pooled and normalised as the loss will see them; kept in
    ``MODEL_DIR/before.json``;
@@ -109,40 +111,58 @@ def _evaluation_sentences(data: dict[str, dict[str, Any]]) -> set[str]:
     return sentences
 
 
-def read_rows(config: EmbeddingConfig, excluded: set[str]) -> tuple[list[pairs.Pair], dict]:
-    """The training rows and where they came from (counts per source, rows dropped)."""
-    rows, sources = [], {}
-    for path in config.train_files:
-        got = pairs.read_pairs(path)
-        sources[path] = len(got)
-        rows += got
-    if config.bitext_dir is not None:
-        got = pairs.bitext_pairs(config.bitext_dir, config.bitext_languages,
-                                 pivot=config.bitext_pivot, split=config.bitext_split)
-        sources[config.bitext_dir] = len(got)
-        rows += got
-    pairs.check_columns(rows, "the training rows")
-    kept = pairs.without_texts(rows, excluded) if config.exclude_evaluation_sentences else rows
-    return kept, {"sources": sources, "rows": len(kept), "dropped_evaluation_sentences":
-                  len(rows) - len(kept)}
+def row_source(config: EmbeddingConfig, tokenizer=None):
+    """The rows' :class:`~xlmeta_jax.evaluation.pair_task.RowSource`, encoded with
+    ``tokenizer`` (the encoder's)."""
+    from xlmeta_jax.evaluation import pair_task  # noqa: PLC0415 - seqio and TensorFlow, on use
+
+    return pair_task.RowSource(
+        train_files=tuple(config.train_files), bitext_dir=config.bitext_dir,
+        bitext_languages=tuple(config.bitext_languages), bitext_pivot=config.bitext_pivot,
+        bitext_split=config.bitext_split,
+        tokenizer_path=tokenizer.model_path if tokenizer is not None else "",
+        tokenizer_kind=tokenizer.kind if tokenizer is not None else None)
 
 
-def _tokenized(rows: Sequence[pairs.Pair], tokenizer, config: EmbeddingConfig, pad: int
-               ) -> dict[str, np.ndarray]:
-    """Every column as one ``[rows, length]`` id array (queries: query_length; the
-    documents: document_length)."""
-    columns = {"query": [r.query for r in rows], "positive": [r.positive for r in rows]}
-    for i in range(len(rows[0].negatives)):
-        columns[f"negative_{i}"] = [r.negatives[i] for r in rows]
-    out = {}
-    for name, texts in columns.items():
-        length = config.query_length if name == "query" else config.document_length
-        ids = np.full((len(texts), length), pad, np.int32)
-        for r, row in enumerate(tokenizer.encode_batch(texts)):
-            row = tokenizer.single(row, length)
-            ids[r, : len(row)] = row
-        out[name] = ids
-    return out
+def read_rows(config: EmbeddingConfig, excluded: set[str]
+              ) -> tuple[list[pairs.Pair], np.ndarray, dict]:
+    """Every training row, the indices of those kept (none of their texts is an evaluation
+    sentence), and where they came from (counts per source, rows dropped)."""
+    rows, sources = row_source(config).read()
+    kept = (pairs.without_texts(rows, excluded) if config.exclude_evaluation_sentences
+            else range(len(rows)))
+    return rows, np.asarray(kept, np.int64), {
+        "sources": sources, "rows": len(kept), "dropped_evaluation_sentences":
+        len(rows) - len(kept)}
+
+
+def token_arrays(config: EmbeddingConfig, rows: Sequence[pairs.Pair], tokenizer, pad: int
+                 ) -> dict[str, np.ndarray]:
+    """Every column of every row as one ``[rows, length]`` id array (queries:
+    query_length; the documents: document_length), through the rows' seqio task: read
+    from the token cache in ``config.cache_dir``, or tokenized on the way."""
+    from xlmeta_jax.evaluation import pair_task  # noqa: PLC0415 - seqio and TensorFlow, on use
+
+    return pair_task.token_arrays(
+        row_source(config, tokenizer), rows,
+        {"query": config.query_length, "document": config.document_length}, pad,
+        cache_dir=config.cache_dir)
+
+
+def cache_rows(config: EmbeddingConfig, cache_dir: str, *, overwrite: bool = False,
+               num_shards: int | None = None, beam_args: Sequence[str] = ()) -> str:
+    """Writes the token cache of the run's rows, in its encoder's tokenizer, under
+    ``cache_dir`` (``python -m xlmeta_jax.tools.caching`` with the run's gin flags).
+
+    Returns:
+      The cache folder.
+    """
+    from xlmeta_jax.evaluation import pair_task  # noqa: PLC0415 - seqio and TensorFlow, on use
+
+    loaded = encoders.load_encoder(config.initial_checkpoint_path,
+                                   allow_pickle=config.allow_pickle)
+    return pair_task.cache(row_source(config, loaded.tokenizer), cache_dir,
+                           overwrite=overwrite, num_shards=num_shards, beam_args=beam_args)
 
 
 # --------------------------------------------------------------------------------------
@@ -234,11 +254,11 @@ def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
 
     # ---- inputs, all read and checked before anything is written --------------------
     data = _evaluation_data(config)
-    rows, provenance = read_rows(config, _evaluation_sentences(data))
-    if not rows:
+    all_rows, kept, provenance = read_rows(config, _evaluation_sentences(data))
+    if not kept.size:
         raise pairs.PairsError("no training rows left after dropping those that hold an "
                                "evaluation sentence")
-    order = pairs.BatchOrder(rows, config.batch_size, config.seed)
+    order = pairs.BatchOrder([all_rows[i] for i in kept], config.batch_size, config.seed)
     loaded = encoders.load_encoder(config.initial_checkpoint_path,
                                    allow_pickle=config.allow_pickle)
     if loaded.masked_lm_params is None:
@@ -267,7 +287,8 @@ def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
         if value is not None and value % shards:
             raise bad(field, value, f"{value} is not divisible by the mesh's {shards} batch "
                        "shards (data x fsdp)")
-    arrays = _tokenized(rows, loaded.tokenizer, config, cfg.pad_token_id)
+    arrays = {k: v[kept] for k, v in token_arrays(config, all_rows, loaded.tokenizer,
+                                                  cfg.pad_token_id).items()}
     settings = embeddings.EmbeddingSettings(pooling=config.pooling,
                                             max_seq_length=config.document_length)
 

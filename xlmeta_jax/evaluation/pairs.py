@@ -170,9 +170,9 @@ def bitext_pairs(folder: str | os.PathLike, languages: Sequence[str], *,
     return rows
 
 
-def without_texts(rows: Sequence[Pair], excluded: set[str]) -> list[Pair]:
-    """The rows none of whose texts (stripped) is in ``excluded``."""
-    return [r for r in rows if not any(t.strip() in excluded for t in r.texts())]
+def without_texts(rows: Sequence[Pair], excluded: set[str]) -> list[int]:
+    """The indices of the rows none of whose texts (stripped) is in ``excluded``."""
+    return [i for i, r in enumerate(rows) if not any(t.strip() in excluded for t in r.texts())]
 
 
 def no_duplicate_batches(rows: Sequence[Pair], order: Sequence[int],

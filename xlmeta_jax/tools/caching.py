@@ -18,6 +18,10 @@ Command::
   python -m xlmeta_jax.tools.caching --gin_file=gin/data/english_files.gin \\
       --gin.VOCAB_PATH="'/data/vocab.model'" --gin.ENGLISH_FILES="['/data/en/*.txt']" \\
       --task=xlmeta_english_text --cache_dir=/data/seqio_cache --num_shards=16
+
+With a contrastive run's gin flags (``gin/finetune/embeddings.gin``) and no ``--task`` it
+caches that run's rows in its encoder's tokenizer (``xlmeta_embedding_pairs``,
+:mod:`xlmeta_jax.evaluation.pair_task`); the run reads them with ``--gin.CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import sys
 from collections.abc import Sequence
 
 from xlmeta_jax import errors, files, logs
-from xlmeta_jax.cli import configurables
+from xlmeta_jax.cli import configurables, evaluation_runs
 from xlmeta_jax.data import beam_runs, token_cache
+from xlmeta_jax.evaluation import embedding_config, embedding_run
 
 
 def cache_task(
@@ -71,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Cache a task's tokens in seqio's format on Apache Beam (gin flags: "
         "--gin_file, --gin.NAME=VALUE name the corpora; other options are Beam's)."
     )
-    parser.add_argument("--task", required=True, action="append", help="task name (repeatable)")
+    parser.add_argument("--task", action="append", default=[],
+                        help="task name (repeatable; none with a contrastive run's gin "
+                        "files: its rows)")
     parser.add_argument("--cache_dir", required=True, type=files.path_flag("--cache_dir"))
     parser.add_argument("--split", default="train")
     parser.add_argument("--num_shards", type=int, default=None,
@@ -82,6 +89,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     beam_runs.check_options(beam_args)
     logs.quiet_start(import_tensorflow=True)
     gin_cli.apply_gin(flags.gin_files, flags.bindings, flags.search_paths)
+    if evaluation_runs.bound_task() == embedding_config.TASK:
+        if args.task:
+            raise errors.UserError(f"--task={args.task[0]}: a contrastive run's gin files "
+                                   "cache its own rows; leave --task out")
+        config = evaluation_runs.embeddings_config()
+        out = embedding_run.cache_rows(config, args.cache_dir, overwrite=args.overwrite,
+                                       num_shards=args.num_shards, beam_args=beam_args)
+        print(f"cached the contrastive run's rows in {out}")
+        return 0
+    if not args.task:
+        raise errors.UserError("--task: name a task to cache (or give a contrastive run's "
+                               "gin files)")
     for name in args.task:
         # Registered for its own corpus (and only that is counted), then cached.
         configurables.registered(name)

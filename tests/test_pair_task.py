@@ -1,0 +1,139 @@
+"""The contrastive rows' seqio task and token cache: the ids the tokenizer gives, through the
+task on the fly and through the cache (any row order in the files, the same arrays), the
+cache's files the same bytes when built twice, and a cache of other rows or another
+tokenizer refused in one line."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("seqio")
+pytest.importorskip("apache_beam")
+
+from xlmeta_jax.evaluation import pair_task, pairs, tokenization  # noqa: E402
+
+LENGTHS = {"query": 12, "document": 20}
+
+
+@pytest.fixture(scope="module")
+def rows_file(english_lines, tmp_path_factory) -> pathlib.Path:
+    """300 rows with two hard negatives each; one text with characters beyond ASCII."""
+    path = tmp_path_factory.mktemp("pair_rows") / "rows.jsonl"
+    lines = english_lines[:600]
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(300):
+            query = lines[i] if i != 7 else "Ünïcödé — ça va? 東京"
+            f.write(json.dumps({"query": query, "positive": lines[i + 1],
+                                "negatives": [lines[i + 2], lines[i + 300]]},
+                               ensure_ascii=False) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(english_lines, tmp_path_factory) -> pathlib.Path:
+    from tests import hf_toy
+
+    return hf_toy.tokenizer_folder(tmp_path_factory.mktemp("gemma_tok"), "gemma",
+                                   english_lines[:3000])
+
+
+def _source(rows_file, path, kind=None, **kw) -> pair_task.RowSource:
+    return pair_task.RowSource(train_files=(str(rows_file),), tokenizer_path=str(path),
+                               tokenizer_kind=kind, **kw)
+
+
+def _reference(tokenizer, rows) -> dict[str, np.ndarray]:
+    """What the run fed the step before the task existed: encode_batch, then cls/sep."""
+    out = {}
+    for name in pair_task.columns(len(rows[0].negatives)):
+        texts = [r.texts()[pair_task.columns(2).index(name)] for r in rows]
+        length = LENGTHS["query" if name == "query" else "document"]
+        ids = np.full((len(rows), length), tokenizer.pad_id, np.int32)
+        for i, row in enumerate(tokenizer.encode_batch(texts)):
+            row = tokenizer.single(row, length)
+            ids[i, :len(row)] = row
+        out[name] = ids
+    return out
+
+
+@pytest.mark.parametrize("layout", ["ours", "fairseq", "gemma"])
+def test_the_task_gives_the_tokenizers_ids(layout, rows_file, english_spm, gemma_folder,
+                                           own_cache_dirs):
+    path, kind = {"ours": (english_spm, None), "fairseq": (english_spm, "fairseq"),
+                  "gemma": (gemma_folder, None)}[layout]
+    source = _source(rows_file, path, kind)
+    rows, _ = source.read()
+    tokenizer = tokenization.load_tokenizer(path, kind)
+    got = pair_task.token_arrays(source, rows, LENGTHS, tokenizer.pad_id)
+    want = _reference(tokenizer, rows)
+    assert sorted(got) == sorted(want) == ["negative_0", "negative_1", "positive", "query"]
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # Truncated rows end in sep; the longest query was cut.
+    assert (got["query"][:, -1] != tokenizer.pad_id).any()
+
+
+@pytest.fixture(scope="module")
+def built_cache(rows_file, english_spm, tmp_path_factory) -> pathlib.Path:
+    cache_dir = tmp_path_factory.mktemp("pair_cache")
+    pair_task.cache(_source(rows_file, english_spm), str(cache_dir), num_shards=3)
+    return cache_dir
+
+
+def test_the_cache_gives_the_same_arrays_and_the_same_bytes_twice(
+        built_cache, rows_file, english_spm, tmp_path, own_cache_dirs):
+    source = _source(rows_file, english_spm)
+    rows, _ = source.read()
+    pad = tokenization.load_tokenizer(english_spm).pad_id
+    fly = pair_task.token_arrays(source, rows, LENGTHS, pad)
+    cached = pair_task.token_arrays(source, rows, LENGTHS, pad, cache_dir=str(built_cache))
+    for name in fly:
+        np.testing.assert_array_equal(cached[name], fly[name], err_msg=name)
+    folder = built_cache / "xlmeta_embedding_pairs"
+    info = json.loads((folder / "info.train.json").read_text())
+    assert info["xlmeta_rows"] == {"count": 300, "sha256": pair_task.rows_digest(rows)}
+    assert info["num_shards"] == 3 and (folder / "COMPLETED").is_file()
+    stats = json.loads((folder / "stats.train.json").read_text())
+    assert stats["examples"] == 300
+    assert stats["query_tokens"] == sum(
+        len(ids) for ids in tokenization.load_tokenizer(english_spm).encode_batch(
+            [r.query for r in rows]))
+
+    again = tmp_path / "again"
+    pair_task.cache(source, str(again), num_shards=3)
+    for f in sorted(folder.glob("train.tfrecord-*")):
+        assert (again / folder.name / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "holds no complete token cache of xlmeta_embedding_pairs"),
+    ("other_rows", "holds 300 other rows than this run's 301 (the training files or "
+                   "parallel text changed)"),
+    ("other_tokenizer", "was tokenized with another tokenizer (sentencepiece, 1000 ids"),
+    ("exists", "already holds a token cache (pass --overwrite to replace it)"),
+])
+def test_a_cache_that_does_not_fit_the_run_is_refused(
+        case, message, built_cache, rows_file, english_spm, tmp_path, own_cache_dirs):
+    source, cache_dir = _source(rows_file, english_spm), str(built_cache)
+    if case == "missing":
+        cache_dir = str(tmp_path)
+    elif case == "other_rows":
+        more = tmp_path / "rows.jsonl"
+        more.write_text(rows_file.read_text(encoding="utf-8")
+                        + '{"query": "q", "positive": "p", "negatives": ["a", "b"]}\n',
+                        encoding="utf-8")
+        source = _source(more, english_spm)
+    elif case == "other_tokenizer":
+        source = _source(rows_file, english_spm, "fairseq")
+    rows, _ = source.read()
+    with pytest.raises(pairs.PairsError) as e:
+        if case == "exists":
+            pair_task.cache(source, cache_dir)
+        else:
+            pair_task.token_arrays(source, rows, LENGTHS, 0, cache_dir=cache_dir)
+    line = str(e.value)
+    assert message in line and "\n" not in line, line
