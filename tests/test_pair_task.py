@@ -79,9 +79,29 @@ def test_the_task_gives_the_tokenizers_ids(layout, rows_file, english_spm, gemma
 
 @pytest.fixture(scope="module")
 def built_cache(rows_file, english_spm, tmp_path_factory) -> pathlib.Path:
+    """The rows' cache in 3 files, read as 5 source shards of 64 rows (Beam's work items)."""
     cache_dir = tmp_path_factory.mktemp("pair_cache")
-    pair_task.cache(_source(rows_file, english_spm), str(cache_dir), num_shards=3)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(pair_task, "SHARD_ROWS", 64)
+        pair_task.cache(_source(rows_file, english_spm), str(cache_dir), num_shards=3)
     return cache_dir
+
+
+def test_the_source_shards_cover_every_row_once(rows_file, english_spm, monkeypatch):
+    import seqio
+
+    monkeypatch.setattr(pair_task, "SHARD_ROWS", 64)
+    source = pair_task.RowsDataSource(_source(rows_file, english_spm), 300, 2)
+    assert source.list_shards("train") == [
+        "rows 0-63", "rows 64-127", "rows 128-191", "rows 192-255", "rows 256-299"]
+    rows, _ = _source(rows_file, english_spm).read()
+    seen = []
+    for index in range(2):
+        for ex in source.get_dataset(shard_info=seqio.ShardInfo(index, 2)).as_numpy_iterator():
+            assert ex["query"].decode() == rows[ex["index"]].query
+            assert ex["negative_1"].decode() == rows[ex["index"]].negatives[1]
+            seen.append(int(ex["index"]))
+    assert sorted(seen) == list(range(300)) and seen[:64] == list(range(64))
 
 
 def test_the_cache_gives_the_same_arrays_and_the_same_bytes_twice(

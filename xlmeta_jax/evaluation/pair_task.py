@@ -1,13 +1,14 @@
 """The contrastive run's rows as a seqio task, and their offline token cache.
 
-``xlmeta_embedding_pairs`` is a ``seqio.Task`` like the pretraining ones: its source reads
+``xlmeta_embedding_pairs`` is a ``seqio.Task`` like the pretraining ones. Its source reads
 the run's training files and parallel text (:class:`RowSource`, through
 :mod:`~xlmeta_jax.evaluation.pairs`: every row, in the order the run reads them, with its
-``index``), its preprocessors tokenize every column in batches with the encoder's own
-tokenizer, then a ``seqio.CacheDatasetPlaceholder``. Features: ``index`` (int32 scalar),
-``query``, ``positive`` and ``negative_0`` … ``negative_{k-1}``: ids without special
-tokens, untruncated, so one cache serves any ``query_length``/``document_length`` (the run
-adds ``cls``/``sep`` and cuts, as it does on the fly).
+``index``; :class:`RowsDataSource`, in shards of consecutive rows); its preprocessors
+tokenize every column in batches with the encoder's own tokenizer, then a
+``seqio.CacheDatasetPlaceholder``. Features: ``index`` (int32 scalar), ``query``,
+``positive`` and ``negative_0`` … ``negative_{k-1}``: ids without special tokens and
+untruncated, so one cache serves any ``query_length``/``document_length`` (the run adds
+``cls``/``sep`` and cuts, as it does on the fly).
 
 The cache is seqio's own layout, written by seqio's Beam transforms as
 ``seqio/scripts/cache_tasks_main.py`` writes it (``PreprocessTask``, ``GetInfo``,
@@ -51,6 +52,8 @@ ROWS_KEY = "xlmeta_rows"
 TOKENIZER_KEY = "xlmeta_tokenizer"
 # Rows per tokenizer call: the library's batch call, as the pretraining step's.
 _BATCH = 256
+# Rows per source shard: Beam's unit of work in the cache job.
+SHARD_ROWS = 50_000
 
 
 class CacheError(pairs.PairsError):
@@ -150,22 +153,50 @@ class EncoderVocabulary(seqio_vocabularies.BatchEncodingTf, seqio.Vocabulary):
                                  stateful=False)
 
 
-def _source_dataset(split: str, shuffle_files: bool, seed=None, *, source: RowSource,
-                    num_negatives: int) -> tf.data.Dataset:
-    """The rows as ``{index, query, positive, negative_i}`` strings, in the order read."""
-    del split, shuffle_files, seed  # one split, read in order: the run orders the batches
-    rows, _ = source.read()
-    names = columns(num_negatives)
+class RowsDataSource(seqio.DataSource):
+    """The rows of a :class:`RowSource` as ``{index, query, positive, negative_i}`` strings,
+    in shards of ``SHARD_ROWS`` consecutive rows (Beam's cache job reads one per work item;
+    ``shard_info`` takes every ``num_shards``-th shard)."""
 
-    def generate():
-        for i, row in enumerate(rows):
-            yield (i, *row.texts())
+    def __init__(self, source: RowSource, num_rows: int, num_negatives: int):
+        super().__init__(splits=(SPLIT,), num_input_examples={SPLIT: num_rows})
+        self._source, self._num_rows = source, num_rows
+        self._names = columns(num_negatives)
 
-    signature = (tf.TensorSpec([], tf.int32),
-                 *(tf.TensorSpec([], tf.string) for _ in names))
-    ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    return ds.map(tf.autograph.experimental.do_not_convert(
-        lambda i, *texts: {INDEX: i, **dict(zip(names, texts))}))
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return False
+
+    def list_shards(self, split: str) -> list[str]:
+        return [f"rows {start}-{min(start + SHARD_ROWS, self._num_rows) - 1}"
+                for start in range(0, max(self._num_rows, 1), SHARD_ROWS)]
+
+    def get_dataset(self, split: str = SPLIT, shuffle: bool = True, seed=None,
+                    shard_info: seqio.ShardInfo | None = None, *, sequence_length=None,
+                    use_cached: bool = False, num_epochs: int | None = 1) -> tf.data.Dataset:
+        # In order whatever `shuffle` says: the run orders the batches (pairs.BatchOrder).
+        del shuffle, seed, sequence_length, use_cached, num_epochs
+        shards = range(len(self.list_shards(split)))
+        if shard_info is not None:
+            shards = shards[shard_info.index::shard_info.num_shards]
+        names, source = self._names, self._source
+
+        def generate():
+            rows, _ = source.read()
+            for shard in shards:
+                # Chunks of rows, unbatched in tf.data: a generator's cost is per element.
+                end = min((shard + 1) * SHARD_ROWS, len(rows))
+                for start in range(shard * SHARD_ROWS, end, _BATCH):
+                    chunk = rows[start:min(start + _BATCH, end)]
+                    yield (np.arange(start, start + len(chunk), dtype=np.int32),
+                           *(np.array([r.texts()[c] for r in chunk], object)
+                             for c in range(len(names))))
+
+        signature = (tf.TensorSpec([None], tf.int32),
+                     *(tf.TensorSpec([None], tf.string) for _ in names))
+        ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        return ds.map(tf.autograph.experimental.do_not_convert(
+            lambda i, *texts: {INDEX: i, **dict(zip(names, texts))})).unbatch()
 
 
 def tokenize_rows(dataset: tf.data.Dataset, output_features) -> tf.data.Dataset:
@@ -174,16 +205,25 @@ def tokenize_rows(dataset: tf.data.Dataset, output_features) -> tf.data.Dataset:
 
     @tf.autograph.experimental.do_not_convert
     def tokenize(batch):
+        # Padded, with each row's length: dense elements after unbatch (a ragged row
+        # costs Beam's per-example read several times a dense one).
         out = {INDEX: batch[INDEX]}
         for name in names:
-            out[name] = output_features[name].vocabulary.encode_tf(batch[name])
+            ids = output_features[name].vocabulary.encode_tf(batch[name])
+            out[name], out[f"{name}.length"] = ids.to_tensor(), ids.row_lengths()
         return out
 
-    return dataset.batch(_BATCH).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    @tf.autograph.experimental.do_not_convert
+    def cut(ex):
+        return {INDEX: ex[INDEX], **{n: ex[n][:ex[f"{n}.length"]] for n in names}}
+
+    return (dataset.batch(_BATCH).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+            .unbatch().map(cut, num_parallel_calls=tf.data.AUTOTUNE))
 
 
-def register(source: RowSource, num_negatives: int) -> seqio.Task:
-    """Registers (or replaces) ``xlmeta_embedding_pairs`` for ``source``; returns it."""
+def register(source: RowSource, num_rows: int, num_negatives: int) -> seqio.Task:
+    """Registers (or replaces) ``xlmeta_embedding_pairs`` for ``source``'s ``num_rows``
+    rows; returns it."""
     vocab = EncoderVocabulary(source.tokenizer_path, source.tokenizer_kind)
     features = {INDEX: seqio.Feature(seqio.PassThroughVocabulary(size=0), add_eos=False,
                                      dtype=tf.int32, rank=0)}
@@ -192,9 +232,7 @@ def register(source: RowSource, num_negatives: int) -> seqio.Task:
     seqio.TaskRegistry.remove(EMBEDDING_PAIRS_TASK)
     return seqio.TaskRegistry.add(
         EMBEDDING_PAIRS_TASK,
-        source=seqio.FunctionDataSource(
-            functools.partial(_source_dataset, source=source, num_negatives=num_negatives),
-            splits=(SPLIT,)),
+        source=RowsDataSource(source, num_rows, num_negatives),
         preprocessors=[tokenize_rows, seqio.CacheDatasetPlaceholder()],
         output_features=features,
         shuffle_buffer_size=None)
@@ -204,8 +242,8 @@ def _task_folder(cache_dir: str) -> str:
     return os.path.join(cache_dir, seqio.utils.get_task_dir_from_name(EMBEDDING_PAIRS_TASK))
 
 
-def _register_on_worker(source: RowSource, num_negatives: int) -> None:
-    register(source, num_negatives)
+def _register_on_worker(source: RowSource, num_rows: int, num_negatives: int) -> None:
+    register(source, num_rows, num_negatives)
 
 
 def _as_arrays(ex: dict) -> dict[str, np.ndarray]:
@@ -256,7 +294,7 @@ def cache(source: RowSource, cache_dir: str, *, overwrite: bool = False,
 
     rows, _ = source.read()
     num_negatives = len(rows[0].negatives)
-    task = register(source, num_negatives)
+    task = register(source, len(rows), num_negatives)
     out = _task_folder(cache_dir)
     prefix = seqio.utils.get_cached_tfrecord_prefix(out, SPLIT)
     if tf.io.gfile.exists(out) and tf.io.gfile.listdir(out) and not overwrite:
@@ -274,7 +312,7 @@ def cache(source: RowSource, cache_dir: str, *, overwrite: bool = False,
             pipeline
             | "read" >> beam_utils.PreprocessTask(
                 task, SPLIT, setup_fn=functools.partial(_register_on_worker, source,
-                                                        num_negatives))
+                                                        len(rows), num_negatives))
             | "arrays" >> beam.Map(_as_arrays))
         _ = (examples
              | "by_file" >> beam.Map(lambda ex: (int(ex[INDEX]) % files, ex))
@@ -325,6 +363,21 @@ def check_cache(cache_dir: str, rows: Sequence[pairs.Pair], tokenizer_record: di
             f"{hf_tokenizer.describe(tokenizer_record, 'the encoder')}: {rebuild} --overwrite")
 
 
+def _place(out: np.ndarray, rows: np.ndarray, values: np.ndarray, splits: np.ndarray,
+           cls: int, sep: int) -> None:
+    """Writes ``cls ids sep`` of each row into ``out[rows]``, the ids cut to fit: the
+    tokenizers' ``single``, for a batch at once."""
+    width = out.shape[1] - 2
+    kept = np.minimum(np.diff(splits), width)
+    column = np.arange(width)[None, :]
+    inside = column < kept[:, None]
+    block = out[rows]
+    block[:, 0] = cls
+    block[:, 1:-1][inside] = values[(splits[:-1, None] + column)[inside]]
+    block[np.arange(len(rows)), kept + 1] = sep
+    out[rows] = block
+
+
 def token_arrays(source: RowSource, rows: Sequence[pairs.Pair], lengths: dict[str, int],
                  pad_id: int, *, cache_dir: str | None = None) -> dict[str, np.ndarray]:
     """Every column as one ``[rows, length]`` id array, through the task.
@@ -336,7 +389,7 @@ def token_arrays(source: RowSource, rows: Sequence[pairs.Pair], lengths: dict[st
       pad_id: the encoder's pad id.
       cache_dir: read the token cache there (:func:`check_cache` first); None: tokenize.
     """
-    task = register(source, len(rows[0].negatives))
+    task = register(source, len(rows), len(rows[0].negatives))
     tokenizer = task.output_features["query"].vocabulary.tokenizer
     if cache_dir is not None:
         check_cache(cache_dir, rows, tokenizer.record())
@@ -350,10 +403,8 @@ def token_arrays(source: RowSource, rows: Sequence[pairs.Pair], lengths: dict[st
     for batch in ds.ragged_batch(1024):
         indices = batch[INDEX].numpy()
         for name in names:
-            values, starts = batch[name].flat_values.numpy(), batch[name].row_splits.numpy()
-            for j, index in enumerate(indices):
-                ids = tokenizer.single(values[starts[j]:starts[j + 1]], out[name].shape[1])
-                out[name][index, :len(ids)] = ids
+            _place(out[name], indices, batch[name].flat_values.numpy(),
+                   batch[name].row_splits.numpy(), tokenizer.cls_id, tokenizer.sep_id)
         seen[indices] = True
     if not seen.all():
         raise CacheError(f"{EMBEDDING_PAIRS_TASK} gave {int(seen.sum())} of {len(rows)} rows")
