@@ -75,6 +75,11 @@ def test_the_task_gives_the_tokenizers_ids(layout, rows_file, english_spm, gemma
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     # Truncated rows end in sep; the longest query was cut.
     assert (got["query"][:, -1] != tokenizer.pad_id).any()
+    # The seqio vocabulary decodes as the tokenizer does, in Python and in TensorFlow.
+    vocab = pair_task.EncoderVocabulary(str(path), kind)
+    ids = vocab.encode_tf(rows[7].query)
+    assert vocab.decode_tf(ids).numpy().decode() == tokenizer.decode(list(ids.numpy())) \
+        == vocab.decode(vocab.encode(rows[7].query))
 
 
 @pytest.fixture(scope="module")

@@ -149,8 +149,9 @@ class EncoderVocabulary(seqio_vocabularies.BatchEncodingTf, seqio.Vocabulary):
         return self.tokenizer.decode([int(i) for i in ids])
 
     def _decode_tf(self, ids):
-        return tf.numpy_function(lambda r: self._decode(r).encode("utf-8"), [ids], tf.string,
-                                 stateful=False)
+        return tf.numpy_function(
+            lambda r: self.tokenizer.decode([int(i) for i in r]).encode("utf-8"), [ids],
+            tf.string, stateful=False)
 
 
 class RowsDataSource(seqio.DataSource):
@@ -160,16 +161,16 @@ class RowsDataSource(seqio.DataSource):
 
     def __init__(self, source: RowSource, num_rows: int, num_negatives: int):
         super().__init__(splits=(SPLIT,), num_input_examples={SPLIT: num_rows})
-        self._source, self._num_rows = source, num_rows
-        self._names = columns(num_negatives)
+        self.rows, self.num_rows = source, num_rows
+        self.names = columns(num_negatives)
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
         return False
 
     def list_shards(self, split: str) -> list[str]:
-        return [f"rows {start}-{min(start + SHARD_ROWS, self._num_rows) - 1}"
-                for start in range(0, max(self._num_rows, 1), SHARD_ROWS)]
+        return [f"rows {start}-{min(start + SHARD_ROWS, self.num_rows) - 1}"
+                for start in range(0, max(self.num_rows, 1), SHARD_ROWS)]
 
     def get_dataset(self, split: str = SPLIT, shuffle: bool = True, seed=None,
                     shard_info: seqio.ShardInfo | None = None, *, sequence_length=None,
@@ -179,7 +180,7 @@ class RowsDataSource(seqio.DataSource):
         shards = range(len(self.list_shards(split)))
         if shard_info is not None:
             shards = shards[shard_info.index::shard_info.num_shards]
-        names, source = self._names, self._source
+        names, source = self.names, self.rows
 
         def generate():
             rows, _ = source.read()
