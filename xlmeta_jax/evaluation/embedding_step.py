@@ -21,7 +21,6 @@ those of the whole batch's loss (tests/test_contrastive.py). Mini-batch ``i`` ta
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -217,25 +216,11 @@ def make_embedding_step(cfg: EncoderConfig, tx: optax.GradientTransformation, me
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=tx.init(params[ENCODER]))
 
-    abstract = jax.eval_shape(from_params_fn, abstract_params)
-    opt_specs = optax.tree_map_params(
-        tx, lambda _, spec: spec, abstract.opt_state, param_specs[ENCODER],
-        transform_non_params=lambda _: PartitionSpec(),
-        is_leaf=lambda x: isinstance(x, PartitionSpec))
-    state_sharding = partitioning.named_shardings(
-        mesh, TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs))
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-        state_sharding)
+    state_sharding, abstract = pretrain_step.state_shardings(
+        tx, jax.eval_shape(from_params_fn, abstract_params), param_specs,
+        param_specs[ENCODER], mesh)
     batch_sharding = NamedSharding(mesh, partitioning.batch_spec(2))
     replicated = NamedSharding(mesh, PartitionSpec())
-
-    def with_rules(fn):
-        @functools.wraps(fn)
-        def wrapped(*a, **k):
-            with partitioning.axis_rules_context(rules), partitioning.mesh_context(mesh):
-                return fn(*a, **k)
-        return wrapped
 
     def train_step_fn(state: TrainState, batch, seed):
         key = jax.random.fold_in(jax.random.key(seed), state.step)
@@ -251,16 +236,13 @@ def make_embedding_step(cfg: EncoderConfig, tx: optax.GradientTransformation, me
             metrics["learning_rate"] = schedule(state.step)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-    from_params = jax.jit(with_rules(from_params_fn), out_shardings=state_sharding)
+    from_params = jax.jit(partitioning.with_rules(from_params_fn, mesh, rules),
+                          out_shardings=state_sharding)
     train_step = jax.jit(
-        with_rules(train_step_fn),
+        partitioning.with_rules(train_step_fn, mesh, rules),
         in_shardings=(state_sharding, batch_sharding, replicated),
         out_shardings=(state_sharding, replicated), donate_argnums=(0,))
-    seed_spec = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-
-    @functools.cache
-    def seed_arg():  # placed on first use: an AOT compile's mesh has no device memory
-        return jax.device_put(np.int32(seed), replicated)
+    seed_spec, seed_arg = pretrain_step.seed_argument(mesh, seed)
 
     def run_step(state, batch):
         placed = {k: jax.device_put(np.asarray(v), batch_sharding) for k, v in batch.items()}

@@ -17,6 +17,7 @@ each mesh axis at most once per array, in rule order, so activations
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -226,3 +227,13 @@ def mesh_context(mesh: Mesh):
 def axis_rules_context(rules=LOGICAL_AXIS_RULES):
     """Context in which ``nn.with_logical_constraint`` uses our rules."""
     return nn.logical_axis_rules(rules)
+
+
+def with_rules(fn, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
+    """``fn`` traced under ``rules`` and ``mesh``: the network's logical activation
+    constraints bind to the mesh (wrap a step before ``jax.jit``)."""
+    @functools.wraps(fn)
+    def wrapped(*a, **k):
+        with axis_rules_context(rules), mesh_context(mesh):
+            return fn(*a, **k)
+    return wrapped

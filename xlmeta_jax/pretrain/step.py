@@ -81,6 +81,43 @@ def _dummy_inputs(cfg: EncoderConfig):
     return ids
 
 
+def state_shardings(tx: optax.GradientTransformation, abstract: TrainState, param_specs,
+                    trained_specs, mesh: Mesh) -> tuple[TrainState, TrainState]:
+    """The state's shardings on ``mesh`` and its abstract value carrying them.
+
+    Args:
+      tx: the optimizer; its state follows the specs of the parameters it updates.
+      abstract: the state's shapes (``jax.eval_shape``).
+      param_specs: mesh specs of every parameter.
+      trained_specs: those of the parameters ``tx`` updates (``param_specs`` or a subtree).
+      mesh: the mesh.
+    """
+    opt_specs = optax.tree_map_params(
+        tx, lambda _, spec: spec, abstract.opt_state, trained_specs,
+        transform_non_params=lambda _: PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    sharding = partitioning.named_shardings(
+        mesh, TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs))
+    return sharding, jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sharding)
+
+
+def seed_argument(mesh: Mesh, seed: int) -> tuple[jax.ShapeDtypeStruct, Callable]:
+    """The dropout seed's abstract value and ``seed_arg()``, the seed on ``mesh``.
+
+    The seed is an argument, not a constant of the program: the phases and runs that
+    differ only in their seed (each phase has its own) share one compiled step. It is
+    placed on first use: an ahead-of-time compile's mesh has no device memory.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    @functools.cache
+    def seed_arg():
+        return jax.device_put(np.int32(seed), replicated)
+
+    return jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated), seed_arg
+
+
 def param_logical_specs(model: nn.Module):
     """Logical PartitionSpecs of every parameter, from the abstract init."""
     cfg = model.config
@@ -155,40 +192,17 @@ def make_step_functions(
     param_specs = partitioning.logical_to_mesh_specs(logical, rules)
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     partitioning.check_divisible(abstract.params, param_specs, mesh)
-    opt_specs = optax.tree_map_params(
-        tx,
-        lambda _, spec: spec,
-        abstract.opt_state,
-        param_specs,
-        transform_non_params=lambda _: PartitionSpec(),
-        is_leaf=lambda x: isinstance(x, PartitionSpec),
-    )
-    state_specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
-    state_sharding = partitioning.named_shardings(mesh, state_specs)
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sharding
-    )
+    state_sharding, abstract = state_shardings(tx, abstract, param_specs, param_specs, mesh)
     batch_sharding = NamedSharding(mesh, partitioning.batch_spec(2))
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def _with_rules(fn):
-        @functools.wraps(fn)
-        def wrapped(*a, **k):
-            with partitioning.axis_rules_context(rules), partitioning.mesh_context(mesh):
-                return fn(*a, **k)
-
-        return wrapped
+        return partitioning.with_rules(fn, mesh, rules)
 
     init = jax.jit(_with_rules(init_fn), out_shardings=state_sharding)
     from_params = jax.jit(from_params_fn, in_shardings=(state_sharding.params,),
                           out_shardings=state_sharding, donate_argnums=(0,))
-    # The seed is an argument, not a constant of the program: the phases and runs that
-    # differ only in their seed (each phase has its own) share one compiled step.
-    seed_spec = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-
-    @functools.cache
-    def seed_arg():  # placed on first use: an AOT compile's mesh has no device memory
-        return jax.device_put(np.int32(seed), replicated)
+    seed_spec, seed_arg = seed_argument(mesh, seed)
 
     def sums_fn(params, batch, key):
         return losses.mlm_sums(model, params, batch, rngs={"dropout": key},
