@@ -115,9 +115,17 @@ def test_the_cache_gives_the_same_arrays_and_the_same_bytes_twice(
     rows, _ = source.read()
     pad = tokenization.load_tokenizer(english_spm).pad_id
     fly = pair_task.token_arrays(source, rows, LENGTHS, pad)
+    # Another cache of the task in a folder seqio already searches is not the one read.
+    import seqio
+
+    other, few = tmp_path / "other", tmp_path / "few.jsonl"
+    few.write_text('{"query": "q", "positive": "p", "negatives": ["a", "b"]}\n', "utf-8")
+    pair_task.cache(_source(few, english_spm), str(other))
+    seqio.add_global_cache_dirs([str(other)])
     cached = pair_task.token_arrays(source, rows, LENGTHS, pad, cache_dir=str(built_cache))
     for name in fly:
         np.testing.assert_array_equal(cached[name], fly[name], err_msg=name)
+    assert seqio.utils.get_global_cache_dirs() == [str(other)]
     folder = built_cache / "xlmeta_embedding_pairs"
     info = json.loads((folder / "info.train.json").read_text())
     assert info["xlmeta_rows"] == {"count": 300, "sha256": pair_task.rows_digest(rows)}

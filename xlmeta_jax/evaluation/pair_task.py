@@ -394,13 +394,19 @@ def token_arrays(source: RowSource, rows: Sequence[pairs.Pair], lengths: dict[st
     tokenizer = task.output_features["query"].vocabulary.tokenizer
     if cache_dir is not None:
         check_cache(cache_dir, rows, tokenizer.record())
-        seqio.add_global_cache_dirs([cache_dir])
     names = columns(len(rows[0].negatives))
     out = {name: np.full((len(rows), lengths.get(name, lengths["document"])), pad_id, np.int32)
            for name in names}
     seen = np.zeros(len(rows), bool)
-    ds = task.get_dataset(sequence_length=None, split=SPLIT, use_cached=cache_dir is not None,
-                          shuffle=False, num_epochs=1)
+    # seqio finds a task's cache among its global cache folders: this one alone while the
+    # dataset is built (another folder of the process may hold an older cache of the task).
+    searched = list(seqio.utils.get_global_cache_dirs())
+    seqio.utils.set_global_cache_dirs([cache_dir] if cache_dir is not None else searched)
+    try:
+        ds = task.get_dataset(sequence_length=None, split=SPLIT,
+                              use_cached=cache_dir is not None, shuffle=False, num_epochs=1)
+    finally:
+        seqio.utils.set_global_cache_dirs(searched)
     for batch in ds.ragged_batch(1024):
         indices = batch[INDEX].numpy()
         for name in names:
