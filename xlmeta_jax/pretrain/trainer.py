@@ -218,7 +218,9 @@ def train(
         peak_flops=hardware.peak_flops_per_device(), rng_impl=rng_impl,
         microbatches=microbatches, corpora=corpora, feeder=feeder, config_text=config_text,
         merge=merge)
-    created = not os.path.exists(model_dir)
+    # A MODEL_DIR this run creates is removed again if the start fails (below); not on
+    # several processes, whose others may be probing the same folder at that moment.
+    created = not os.path.exists(model_dir) and jax.process_count() == 1
     check_model_dir(model_dir)
     # One writer per run directory (on a pod: the primary host speaks for all).
     lock = run_dir.RunLock(model_dir).acquire() if (
