@@ -214,8 +214,12 @@ def test_cache_records_are_whole_documents(sizes, record_tokens, records):
     assert all(r.dtype == np.int32 for r in got)
     # A record is serialised as seqio's own dict_to_tfexample writes it, byte for byte.
     for r in got:
-        assert token_cache.serialized_example(r) == seqio.dict_to_tfexample(
+        assert token_cache.serialized_example({"tokens": r}) == seqio.dict_to_tfexample(
             {"tokens": r}).SerializeToString()
+        # A contrastive row's columns, a scalar index among them (evaluation/pair_task.py).
+        row = {"index": np.int32(3), "query": r, "positive": r[:1]}
+        assert token_cache.serialized_example(row) == seqio.dict_to_tfexample(
+            row).SerializeToString()
 
 
 @pytest.mark.parametrize("eos", [vocabulary.EOS_ID, 50282])  # ours; ModernBERT's [SEP]

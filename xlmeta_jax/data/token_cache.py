@@ -97,13 +97,15 @@ def records_of(docs: Sequence[np.ndarray], record_tokens: int = RECORD_TOKENS
     return records
 
 
-def serialized_example(tokens: np.ndarray) -> bytes:
-    """The tf.Example seqio's ``dict_to_tfexample({"tokens": tokens})`` serialises,
-    built straight from the array (seqio converts through eager TensorFlow ops)."""
+def serialized_example(features: dict[str, np.ndarray]) -> bytes:
+    """The tf.Example seqio's ``dict_to_tfexample`` serialises for integer features (the
+    cache's ``{"tokens": ...}``, a contrastive row's columns), built straight from the
+    arrays (seqio converts through eager TensorFlow ops)."""
     import tensorflow as tf  # noqa: PLC0415
 
-    return tf.train.Example(features=tf.train.Features(feature={"tokens": tf.train.Feature(
-        int64_list=tf.train.Int64List(value=tokens.tolist()))})).SerializeToString()
+    return tf.train.Example(features=tf.train.Features(feature={
+        k: tf.train.Feature(int64_list=tf.train.Int64List(value=np.ravel(v).tolist()))
+        for k, v in features.items()})).SerializeToString()
 
 
 def _register(corpora) -> None:
@@ -137,7 +139,7 @@ def _write_file(item, prefix: str, num_shards: int):
     docs = sorted(docs, key=lambda d: (d[0], d[1]))
     with tf.io.TFRecordWriter(f"{prefix}-{out:05d}-of-{num_shards:05d}") as writer:
         for _, _, doc in docs:
-            writer.write(serialized_example(doc))
+            writer.write(serialized_example({"tokens": doc}))
     for _, _, doc in docs:
         yield {"tokens": doc}
 

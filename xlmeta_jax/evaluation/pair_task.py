@@ -42,7 +42,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax.data import beam_runs, hf_tokenizer, seqio_vocabularies
+from xlmeta_jax.data import beam_runs, hf_tokenizer, seqio_vocabularies, token_cache
 from xlmeta_jax.data.task_names import EMBEDDING_PAIRS_TASK
 from xlmeta_jax.evaluation import pairs, tokenization
 
@@ -161,7 +161,7 @@ class RowsDataSource(seqio.DataSource):
 
     def __init__(self, source: RowSource, num_rows: int, num_negatives: int):
         super().__init__(splits=(SPLIT,), num_input_examples={SPLIT: num_rows})
-        self.rows, self.num_rows = source, num_rows
+        self.row_source, self.num_rows = source, num_rows
         self.names = columns(num_negatives)
 
     @property
@@ -180,7 +180,7 @@ class RowsDataSource(seqio.DataSource):
         shards = range(len(self.list_shards(split)))
         if shard_info is not None:
             shards = shards[shard_info.index::shard_info.num_shards]
-        names, source = self.names, self.rows
+        names, source = self.names, self.row_source
 
         def generate():
             rows, _ = source.read()
@@ -243,20 +243,8 @@ def _task_folder(cache_dir: str) -> str:
     return os.path.join(cache_dir, seqio.utils.get_task_dir_from_name(EMBEDDING_PAIRS_TASK))
 
 
-def _register_on_worker(source: RowSource, num_rows: int, num_negatives: int) -> None:
-    register(source, num_rows, num_negatives)
-
-
 def _as_arrays(ex: dict) -> dict[str, np.ndarray]:
     return {k: v.numpy() if hasattr(v, "numpy") else np.asarray(v) for k, v in ex.items()}
-
-
-def _serialized(ex: dict[str, np.ndarray]) -> bytes:
-    """The tf.Example seqio's ``dict_to_tfexample`` writes for integer features, built
-    straight from the arrays."""
-    return tf.train.Example(features=tf.train.Features(feature={
-        k: tf.train.Feature(int64_list=tf.train.Int64List(value=np.ravel(v).tolist()))
-        for k, v in ex.items()})).SerializeToString()
 
 
 def _write_file(item, prefix: str, num_shards: int) -> int:
@@ -264,7 +252,7 @@ def _write_file(item, prefix: str, num_shards: int) -> int:
     shard, examples = item
     with tf.io.TFRecordWriter(f"{prefix}-{shard:05d}-of-{num_shards:05d}") as writer:
         for ex in sorted(examples, key=lambda e: int(e[INDEX])):
-            writer.write(_serialized(ex))
+            writer.write(token_cache.serialized_example(ex))
     return shard
 
 
@@ -312,8 +300,8 @@ def cache(source: RowSource, cache_dir: str, *, overwrite: bool = False,
         examples = (
             pipeline
             | "read" >> beam_utils.PreprocessTask(
-                task, SPLIT, setup_fn=functools.partial(_register_on_worker, source,
-                                                        len(rows), num_negatives))
+                task, SPLIT, setup_fn=functools.partial(register, source, len(rows),
+                                                        num_negatives))
             | "arrays" >> beam.Map(_as_arrays))
         _ = (examples
              | "by_file" >> beam.Map(lambda ex: (int(ex[INDEX]) % files, ex))
