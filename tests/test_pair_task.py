@@ -170,3 +170,24 @@ def test_a_cache_that_does_not_fit_the_run_is_refused(
             pair_task.token_arrays(source, rows, LENGTHS, 0, cache_dir=cache_dir)
     line = str(e.value)
     assert message in line and "\n" not in line, line
+
+
+def test_a_failed_overwrite_leaves_the_old_cache_byte_for_byte(
+        built_cache, rows_file, english_spm, tmp_path, monkeypatch):
+    import shutil
+
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(built_cache, cache_dir)
+    before = {p.relative_to(cache_dir): p.read_bytes()
+              for p in sorted(cache_dir.rglob("*")) if p.is_file()}
+
+    def fail(*_, **__):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pair_task, "_write_file", fail)
+    with pytest.raises(Exception, match="disk full"):
+        pair_task.cache(_source(rows_file, english_spm), str(cache_dir), overwrite=True)
+    after = {p.relative_to(cache_dir): p.read_bytes()
+             for p in sorted(cache_dir.rglob("*")) if p.is_file()}
+    assert after == before
+    assert [p.name for p in cache_dir.iterdir()] == ["xlmeta_embedding_pairs"]

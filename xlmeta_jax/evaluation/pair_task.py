@@ -12,7 +12,8 @@ untruncated, so one cache serves any ``query_length``/``document_length`` (the r
 
 The cache is seqio's own layout, written by seqio's Beam transforms as
 ``seqio/scripts/cache_tasks_main.py`` writes it (``PreprocessTask``, ``GetInfo``,
-``GetStats``, ``WriteJson``; ``COMPLETED`` last), but for the files: row ``i`` goes to file
+``GetStats``, ``WriteJson``; ``COMPLETED`` last; ``--overwrite`` builds beside the old
+cache and swaps it in whole), but for the files: row ``i`` goes to file
 ``i mod n`` in index order, written with TensorFlow's writer (Beam's ``WriteToTFRecord``
 needs a CRC32C package that the beam extra does not install, and reshuffles), so two runs
 write the same bytes.
@@ -42,6 +43,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from xlmeta_jax import files
 from xlmeta_jax.data import beam_runs, hf_tokenizer, seqio_vocabularies, token_cache
 from xlmeta_jax.data.task_names import EMBEDDING_PAIRS_TASK
 from xlmeta_jax.evaluation import pairs, tokenization
@@ -285,40 +287,51 @@ def cache(source: RowSource, cache_dir: str, *, overwrite: bool = False,
     num_negatives = len(rows[0].negatives)
     task = register(source, len(rows), num_negatives)
     out = _task_folder(cache_dir)
-    prefix = seqio.utils.get_cached_tfrecord_prefix(out, SPLIT)
     if tf.io.gfile.exists(out) and tf.io.gfile.listdir(out) and not overwrite:
         raise CacheError(f"{out} already holds a token cache (pass --overwrite to replace it)")
-    for old in [*tf.io.gfile.glob(f"{prefix}-*"), os.path.join(out, "COMPLETED")]:
-        if tf.io.gfile.exists(old):
-            tf.io.gfile.remove(old)
-    tf.io.gfile.makedirs(out)
-    files = num_shards or max(1, -(-len(rows) // 100_000))
+    num_files = num_shards or max(1, -(-len(rows) // 100_000))
     recorded_rows = {"count": len(rows), "sha256": rows_digest(rows)}
     tokenizer = task.output_features["query"].vocabulary.record()
 
-    def build(pipeline):
-        examples = (
-            pipeline
-            | "read" >> beam_utils.PreprocessTask(
-                task, SPLIT, setup_fn=functools.partial(register, source, len(rows),
-                                                        num_negatives))
-            | "arrays" >> beam.Map(_as_arrays))
-        _ = (examples
-             | "by_file" >> beam.Map(lambda ex: (int(ex[INDEX]) % files, ex))
-             | "group" >> beam.GroupByKey()
-             | "write" >> beam.Map(_write_file, prefix=prefix, num_shards=files))
-        _ = (examples
-             | "info" >> beam_utils.GetInfo(files)
-             | "record" >> beam.Map(_with_record, rows=recorded_rows, tokenizer=tokenizer)
-             | "write_info" >> beam_utils.WriteJson(seqio.utils.get_cached_info_path(out, SPLIT)))
-        _ = (examples
-             | "stats" >> beam_utils.GetStats(task.output_features)
-             | "write_stats" >> beam_utils.WriteJson(
-                 seqio.utils.get_cached_stats_path(out, SPLIT)))
+    def write(folder: str) -> None:
+        prefix = seqio.utils.get_cached_tfrecord_prefix(folder, SPLIT)
 
-    beam_runs.run(build, beam_args, tensorflow=True)
-    with tf.io.gfile.GFile(os.path.join(out, "COMPLETED"), "w") as f:
-        f.write("")
+        def build(pipeline):
+            examples = (
+                pipeline
+                | "read" >> beam_utils.PreprocessTask(
+                    task, SPLIT, setup_fn=functools.partial(register, source, len(rows),
+                                                            num_negatives))
+                | "arrays" >> beam.Map(_as_arrays))
+            _ = (examples
+                 | "by_file" >> beam.Map(lambda ex: (int(ex[INDEX]) % num_files, ex))
+                 | "group" >> beam.GroupByKey()
+                 | "write" >> beam.Map(_write_file, prefix=prefix, num_shards=num_files))
+            _ = (examples
+                 | "info" >> beam_utils.GetInfo(num_files)
+                 | "record" >> beam.Map(_with_record, rows=recorded_rows, tokenizer=tokenizer)
+                 | "write_info" >> beam_utils.WriteJson(
+                     seqio.utils.get_cached_info_path(folder, SPLIT)))
+            _ = (examples
+                 | "stats" >> beam_utils.GetStats(task.output_features)
+                 | "write_stats" >> beam_utils.WriteJson(
+                     seqio.utils.get_cached_stats_path(folder, SPLIT)))
+
+        beam_runs.run(build, beam_args, tensorflow=True)
+        with tf.io.gfile.GFile(os.path.join(folder, "COMPLETED"), "w") as f:
+            f.write("")
+
+    if "://" in out:
+        # A bucket has no folder rename: the old files go first, COMPLETED comes last.
+        for old in tf.io.gfile.glob(os.path.join(out, "*")):
+            tf.io.gfile.remove(old)
+        tf.io.gfile.makedirs(out)
+        write(out)
+    else:
+        # Built beside the old cache and swapped in whole: a failed or interrupted build
+        # leaves the old one as it was.
+        with files.built_whole(out) as tmp:
+            write(tmp)
     return out
 
 
