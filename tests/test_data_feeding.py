@@ -200,6 +200,41 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
         _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
 
 
+def _tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_cache_overwrite_swaps_in_a_whole_folder_and_keeps_other_splits(
+        toy, tmp_path, own_cache_dirs, monkeypatch):
+    tasks.register(vocab_path=toy["vocab"])
+    _register(toy, eos_after="document")
+    task = names.cc100_task("sw")
+    cache_dir = tmp_path / "cache"
+    out = caching.cache_task(task, str(cache_dir), num_shards=1)
+    other = {"validation.tfrecord-00000-of-00001": b"another split", "info.validation.json":
+             b"{}"}
+    for name, data in other.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    before = _tree(cache_dir)
+
+    def fail(*_, **__):
+        raise OSError("disk full")
+
+    # A failed job leaves the old cache byte for byte, and nothing beside it.
+    monkeypatch.setattr(token_cache, "_write_file", fail)
+    with pytest.raises(Exception, match="disk full"):
+        caching.cache_task(task, str(cache_dir), num_shards=1, overwrite=True)
+    assert _tree(cache_dir) == before
+    # A successful one replaces the split (the same bytes: the job is deterministic) and
+    # keeps the other split's files.
+    monkeypatch.undo()
+    os.remove(os.path.join(out, "train.tfrecord-00000-of-00001"))
+    caching.cache_task(task, str(cache_dir), num_shards=1, overwrite=True)
+    assert _tree(cache_dir) == before
+
+
 @pytest.mark.parametrize("sizes, record_tokens, records", [
     ([3, 2, 4], 5, [[3, 2], [4]]),     # a record closes once it holds record_tokens
     ([7, 1], 5, [[7], [1]]),           # a longer document is a record of its own

@@ -31,12 +31,15 @@ has them, so no worker counts. Users: ``python -m xlmeta_jax.data.prepare --toke
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
 from collections.abc import Sequence
 
 import numpy as np
 
+from xlmeta_jax import files
 from xlmeta_jax.data import beam_runs, special_ids, text_files
 
 
@@ -188,9 +191,9 @@ def task_folder(cache_dir: str, task_name: str) -> str:
     return os.path.join(cache_dir, seqio.utils.get_task_dir_from_name(task_name))
 
 
-def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corpora,
-             num_shards: int | None = None, vocab: dict | None = None) -> str:
-    """Adds one task's cache job to ``pipeline``; returns the task's cache folder.
+def add_task(pipeline, task, out: str, *, split: str, eos_after: str, corpora,
+             num_shards: int | None = None, vocab: dict | None = None) -> None:
+    """Adds the job writing ``split`` of one task's cache into the folder ``out``.
 
     ``vocab`` (``tasks.vocabulary_record``) is recorded in the info beside the ``</s>``
     convention: a run reading the cache checks both.
@@ -200,7 +203,6 @@ def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corp
     import tensorflow as tf  # noqa: PLC0415
     from seqio import beam_utils  # noqa: PLC0415
 
-    out = task_folder(cache_dir, task.name)
     tf.io.gfile.makedirs(out)
     files = num_shards or len(task.source.list_shards(split))
     prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
@@ -233,7 +235,6 @@ def add_task(pipeline, task, cache_dir: str, *, split: str, eos_after: str, corp
          | f"{label}_stats" >> beam_utils.GetStats({"tokens": task.output_features["targets"]})
          | f"{label}_write_stats" >> beam_utils.WriteJson(
              seqio.utils.get_cached_stats_path(out, split)))
-    return out
 
 
 def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "train",
@@ -247,7 +248,10 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
       cache_dir: the cache root (``make_mlm_iterator(cache_dir=...)``).
       split: the split to cache (other splits of an existing cache are kept).
       num_shards: cache files per task (None: one per source shard).
-      overwrite: replace an existing cache of this split.
+      overwrite: replace an existing cache of this split. On a local disk the task's
+        folder is built beside the old one and swapped in whole once the job succeeded,
+        so a failed or interrupted job leaves the old cache as it was; a bucket's
+        (``gs://``) is rewritten in place, ``COMPLETED`` last.
       beam_args: Beam's pipeline options (default: the DirectRunner's engine).
 
     Raises:
@@ -275,18 +279,48 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
             raise text_files.CorpusError(
                 f"{out} already caches split {split!r} (pass --overwrite to replace it)")
         chosen.append((task, out, prefix))
-    for _, out, prefix in chosen:
-        for old in [*tf.io.gfile.glob(f"{prefix}-*"), os.path.join(out, "COMPLETED")]:
-            if tf.io.gfile.exists(old):
-                tf.io.gfile.remove(old)
+    with contextlib.ExitStack() as swaps:
+        building = []
+        for task, out, prefix in chosen:
+            if "://" in out:
+                # A bucket has no folder rename: the old split goes first, COMPLETED last.
+                for old in [*tf.io.gfile.glob(f"{prefix}-*"), os.path.join(out, "COMPLETED")]:
+                    if tf.io.gfile.exists(old):
+                        tf.io.gfile.remove(old)
+                building.append((task, out))
+            else:
+                # Built beside the old folder and swapped in whole once the job succeeded
+                # (the other splits linked in): a failed or interrupted job leaves it as it was.
+                tmp = swaps.enter_context(files.built_whole(out))
+                _link_other_splits(out, tmp, split)
+                building.append((task, tmp))
 
-    def build(pipeline):
-        for task, _, _ in chosen:
-            add_task(pipeline, task, cache_dir, split=split, eos_after=eos_after,
-                     corpora=corpora, num_shards=num_shards, vocab=vocab)
+        def build(pipeline):
+            for task, folder in building:
+                add_task(pipeline, task, folder, split=split, eos_after=eos_after,
+                         corpora=corpora, num_shards=num_shards, vocab=vocab)
 
-    beam_runs.run(build, beam_args, tensorflow=True)
-    for _, out, _ in chosen:
-        with tf.io.gfile.GFile(os.path.join(out, "COMPLETED"), "w") as f:
-            f.write("")
+        beam_runs.run(build, beam_args, tensorflow=True)
+        for _, folder in building:
+            with tf.io.gfile.GFile(os.path.join(folder, "COMPLETED"), "w") as f:
+                f.write("")
     return [out for _, out, _ in chosen]
+
+
+def _link_other_splits(old: str, new: str, split: str) -> None:
+    """Hard-links (or copies) into ``new`` the files of ``old`` that are not ``split``'s."""
+    import seqio  # noqa: PLC0415
+
+    if not os.path.isdir(old):
+        return
+    prefix = os.path.basename(seqio.utils.get_cached_tfrecord_prefix(old, split))
+    own = {os.path.basename(seqio.utils.get_cached_info_path(old, split)),
+           os.path.basename(seqio.utils.get_cached_stats_path(old, split)), "COMPLETED"}
+    for name in os.listdir(old):
+        path = os.path.join(old, name)
+        if name in own or name.startswith(f"{prefix}-") or not os.path.isfile(path):
+            continue
+        try:
+            os.link(path, os.path.join(new, name))
+        except OSError:  # a file system without hard links
+            shutil.copy2(path, os.path.join(new, name))
