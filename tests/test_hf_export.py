@@ -335,6 +335,31 @@ def test_bad_exports_are_refused_before_writing(export, model, vocab, tmp_path):
     assert not (tmp_path / "small").exists() and not (tmp_path / "pad").exists()
 
 
+def test_an_interrupted_export_leaves_the_folder_as_it_was(model, vocab, tmp_path,
+                                                           monkeypatch):
+    """The files are written beside the folder and moved in, config.json last: cut while
+    writing the weights, the folder (here holding a file of the user's) is unchanged."""
+    from xlmeta_jax.interop.hf import weights
+
+    cfg, params = model
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+
+    def cut(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(weights, "save_file", cut)
+    with pytest.raises(KeyboardInterrupt):
+        hf.save_hf(out, cfg, params, vocab_path=vocab)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    monkeypatch.undo()
+    hf.save_hf(out, cfg, params, vocab_path=vocab)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert {"config.json", "model.safetensors", "notes.txt"} <= {p.name for p in out.iterdir()}
+
+
 @pytest.mark.slow
 def test_fine_tuning_command_runs_on_the_export(export, shared_data, tmp_path):
     """``python -m xlmeta_jax.finetune`` with the export as INITIAL_CHECKPOINT_PATH and no

@@ -70,6 +70,39 @@ def built_whole(folder: str) -> Iterator[str]:
             shutil.rmtree(tmp)
 
 
+@contextlib.contextmanager
+def staged_into(folder: str | os.PathLike, *, last: str) -> Iterator[str]:
+    """Yields a temporary sibling of ``folder`` to write files into, moved into ``folder``
+    at the end, ``last`` last.
+
+    Unlike :func:`built_whole` the folder may hold other files, which stay (an export into
+    a folder prepared with its tokenizer). A failed or interrupted write removes the
+    temporary folder and leaves ``folder`` as it was; the moves are renames on one file
+    system, and ``last`` (e.g. ``config.json``) arriving last marks the files complete.
+    """
+    folder = os.path.normpath(os.fspath(folder))
+    parent = os.path.dirname(folder) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    try:
+        yield tmp
+        os.makedirs(folder, exist_ok=True)
+        for name in sorted(os.listdir(tmp), key=lambda n: (n == last, n)):
+            _move_into(os.path.join(tmp, name), os.path.join(folder, name))
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+
+
+def _move_into(src: str, dst: str) -> None:
+    """Renames ``src`` to ``dst``; a folder onto an existing folder merges into it."""
+    if os.path.isdir(src) and os.path.isdir(dst):
+        for name in sorted(os.listdir(src)):
+            _move_into(os.path.join(src, name), os.path.join(dst, name))
+        return
+    os.replace(src, dst)
+
+
 def not_a_folder(path: str | os.PathLike, what: str) -> str | None:
     """Why ``path`` cannot be (or become) a folder, as one line naming it; None if it can.
 

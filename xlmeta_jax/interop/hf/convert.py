@@ -13,6 +13,7 @@ The weights themselves: :mod:`xlmeta_jax.interop.hf.weights`.
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 
@@ -113,19 +114,20 @@ def to_hf(checkpoint: str, output: str, *, vocab_path: str | None = None,
                 f"{checkpoint} was trained in another tokenizer: "
                 f"{hf_tokenizer_files.describe(stored, 'its')}, not "
                 f"{hf_tokenizer_files.describe(given, f'--vocab_path {vocab}')}")
+    # A contrastive run's checkpoint: sentence-transformers' files too, in the same export.
+    settings = embeddings.recorded_settings(checkpoint)
+    also_write = None if settings is None else functools.partial(
+        st_export.write, settings=settings, hidden_size=cfg.hidden_size,
+        max_tokens=families.of(cfg).max_tokens(cfg))
     if vocab and hf_tokenizer_files.is_tokenizer_path(vocab) and os.path.exists(vocab):
         # A Hugging Face tokenizer the model was trained in: its files go with the model as
         # they are, and the rows stay in its ids.
         tok = hf_tokenizer_files.read(vocab)
-        out = save_hf(output, cfg, params, tokenizer_files=tok.files,
-                      special=tok.specials.as_dict(), parity_report=report)
-    else:
-        out = save_hf(output, cfg, params, vocab_path=vocab, parity_report=report)
-    # A contrastive run's checkpoint: sentence-transformers' files too.
-    settings = embeddings.recorded_settings(checkpoint)
-    if settings is not None:
-        st_export.write(out, settings, cfg.hidden_size, families.of(cfg).max_tokens(cfg))
-    return out
+        return save_hf(output, cfg, params, tokenizer_files=tok.files,
+                       special=tok.specials.as_dict(), parity_report=report,
+                       also_write=also_write)
+    return save_hf(output, cfg, params, vocab_path=vocab, parity_report=report,
+                   also_write=also_write)
 
 
 def _check_output(out: pathlib.Path) -> None:

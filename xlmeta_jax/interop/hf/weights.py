@@ -27,7 +27,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from xlmeta_jax import files
+from xlmeta_jax import files as files_lib
 from xlmeta_jax.interop.hf import card, families, parity
 from xlmeta_jax.interop.hf import tokenizer as hf_tokenizer
 from xlmeta_jax.interop.hf.hf_config import (  # noqa: F401 - XLM-R's, named here too
@@ -253,7 +253,7 @@ def write_file(path: pathlib.Path, write: Callable[[str], None]) -> None:
         write(tmp)
         os.chmod(tmp, 0o666 & ~umask)
 
-    files.write_atomic(path, write=write_readable)
+    files_lib.write_atomic(path, write=write_readable)
 
 
 def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, Any],
@@ -261,6 +261,7 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
             tokenizer_files: Mapping[str, bytes] | None = None,
             special: Mapping[str, int] | None = None,
             parity_report: Callable[[str], None] | None = None,
+            also_write: Callable[[pathlib.Path], object] | None = None,
             **config_kwargs) -> pathlib.Path:
     """Writes a directory that transformers loads as is: weights, config, tokenizer, and a
     model card (``README.md``, :mod:`xlmeta_jax.interop.hf.card`) that says how to load it.
@@ -283,6 +284,8 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
         ``bos``/``eos`` where it names them), written into ``config.json``.
       parity_report: when given, transformers' model and ours run the exported weights
         before anything is written; this receives the one-line result.
+      also_write: writes further files of the export (sentence-transformers') into the
+        folder it is given, before the export moves in.
       **config_kwargs: ``bos_token_id`` and ``eos_token_id`` of the written config.
 
     Returns:
@@ -347,15 +350,19 @@ def save_hf(path: str | os.PathLike, cfg: EncoderConfig, params: Mapping[str, An
         parity.check(hf_config, state, *_convert(family, hf_config, state, {}),
                      report=parity_report)
     files[card.README_NAME] = card.model_card(hf_config, tokenizer_class, seqio_pieces).encode()
-    path.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        write_file(path / name, lambda p, data=data: pathlib.Path(p).write_bytes(data))
-    # transformers refuses safetensors files without format metadata.
-    write_file(path / SAFE_WEIGHTS_NAME,
-                lambda p: save_file(state, p, metadata={"format": "pt"}))
-    # config.json last: a directory with it is complete.
-    text = json.dumps(hf_config, indent=2, sort_keys=True)
-    write_file(path / CONFIG_NAME, lambda p: pathlib.Path(p).write_text(text))
+    # Written beside the folder and moved in, config.json last (a directory with it is
+    # complete): an interrupted export leaves the folder as it was, not half-written.
+    with files_lib.staged_into(path, last=CONFIG_NAME) as stage:
+        stage = pathlib.Path(stage)
+        for name, data in files.items():
+            write_file(stage / name, lambda p, data=data: pathlib.Path(p).write_bytes(data))
+        # transformers refuses safetensors files without format metadata.
+        write_file(stage / SAFE_WEIGHTS_NAME,
+                   lambda p: save_file(state, p, metadata={"format": "pt"}))
+        text = json.dumps(hf_config, indent=2, sort_keys=True)
+        write_file(stage / CONFIG_NAME, lambda p: pathlib.Path(p).write_text(text))
+        if also_write is not None:
+            also_write(stage)
     return path
 
 
