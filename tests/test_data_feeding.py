@@ -235,18 +235,27 @@ def test_cache_overwrite_swaps_in_a_whole_folder_and_keeps_other_splits(
     assert _tree(cache_dir) == before
 
 
+@pytest.mark.parametrize("eos_after", ["document", "line"])
 @pytest.mark.parametrize("sizes, record_tokens, records", [
-    ([3, 2, 4], 5, [[3, 2], [4]]),     # a record closes once it holds record_tokens
-    ([7, 1], 5, [[7], [1]]),           # a longer document is a record of its own
-    ([1, 1, 1], 100, [[1, 1, 1]]),     # the last record may be short
+    ([3, 3, 4], 6, [[3, 3], [4]]),     # a record closes once it holds record_tokens
+    ([7, 3], 5, [[7], [3]]),           # a longer document is a record of its own
+    ([3, 3, 3], 100, [[3, 3, 3]]),     # the last record may be short
     ([], 5, []),
 ])
-def test_cache_records_are_whole_documents(sizes, record_tokens, records):
-    docs = [np.full(n, i, np.int32) for i, n in enumerate(sizes)]
-    got = token_cache.records_of(docs, record_tokens)
-    lengths = [[int(np.sum(r == i)) for i in dict.fromkeys(r.tolist())] for r in got]
-    assert lengths == records
+def test_cache_records_are_whole_documents(sizes, record_tokens, records, eos_after):
+    eos = vocabulary.EOS_ID
+    end = [eos] if eos_after == "document" else [eos, eos]  # a line's eos, then the document's
+    stream = np.array([t for i, n in enumerate(sizes) for t in [10 + i] * (n - len(end)) + end],
+                      np.int32)
+    # The shard's stream in runs of about 2 tokens: documents span runs.
+    runs = np.array_split(stream, stream.size // 2) if stream.size else []
+    got = token_cache.records_of(runs, eos_after, eos, record_tokens)
+    ends = [token_cache.document_ends(r, eos_after, False, eos) for r in got]
+    assert [np.diff(e, prepend=-1).tolist() for e in ends] == records
+    assert all(e[-1] == r.size - 1 for e, r in zip(ends, got))
     assert all(r.dtype == np.int32 for r in got)
+    if got:
+        np.testing.assert_array_equal(np.concatenate(got), stream)
     # A record is serialised as seqio's own dict_to_tfexample writes it, byte for byte.
     for r in got:
         assert token_cache.serialized_example({"tokens": r}) == seqio.dict_to_tfexample(

@@ -60,43 +60,32 @@ def document_ends(run: np.ndarray, eos_after: str, previous_eos: bool,
     return np.flatnonzero(is_eos & before)
 
 
-def join_documents(runs: Sequence[np.ndarray], eos_after: str,
-                   eos_id: int) -> list[np.ndarray]:
-    """A source shard's runs of the token stream, in order, as whole documents."""
-    docs, pending, previous_eos = [], [], False
-    for run in runs:
-        ends = document_ends(run, eos_after, previous_eos, eos_id)
-        if run.size:
-            previous_eos = bool(run[-1] == eos_id)
-        start = 0
-        for end in ends:
-            docs.append(np.concatenate([*pending, run[start : end + 1]]).astype(np.int32))
-            pending, start = [], end + 1
-        if start < run.size:
-            pending.append(run[start:])
-    if pending:  # sources end every document; kept for safety
-        docs.append(np.concatenate(pending).astype(np.int32))
-    return docs
-
-
 # Tokens a cache record gathers from consecutive whole documents (about the uncached
 # source's run of 256 paragraphs of short text).
 RECORD_TOKENS = 8192
 
 
-def records_of(docs: Sequence[np.ndarray], record_tokens: int = RECORD_TOKENS
-               ) -> list[np.ndarray]:
-    """Consecutive whole documents joined into records of at least ``record_tokens``
-    tokens (the last may be shorter; a longer document is a record of its own)."""
-    records, pending, size = [], [], 0
-    for doc in docs:
-        pending.append(doc)
-        size += doc.size
-        if size >= record_tokens:
-            records.append(np.concatenate(pending).astype(np.int32))
-            pending, size = [], 0
-    if pending:
-        records.append(np.concatenate(pending).astype(np.int32))
+def records_of(runs: Sequence[np.ndarray], eos_after: str, eos_id: int,
+               record_tokens: int = RECORD_TOKENS) -> list[np.ndarray]:
+    """A source shard's runs of the token stream, in order, as records of consecutive whole
+    documents of at least ``record_tokens`` tokens (the last may be shorter; a longer
+    document is a record of its own).
+
+    One pass over the shard's stream: the document ends are found at once and each record
+    is cut at the first end that completes it (a per-document loop cost more than the
+    records' serialisation on sentence-length documents).
+    """
+    if not runs:
+        return []
+    stream = np.concatenate(runs).astype(np.int32, copy=False)
+    cuts = document_ends(stream, eos_after, False, eos_id) + 1
+    if not cuts.size or cuts[-1] != stream.size:  # sources end every document; kept for safety
+        cuts = np.append(cuts, stream.size)
+    records, start = [], 0
+    while start < stream.size:
+        end = int(cuts[min(np.searchsorted(cuts, start + record_tokens), cuts.size - 1)])
+        records.append(stream[start:end])
+        start = end
     return records
 
 
@@ -128,9 +117,8 @@ def _keyed(ex, provenance):
 def _dealt(item, eos_after: str, num_shards: int | None, eos_id: int):
     """One source shard's records, keyed by the cache file each goes to."""
     shard, elements = item
-    docs = join_documents([run for _, run in sorted(elements, key=lambda e: e[0])], eos_after,
-                          eos_id)
-    for j, doc in enumerate(records_of(docs)):
+    runs = [run for _, run in sorted(elements, key=lambda e: e[0])]
+    for j, doc in enumerate(records_of(runs, eos_after, eos_id)):
         out = shard if num_shards is None else (shard + j) % num_shards
         yield out, (shard, j, doc)
 
