@@ -17,8 +17,9 @@ languages (../shared/data), then tokenizes that text ``--repeat`` times, in one 
    files, runs the same step, then writes TFRecords), whole and less the job's fixed
    start-up (the same job on a one-document text: pipeline construction, pickling, the
    tokenizer's load), which a corpus of any size pays once; then its parts without Beam:
-   the task's source alone (the text files read into paragraphs) and with the tokenize
-   step (the token figure of both is the text's);
+   the task's source alone (the text files read into paragraphs), with the tokenize
+   step, and the tokenize step's vocabulary calls on the source's elements from a Python
+   loop instead of tf.data (the token figure of all three is the text's);
 4. **our SentencePiece** through the same tf.data step and the same cache job: what the
    job costs whatever the tokenizer.
 
@@ -117,7 +118,19 @@ def _job_parts(vocab_path: str, text_dir: str, tokens: int):
                 pass
             return tokens
         return run
-    return part(False), part(True)
+    def calls():
+        # The tokenize step's vocabulary calls on the source's elements, from a Python loop:
+        # what the step costs less tf.data's execution of it (elements read beforehand).
+        for element in elements:
+            vocab.encode_flat(element["text"])
+        return tokens
+
+    tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
+        os.path.join(text_dir, "*.txt")], eos_after="document"))
+    task = seqio.get_mixture_or_task(names.ENGLISH_TEXT_TASK)
+    vocab = task.output_features["targets"].vocabulary
+    elements = list(task.source.get_dataset(split="train", shuffle=False).as_numpy_iterator())
+    return part(False), part(True), calls
 
 
 def main(argv=None) -> None:
@@ -183,7 +196,8 @@ def main(argv=None) -> None:
             ("on the fly: tf.data tokenize step", _tf_tokens(vocab, lines, args.repeat)),
             ("token cache: Beam DirectRunner, 1 worker", cache_job(folder, "cache")),
             *zip(("  its source alone: text files to paragraphs",
-                  "  its source + tokenize step, without Beam"),
+                  "  its source + tokenize step, without Beam",
+                  "  the step's tokenizer calls, from Python"),
                  _job_parts(folder, text_dir, _ceiling_tokens(vocab, lines, args.repeat))),
             ("our SentencePiece: tf.data tokenize step", _tf_tokens(ours, lines, args.repeat)),
             ("our SentencePiece: token cache, 1 worker", cache_job(spm, "cache_spm"))]
