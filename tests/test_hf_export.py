@@ -355,8 +355,11 @@ def test_an_interrupted_export_leaves_the_folder_as_it_was(model, vocab, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     monkeypatch.undo()
-    hf.save_hf(out, cfg, params, vocab_path=vocab)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # Through a link to the folder (an output on another disk): written beside the folder
+    # itself, so the moves stay on its file system.
+    (tmp_path / "link").symlink_to(out)
+    hf.save_hf(tmp_path / "link", cfg, params, vocab_path=vocab)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "out"]
     assert {"config.json", "model.safetensors", "notes.txt"} <= {p.name for p in out.iterdir()}
 
 

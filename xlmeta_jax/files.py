@@ -80,8 +80,9 @@ def staged_into(folder: str | os.PathLike, *, last: str) -> Iterator[str]:
     temporary folder and leaves ``folder`` as it was; the moves are renames on one file
     system, and ``last`` (e.g. ``config.json``) arriving last marks the files complete.
     """
-    folder = os.path.normpath(os.fspath(folder))
-    parent = os.path.dirname(folder) or "."
+    # Beside the folder a link points to, so the moves stay renames on its file system.
+    folder = os.path.realpath(os.fspath(folder))
+    parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
     try:
