@@ -160,3 +160,11 @@ def test_built_whole_replaces_a_folder_only_on_success(tmp_path):
         (pathlib.Path(tmp) / "new.txt").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
     assert [p.name for p in folder.iterdir()] == ["new.txt"]
+    # Through a link (a folder on another disk): the folder it points to is replaced and
+    # the link stays.
+    (tmp_path / "link").symlink_to(folder)
+    with files.built_whole(str(tmp_path / "link")) as tmp:
+        (pathlib.Path(tmp) / "newer.txt").write_text("newer")
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "link"]
+    assert [p.name for p in folder.iterdir()] == ["newer.txt"]

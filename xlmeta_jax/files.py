@@ -56,8 +56,10 @@ def built_whole(folder: str) -> Iterator[str]:
     Args:
       folder: the folder to create, e.g. ``MODEL_DIR/corpus``.
     """
-    folder = os.path.normpath(folder)
-    parent = os.path.dirname(folder) or "."
+    # Beside the folder a link points to: the link stays, and the rename stays on one
+    # file system.
+    folder = os.path.realpath(folder)
+    parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
     try:
