@@ -46,6 +46,25 @@ def write_atomic(path: str | os.PathLike, content: str | bytes | None = None, *,
 
 
 @contextlib.contextmanager
+def _beside(folder: str | os.PathLike) -> Iterator[tuple[str, str]]:
+    """Yields ``(folder, tmp)``: the folder a link points to, and a new temporary sibling
+    of it, removed at the end unless it was renamed away.
+
+    Beside the folder a link points to, so that the link stays and the renames stay on
+    the folder's file system.
+    """
+    folder = os.path.realpath(os.fspath(folder))
+    parent = os.path.dirname(folder)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    try:
+        yield folder, tmp
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+
+
+@contextlib.contextmanager
 def built_whole(folder: str) -> Iterator[str]:
     """Yields a temporary sibling of ``folder`` to build in, renamed to ``folder`` at the end.
 
@@ -56,20 +75,11 @@ def built_whole(folder: str) -> Iterator[str]:
     Args:
       folder: the folder to create, e.g. ``MODEL_DIR/corpus``.
     """
-    # Beside the folder a link points to: the link stays, and the rename stays on one
-    # file system.
-    folder = os.path.realpath(folder)
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
-    try:
+    with _beside(folder) as (folder, tmp):
         yield tmp
         if os.path.exists(folder):
             shutil.rmtree(folder)
         os.rename(tmp, folder)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
 
 
 @contextlib.contextmanager
@@ -82,19 +92,11 @@ def staged_into(folder: str | os.PathLike, *, last: str) -> Iterator[str]:
     temporary folder and leaves ``folder`` as it was; the moves are renames on one file
     system, and ``last`` (e.g. ``config.json``) arriving last marks the files complete.
     """
-    # Beside the folder a link points to, so the moves stay renames on its file system.
-    folder = os.path.realpath(os.fspath(folder))
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
-    try:
+    with _beside(folder) as (folder, tmp):
         yield tmp
         os.makedirs(folder, exist_ok=True)
         for name in sorted(os.listdir(tmp), key=lambda n: (n == last, n)):
             _move_into(os.path.join(tmp, name), os.path.join(folder, name))
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
 
 
 def _move_into(src: str, dst: str) -> None:

@@ -35,7 +35,7 @@ import contextlib
 import functools
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -268,20 +268,8 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
                 f"{out} already caches split {split!r} (pass --overwrite to replace it)")
         chosen.append((task, out, prefix))
     with contextlib.ExitStack() as swaps:
-        building = []
-        for task, out, prefix in chosen:
-            if "://" in out:
-                # A bucket has no folder rename: the old split goes first, COMPLETED last.
-                for old in [*tf.io.gfile.glob(f"{prefix}-*"), os.path.join(out, "COMPLETED")]:
-                    if tf.io.gfile.exists(old):
-                        tf.io.gfile.remove(old)
-                building.append((task, out))
-            else:
-                # Built beside the old folder and swapped in whole once the job succeeded
-                # (the other splits linked in): a failed or interrupted job leaves it as it was.
-                tmp = swaps.enter_context(files.built_whole(out))
-                _link_other_splits(out, tmp, split)
-                building.append((task, tmp))
+        building = [(task, swaps.enter_context(rebuilt_split(out, split)))
+                    for task, out, _ in chosen]
 
         def build(pipeline):
             for task, folder in building:
@@ -289,10 +277,39 @@ def cache_tasks(task_names: Sequence[str], cache_dir: str, *, split: str = "trai
                          corpora=corpora, num_shards=num_shards, vocab=vocab)
 
         beam_runs.run(build, beam_args, tensorflow=True)
-        for _, folder in building:
-            with tf.io.gfile.GFile(os.path.join(folder, "COMPLETED"), "w") as f:
-                f.write("")
     return [out for _, out, _ in chosen]
+
+
+@contextlib.contextmanager
+def rebuilt_split(out: str, split: str) -> Iterator[str]:
+    """Yields the folder to write ``split`` of the cache folder ``out`` into; once the
+    block succeeded, ``COMPLETED`` is written and the cache is in place.
+
+    On a local disk the folder is built beside ``out`` (the other splits' files linked in)
+    and swapped in whole: a failed or interrupted job leaves the old cache as it was. A
+    bucket (``gs://``) has no folder rename: the split's old files go first and
+    ``COMPLETED`` comes last.
+    """
+    import seqio  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    def completed(folder: str) -> None:
+        with tf.io.gfile.GFile(os.path.join(folder, "COMPLETED"), "w") as f:
+            f.write("")
+
+    if "://" in out:
+        prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
+        for old in [*tf.io.gfile.glob(f"{prefix}-*"), os.path.join(out, "COMPLETED")]:
+            if tf.io.gfile.exists(old):
+                tf.io.gfile.remove(old)
+        tf.io.gfile.makedirs(out)
+        yield out
+        completed(out)
+        return
+    with files.built_whole(out) as tmp:
+        _link_other_splits(out, tmp, split)
+        yield tmp
+        completed(tmp)
 
 
 def _link_other_splits(old: str, new: str, split: str) -> None:

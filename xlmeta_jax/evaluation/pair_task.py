@@ -43,7 +43,6 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax import files
 from xlmeta_jax.data import beam_runs, hf_tokenizer, seqio_vocabularies, token_cache
 from xlmeta_jax.data.task_names import EMBEDDING_PAIRS_TASK
 from xlmeta_jax.evaluation import pairs, tokenization
@@ -293,7 +292,9 @@ def cache(source: RowSource, cache_dir: str, *, overwrite: bool = False,
     recorded_rows = {"count": len(rows), "sha256": rows_digest(rows)}
     tokenizer = task.output_features["query"].vocabulary.record()
 
-    def write(folder: str) -> None:
+    # Built beside the old cache and swapped in whole (a bucket: rewritten in place,
+    # COMPLETED last): a failed or interrupted build leaves the old one as it was.
+    with token_cache.rebuilt_split(out, SPLIT) as folder:
         prefix = seqio.utils.get_cached_tfrecord_prefix(folder, SPLIT)
 
         def build(pipeline):
@@ -318,20 +319,6 @@ def cache(source: RowSource, cache_dir: str, *, overwrite: bool = False,
                      seqio.utils.get_cached_stats_path(folder, SPLIT)))
 
         beam_runs.run(build, beam_args, tensorflow=True)
-        with tf.io.gfile.GFile(os.path.join(folder, "COMPLETED"), "w") as f:
-            f.write("")
-
-    if "://" in out:
-        # A bucket has no folder rename: the old files go first, COMPLETED comes last.
-        for old in tf.io.gfile.glob(os.path.join(out, "*")):
-            tf.io.gfile.remove(old)
-        tf.io.gfile.makedirs(out)
-        write(out)
-    else:
-        # Built beside the old cache and swapped in whole: a failed or interrupted build
-        # leaves the old one as it was.
-        with files.built_whole(out) as tmp:
-            write(tmp)
     return out
 
 
