@@ -1,32 +1,37 @@
 """Tokenization speed of a Hugging Face tokenizer in our pipeline, beside its own ceiling.
 
     python -m benchmarks.tokenize_speed [--vocab_size=65536] [--languages=40] [--repeat=4]
+        [--rounds=3]
 
 Trains a BPE of ``--vocab_size`` pieces (Gemma's id layout, ``hf_tokenizer.train_tokenizer``)
 and a SentencePiece model of ours of the same size on FLORES-200 devtest of ``--languages``
 languages (../shared/data), then tokenizes that text ``--repeat`` times, in one process, by:
 
 1. **ceiling**: ``tokenizers``' own ``Tokenizer.encode_batch_fast`` on the lines, in batches
-   of 256 (what ``TokenizerVocabulary.encode_batch`` calls), with the library's thread pool
-   (``TOKENIZERS_PARALLELISM`` as this process got it) and on one thread (``=false``, as
-   the tf.data step sets it); ``encode_batch``, which also computes offsets, beside them;
+   of 4,096 (what the cache job's tokenize step calls per batch), with the library's thread
+   pool (``TOKENIZERS_PARALLELISM`` as this process got it) and on one thread (``=false``,
+   as our steps set it); ``encode_batch``, which also computes offsets, beside them;
 2. **on the fly**: the pretraining tasks' tokenize step, ``preprocessors.tokenize_documents``
    in tf.data with the ``TokenizerVocabulary`` (what every host runs without a cache);
 3. **the token cache**: ``token_cache.cache_tasks`` on a registered task of that text, one
    Beam DirectRunner worker in this process (``prepare --tokenize``'s job; it reads the text
-   files, runs the same step, then writes TFRecords), whole and less the job's fixed
-   start-up (the same job on a one-document text: pipeline construction, pickling, the
-   tokenizer's load), which a corpus of any size pays once; then its parts without Beam:
-   the task's source alone (the text files read into paragraphs), with the tokenize
-   step, and the tokenize step's vocabulary calls on the source's elements from a Python
-   loop instead of tf.data (the token figure of all three is the text's);
+   files and tokenizes them in Python, ``providers.paragraphs`` and
+   ``preprocessors.tokenize_entries``, then writes TFRecords), whole and less the job's
+   fixed start-up (the same job on a one-document text: pipeline construction, pickling,
+   the tokenizer's load), which a corpus of any size pays once; then its parts without
+   Beam: the reading alone, the reading with the tokenize step, and the step's tokenizer
+   calls alone on paragraphs read beforehand (the token figure of all three is the
+   text's); then the same job reading the task as seqio reads it (``PreprocessTask``: the
+   tf.data source and tokenize step), the job's path before its Python reading;
 4. **our SentencePiece** through the same tf.data step and the same cache job: what the
    job costs whatever the tokenizer.
 
-Each figure is the better of two runs, in tokens per CPU-second of this process (all its
-threads; ``resource``'s user + system time), and per second of wall time; each also as a
-ratio of two ceilings' CPU rates: ``encode_batch_fast`` (row 1, what our vocabulary calls,
-the stricter) and ``encode_batch`` (row 3, the ceiling the tokenization goal names).
+Each row runs once per round, every row in turn, ``--rounds`` times; a figure is the row's
+best round, in tokens per CPU-second of this process (all its threads; ``resource``'s user
++ system time), and per second of wall time; each also as a ratio of two ceilings' best
+CPU rates: ``encode_batch_fast`` (row 1, what our vocabulary calls, the stricter) and
+``encode_batch`` (row 3, the ceiling the tokenization goal names); and the range, over the
+rounds, of the ratio to row 1 measured in the same round.
 """
 
 from __future__ import annotations
@@ -98,39 +103,54 @@ def _cache_tokens(vocab_path: str, text_dir: str, cache_dir: str) -> int:
 
 
 def _job_parts(vocab_path: str, text_dir: str, tokens: int):
-    """The cache job's work without Beam, on the same text files: the task's source alone
-    (text files to paragraphs), then with its steps before the cache placeholder (the
-    tokenize step). Each returns ``tokens``, the text's count (the source holds text)."""
-    import seqio
-
-    from xlmeta_jax.data import corpora, tasks
-    from xlmeta_jax.data import task_names as names
-
-    def part(tokenize: bool):
-        def run():
-            tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
-                os.path.join(text_dir, "*.txt")], eos_after="document"))
-            task = seqio.get_mixture_or_task(names.ENGLISH_TEXT_TASK)
-            ds = task.source.get_dataset(split="train", shuffle=False)
-            if tokenize:
-                ds = task.preprocess_precache(ds)
-            for _ in ds.as_numpy_iterator():
-                pass
-            return tokens
-        return run
-    def calls():
-        # The tokenize step's vocabulary calls on the source's elements, from a Python loop:
-        # what the step costs less tf.data's execution of it (elements read beforehand).
-        for element in elements:
-            vocab.encode_flat(element["text"])
-        return tokens
+    """The cache job's work without Beam, on the same text files: its Python reading alone
+    (``providers.paragraphs``), with its tokenize step (``preprocessors.tokenize_entries``),
+    and the step's tokenizer calls alone on the paragraphs read beforehand. Each returns
+    ``tokens``, the text's count."""
+    from xlmeta_jax.data import corpora, preprocessors, providers, tasks, vocabulary
 
     tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
         os.path.join(text_dir, "*.txt")], eos_after="document"))
-    task = seqio.get_mixture_or_task(names.ENGLISH_TEXT_TASK)
-    vocab = task.output_features["targets"].vocabulary
-    elements = list(task.source.get_dataset(split="train", shuffle=False).as_numpy_iterator())
-    return part(False), part(True), calls
+    vocab = vocabulary.load_vocabulary(vocab_path)
+    paths = sorted(os.path.join(text_dir, n) for n in os.listdir(text_dir))
+
+    def entries():
+        for path in paths:
+            yield from providers.paragraphs(path, 1 << 20)
+
+    def reading():
+        for _ in entries():
+            pass
+        return tokens
+
+    def tokenizing():
+        for _ in preprocessors.tokenize_entries(entries(), vocab, "document"):
+            pass
+        return tokens
+
+    texts = [e for e in entries() if e is not None]
+
+    def calls():
+        for i in range(0, len(texts), preprocessors._ENTRIES_PER_CALL):
+            vocab.encode_batch(texts[i:i + preprocessors._ENTRIES_PER_CALL])
+        return tokens
+
+    return reading, tokenizing, calls
+
+
+def _through_seqio(fn):
+    """``fn`` with every task cached as seqio reads it (``PreprocessTask``: the tf.data
+    source and tokenize step), the job's path before its Python reading."""
+    from xlmeta_jax.data import token_cache
+
+    def run():
+        python_reading = token_cache.python_reading
+        token_cache.python_reading = lambda task: None
+        try:
+            return fn()
+        finally:
+            token_cache.python_reading = python_reading
+    return run
 
 
 def main(argv=None) -> None:
@@ -138,10 +158,12 @@ def main(argv=None) -> None:
     parser.add_argument("--vocab_size", type=int, default=65536)
     parser.add_argument("--languages", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
 
-    from xlmeta_jax.data import hf_tokenizer, vocabulary
+    from xlmeta_jax.data import hf_tokenizer, preprocessors, vocabulary
 
+    per_call = preprocessors._ENTRIES_PER_CALL
     lines = _flores(args.languages)
     work = tempfile.mkdtemp(prefix="tokenize_speed.")
     folder = os.path.join(work, "bpe")
@@ -166,9 +188,9 @@ def main(argv=None) -> None:
                 os.environ["TOKENIZERS_PARALLELISM"] = parallelism
             n = 0
             for _ in range(args.repeat):
-                for i in range(0, len(lines), 256):
+                for i in range(0, len(lines), per_call):
                     n += sum(len(e.ids) for e in getattr(vocab.tokenizer, method)(
-                        lines[i:i + 256], add_special_tokens=False))
+                        lines[i:i + per_call], add_special_tokens=False))
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
             if saved is not None:
                 os.environ["TOKENIZERS_PARALLELISM"] = saved
@@ -179,58 +201,73 @@ def main(argv=None) -> None:
     os.makedirs(one_doc)
     with open(os.path.join(one_doc, "one.txt"), "w", encoding="utf-8") as f:
         f.write(lines[0] + "\n")
-    startup = {}
 
-    def cache_job(path, name):
-        return lambda: _cache_tokens(path, text_dir, os.path.join(work, name))
-
-    def startup_of(path, name):
-        _, cpu, wall = _measure(lambda: _cache_tokens(path, one_doc, os.path.join(work, name)))
-        startup[name] = (cpu, wall)
+    def cache_job(path, name, text=text_dir):
+        return lambda: _cache_tokens(path, text, os.path.join(work, name))
 
     pool = os.environ.get("TOKENIZERS_PARALLELISM", "unset")
+    # (name, what is measured, the job's fixed start-up where it is a cache job)
     rows = [(f"encode_batch_fast, thread pool ({pool}) = ceiling",
-             tokenizers_own("encode_batch_fast")),
-            ("encode_batch_fast, one thread", tokenizers_own("encode_batch_fast", "false")),
-            ("encode_batch (with offsets), thread pool", tokenizers_own("encode_batch")),
-            ("on the fly: tf.data tokenize step", _tf_tokens(vocab, lines, args.repeat)),
-            ("token cache: Beam DirectRunner, 1 worker", cache_job(folder, "cache")),
-            *zip(("  its source alone: text files to paragraphs",
-                  "  its source + tokenize step, without Beam",
-                  "  the step's tokenizer calls, from Python"),
-                 _job_parts(folder, text_dir, _ceiling_tokens(vocab, lines, args.repeat))),
-            ("our SentencePiece: tf.data tokenize step", _tf_tokens(ours, lines, args.repeat)),
-            ("our SentencePiece: token cache, 1 worker", cache_job(spm, "cache_spm"))]
+             tokenizers_own("encode_batch_fast"), None),
+            ("encode_batch_fast, one thread", tokenizers_own("encode_batch_fast", "false"), None),
+            ("encode_batch (with offsets), thread pool", tokenizers_own("encode_batch"), None),
+            ("on the fly: tf.data tokenize step", _tf_tokens(vocab, lines, args.repeat), None),
+            ("token cache: Beam DirectRunner, 1 worker", cache_job(folder, "cache"),
+             cache_job(folder, "start", one_doc)),
+            *((name, fn, None) for name, fn in zip(
+                ("  its reading alone: text files to paragraphs",
+                 "  its reading + tokenize step, without Beam",
+                 "  its tokenizer calls alone"),
+                _job_parts(folder, text_dir, _ceiling_tokens(vocab, lines, args.repeat)))),
+            ("token cache read as seqio reads (tf.data)",
+             _through_seqio(cache_job(folder, "cache_tf")),
+             _through_seqio(cache_job(folder, "start_tf", one_doc))),
+            ("our SentencePiece: tf.data tokenize step", _tf_tokens(ours, lines, args.repeat),
+             None),
+            ("our SentencePiece: token cache, 1 worker", cache_job(spm, "cache_spm"),
+             cache_job(spm, "start_spm", one_doc))]
     # Warm-up (the tokenizers' thread pool first, as the process got it; TensorFlow's first
     # graph; Beam's first job) outside the figures.
     vocab.tokenizer.encode_batch_fast(lines[:2000], add_special_tokens=False)
     _tf_tokens(vocab, lines[:2000], 1)()
     _tf_tokens(ours, lines[:2000], 1)()
-    startup_of(folder, "warm")
+    cache_job(folder, "warm", one_doc)()
     # The tf.data step set TOKENIZERS_PARALLELISM=false where it was unset: rows 1 and 3
     # run as the process got it, the rest with the step's setting.
     os.environ.pop("TOKENIZERS_PARALLELISM", None)
     if pool != "unset":
         os.environ["TOKENIZERS_PARALLELISM"] = pool
+    # Rounds of every row in turn: this shared machine's speed drifts over minutes, so a
+    # row's best round and each round's ratio to that round's ceiling are what compare.
+    rounds = {}  # name -> [(tokens, cpu, wall)] per round
+    startups = {}  # the start-up row's name -> its CPU-s per round
+    for _ in range(args.rounds):
+        for name, fn, start in rows:
+            tokens, cpu, wall = _measure(fn)
+            rounds.setdefault(name, []).append((tokens, cpu, wall))
+            if start is not None:
+                _, s_cpu, s_wall = _measure(start)
+                rounds.setdefault(f"  less its start-up ({name})", []).append(
+                    (tokens, cpu - s_cpu, wall - s_wall))
+                startups.setdefault(f"  less its start-up ({name})", []).append(s_cpu)
     # Two ratio columns: to row 1 (encode_batch_fast, what our vocabulary calls) and to row
-    # 3 (encode_batch, the ceiling as the issue of record names it).
+    # 3 (encode_batch, the ceiling as the issue of record names it); then the range of the
+    # ratio to row 1 over the rounds.
+    print(f"{args.rounds} rounds; the best round of each row:")
     print(f"{'path':48s} {'tokens':>10s} {'tok/CPU-s':>11s} {'tok/s':>11s} {'x fast':>7s} "
-          f"{'x encode_batch':>14s}")
-    measured = []
-    for name, fn in rows:
-        # The better of two runs: this shared machine's rates vary between runs.
-        tokens, cpu, wall = min((_measure(fn) for _ in range(2)), key=lambda m: m[1])
-        measured.append((name, tokens, tokens / cpu, tokens / wall))
-        if "cache" in name:
-            key = "start_spm" if "SentencePiece" in name else "start"
-            startup_of(spm if key == "start_spm" else folder, key)
-            s_cpu, s_wall = startup[key]
-            measured.append((f"  less its start-up ({s_cpu:.1f} CPU-s)", tokens,
-                             tokens / (cpu - s_cpu), tokens / (wall - s_wall)))
-    fast, batch = measured[0][2], measured[2][2]
-    for name, tokens, rate, wall_rate in measured:
-        print(f"{name:48s} {tokens:10d} {rate:11,.0f} {wall_rate:11,.0f} {rate / fast:7.2f} "
-              f"{rate / batch:14.2f}")
+          f"{'x encode_batch':>14s} {'x fast by round':>16s}")
+    names = list(rounds)
+    fast, batch = rounds[names[0]], rounds[names[2]]
+    for name in names:
+        tokens, cpu, wall = min(rounds[name], key=lambda m: m[1])
+        best = min(m[1] for m in fast)
+        by_round = [f[1] / m[1] for m, f in zip(rounds[name], fast)]
+        label = (f"  less its start-up ({min(startups[name]):.1f} CPU-s)"
+                 if name in startups else name)
+        print(f"{label:48s} {tokens:10d} {tokens / cpu:11,.0f} {tokens / wall:11,.0f} "
+              f"{best / cpu:7.2f} {min(m[1] for m in batch) / cpu:14.2f} "
+              f"{min(by_round):7.2f}-{max(by_round):.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """The batch stream the trainer sees: global arrays, exact resume, determinism,
 dynamic masking, the offline cache, phase-1 English and the throughput command."""
 
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +17,8 @@ from data_toy import cached_documents, train_toy_vocabulary, write_cc100_dir  # 
 from xlmeta_jax.data import (  # noqa: E402
     english_pd,
     feeding,
+    preprocessors,
+    providers,
     tasks,  # noqa: E402
     text_files,  # noqa: E402
     token_cache,
@@ -160,6 +163,8 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
     _register(toy, eos_after=eos_after)
     task = names.cc100_task("de")
     cache_dir = str(tmp_path / "cache")
+    # Text files: the job reads and tokenizes them in Python (the tf.data step's stream).
+    assert token_cache.python_reading(seqio.get_mixture_or_task(task)) == eos_after
     out = caching.cache_task(task, cache_dir, num_shards=1)
     assert os.path.exists(os.path.join(out, "COMPLETED"))
     with pytest.raises(text_files.CorpusError, match="already caches split"):
@@ -198,6 +203,28 @@ def test_offline_cache_gives_the_same_batches(toy, mesh, tmp_path, eos_after, ow
     _register(toy, eos_after=other)
     with pytest.raises(text_files.CorpusError, match=f"after each {eos_after}, this run after"):
         _iterator(mesh, task, use_cached=True, cache_dir=cache_dir, **kw)
+
+
+def test_only_text_files_tokenized_by_our_step_are_read_in_python(toy):
+    vocab = vocabulary.load_vocabulary(toy["vocab"])
+    features = {"targets": seqio.Feature(vocab, add_eos=False, dtype=tf.int32)}
+    text = providers.TextLineDocumentsSource(
+        {"train": providers.TextFiles((os.path.join(toy["cc_dir"], "de.txt"),))})
+    other = seqio.FunctionDataSource(lambda split, shuffle_files: tf.data.Dataset.range(1),
+                                     splits=["train"])
+    step = functools.partial(preprocessors.tokenize_documents, eos_after="document")
+    cases = [  # (source, steps before the cache, the convention read in Python or None)
+        (text, [step], "document"),
+        (text, [functools.partial(preprocessors.tokenize_documents)], "line"),
+        (other, [step], None),                           # not text files: seqio's reading
+        (text, [step, preprocessors.add_language], None),  # another step before the cache
+        (text, [functools.partial(preprocessors.tokenize_documents, eos_after="document"),
+                functools.partial(preprocessors.add_language, language="de")], None),
+    ]
+    for i, (source, steps, want) in enumerate(cases):
+        task = seqio.Task(f"python_reading_case_{i}", source, features,
+                          [*steps, seqio.CacheDatasetPlaceholder()])
+        assert token_cache.python_reading(task) == want, i
 
 
 def _tree(folder):

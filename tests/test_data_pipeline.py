@@ -165,6 +165,80 @@ def test_reader_agrees_with_counting_pass(tmp_path, monkeypatch, lines_per_eleme
     assert stats.lines == sum(1 for _, end in got if not end)
     assert stats.documents == sum(1 for _, end in got if end)
     assert (stats.skipped_invalid_utf8, stats.skipped_long_lines) == (1, 1)
+    # The cache job's Python reader yields the same entries (None for a document's end).
+    assert list(providers.paragraphs(str(path), 1000)) == [
+        None if end else text for text, end in got]
+
+
+# Files whose lines test each reading rule: byte-order mark, NUL, whitespace that is not
+# ASCII (not blank), ill-formed UTF-8 of every kind (surrogate, overlong, past U+10FFFF,
+# 5-byte, truncated), a noncharacter and a 4-byte character (both valid), '\r' alone, two
+# '\r' before '\n' (one is dropped), lines at, over and (with '\r') at the length limit,
+# blank runs of ASCII whitespace, and no final newline.
+_ODD_LINES = (
+    b"\xef\xbb\xbfbom first\n\t \x0b\x0c\n" b"nul \x00 inside\n" b"\xc2\x85\n"
+    b"\xe3\x80\x80\n" b"\r\n" b"\n\n" b"sur \xed\xa0\x80\n" b"over \xc0\xaf\n"
+    b"past \xf4\x90\x80\x80\n" b"five \xf8\x88\x80\x80\x80\n" b"cut \xe2\x82\n"
+    b"nonchar \xef\xbf\xbe and \xf0\x9f\x98\x80\n" b"two cr\r\r\n" b"in\rside\n"
+    + b"d" * 32 + b"\r" + b"d" * 32 + b"\n" + b"a" * 64 + b"\n"
+    + b"b" * 65 + b"\n" + b"c" * 64 + b"\r\n" + b"\n \n\t\nlast, no newline")
+
+
+def _odd_files(folder):
+    import gzip
+
+    paths = [folder / "odd.txt", folder / "odd.txt.gz", folder / "blank.txt",
+             folder / "one.txt"]
+    paths[0].write_bytes(_ODD_LINES)
+    with gzip.open(paths[1], "wb") as f:
+        f.write(_ODD_LINES.replace(b"\n", b"\r\n"))
+    paths[2].write_bytes(b"\n \n\r\n")
+    paths[3].write_bytes(b"one line\n")
+    return [str(p) for p in paths]
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "tokenizer.json"])
+def test_python_reading_is_the_tf_data_source_and_tokenize_step(toy, tmp_path, kind):
+    """The cache job's Python reader and tokenizer give the token stream of the tf.data
+    source and tokenize step, entry for entry and id for id, in both conventions."""
+    import hf_toy
+
+    paths = _odd_files(tmp_path)
+    if kind == "sentencepiece":
+        vocab = vocabulary.load_vocabulary(toy["vocab"])
+    else:
+        lines = [t for t in providers.paragraphs(paths[0], 64) if t] * 20
+        lines += [t for d in toy["docs"]["de"] for t in d][:200]
+        vocab = vocabulary.load_vocabulary(str(hf_toy.tokenizer_folder(
+            tmp_path / "tok", "gemma", lines, vocab_size=500)))
+    features = {"targets": seqio.Feature(vocab, add_eos=False, dtype=tf.int32)}
+    for path in paths:
+        source = providers.TextLineDocumentsSource(
+            {"train": providers.TextFiles((path,), max_line_bytes=64)})
+        tf_entries = [None if end else text.decode()
+                      for ex in source.get_dataset(shuffle=False).as_numpy_iterator()
+                      for text, end in zip(ex["text"], ex["ends_document"])]
+        entries = list(providers.paragraphs(path, 64))
+        assert entries == tf_entries, path
+        stats = text_files.scan_text_file(path, max_line_bytes=64)  # the counting pass
+        assert (stats.lines, stats.documents, stats.text_bytes) == (
+            len(entries) - entries.count(None), entries.count(None),
+            sum(len(e.encode()) for e in entries if e)), path
+        for eos_after in ("line", "document"):
+            tokens = preprocessors.tokenize_documents(
+                source.get_dataset(shuffle=False), features, eos_after=eos_after)
+            want = [int(t) for ex in tokens.as_numpy_iterator() for t in ex["tokens"]]
+            for batch in (3, 4096):  # documents across the Python calls' batches, or not
+                runs = list(preprocessors.tokenize_entries(entries, vocab, eos_after, batch))
+                assert all(r.dtype == np.int32 and r.size for r in runs)
+                got = [int(t) for r in runs for t in r]
+                assert got == want, (path, eos_after, batch)
+    odd = list(providers.paragraphs(paths[0], 64))
+    assert odd[:6] == ["\ufeffbom first", None, "nul \x00 inside", "\x85", "\u3000", None]
+    # Every '\r' is dropped, as TextLineDataset drops it, before the length is measured.
+    assert {"two cr", "inside", "d" * 64, "a" * 64, "c" * 64} <= set(odd)
+    assert "b" * 65 not in odd
+    assert list(providers.paragraphs(paths[2], 64)) == []
 
 
 def test_documents_are_sharded_whole(toy):

@@ -44,13 +44,15 @@ every epoch.
 
 from __future__ import annotations
 
+import itertools
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
+import numpy as np
 import seqio
 import tensorflow as tf
 
-from xlmeta_jax.data import special_ids
+from xlmeta_jax.data import seqio_vocabularies, special_ids
 from xlmeta_jax.data.corpora import EOS_AFTER
 from xlmeta_jax.data.special_ids import SpecialIds
 from xlmeta_jax.model import mlm
@@ -125,6 +127,56 @@ def tokenize_documents(
 
     ds = dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.filter(lambda ex: tf.size(ex["tokens"]) > 0)
+
+
+# Text-file entries per tokenizer call in :func:`tokenize_entries`.
+_ENTRIES_PER_CALL = 4096
+
+
+def tokenize_entries(entries: Iterable[str | None], vocab, eos_after: str = "line",
+                     batch: int = _ENTRIES_PER_CALL) -> Iterator[np.ndarray]:
+    """:func:`tokenize_documents` of a text-file source's entries, in Python.
+
+    The token cache job's tokenize step for text files (:mod:`xlmeta_jax.data.token_cache`,
+    with :func:`xlmeta_jax.data.providers.paragraphs`): the same token stream, ids and
+    ``eos`` where the tf.data step puts them, cut into runs at other places (one run per
+    ``batch`` entries; the cache joins a file's runs). tests/test_data_pipeline.py holds it
+    to the tf.data step in both conventions and both kinds of vocabulary.
+
+    Args:
+      entries: a paragraph's text, or None where a document ends.
+      vocab: the task's vocabulary (its ``encode_batch``: ids without special tokens).
+      eos_after: as :func:`tokenize_documents`.
+      batch: entries per tokenizer call.
+
+    Yields:
+      int32 runs of the token stream, none empty.
+    """
+    if eos_after not in EOS_AFTER:
+        raise ValueError(f"eos_after must be one of {EOS_AFTER}, got {eos_after!r}")
+    seqio_vocabularies.one_tokenizer_thread()
+    sep = special_ids.of(vocab).sep
+    entries = iter(entries)
+    while chunk := list(itertools.islice(entries, batch)):
+        texts = [e for e in chunk if e is not None]
+        # An eos goes after the first ``k`` texts' ids for each ``k`` listed: after every
+        # text and at every document end ('line'), or at document ends only.
+        eos_at, k = [], 0
+        for entry in chunk:
+            if entry is None:
+                eos_at.append(k)
+            else:
+                k += 1
+                if eos_after == "line":
+                    eos_at.append(k)
+        ids = vocab.encode_batch(texts) if texts else []
+        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        values = np.fromiter(itertools.chain.from_iterable(ids), np.int32,
+                             count=int(lengths.sum()))
+        ends = np.concatenate([[0], np.cumsum(lengths)])[eos_at]
+        run = np.insert(values, ends, np.int32(sep))
+        if run.size:
+            yield run
 
 
 @_no_autograph

@@ -65,6 +65,17 @@ class SentencePieceVocabulary(_SpecialIdAttributes, seqio.SentencePieceVocabular
             return hf_tokenizer.sentencepiece_record(f.read(), self.specials.size)
 
 
+def one_tokenizer_thread() -> None:
+    """Sets ``TOKENIZERS_PARALLELISM=false`` in the process unless it is set.
+
+    tf.data runs the tokenizer's calls in parallel already, and Beam runs a worker per
+    core: the ``tokenizers`` library's own thread pool competing with them cost a third
+    of the tokens per CPU-second (benchmarks/tokenize_speed.py). It also spares Beam's
+    forked workers the library's fork warning.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 class BatchEncodingTf:
     """``encode_tf`` through the Python ``encode_batch`` of a tokenizer library: a batch of
     strings per ``tf.numpy_function`` call, as ``(ids, counts)`` (no per-string call)."""
@@ -78,14 +89,9 @@ class BatchEncodingTf:
         return values, lengths
 
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
-        """A string scalar to int32 ids, or a vector of strings to a ragged [n, None].
-
-        Sets ``TOKENIZERS_PARALLELISM=false`` in the process unless it is set: tf.data
-        runs these calls in parallel already, and each call's own thread pool competing
-        with them cost a third of the tokens per CPU-second (benchmarks/tokenize_speed.py;
-        it also spares Beam's forked workers the library's fork warning).
-        """
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        """A string scalar to int32 ids, or a vector of strings to a ragged [n, None]
+        (on one tokenizer thread: :func:`one_tokenizer_thread`)."""
+        one_tokenizer_thread()
         s = tf.convert_to_tensor(s, tf.string)
         values, lengths = tf.numpy_function(self.encode_flat, [tf.reshape(s, [-1])],
                                             [tf.int32, tf.int64], stateful=False)

@@ -96,14 +96,16 @@ def _chunks(f, max_line_bytes: int, block_bytes: int) -> Iterator[tuple[bytes, i
     """Blocks of whole lines (each ending in b"\\n") and the over-long lines dropped between.
 
     A line longer than a block is never held: once it passes the limit it is dropped
-    up to its newline, as :func:`text_files.iter_stream_lines` drops it.
+    up to its newline, as :func:`text_files.iter_stream_lines` drops it. Every ``\\r`` is
+    dropped first, as the reader drops it.
     """
-    limit = max_line_bytes + 1  # a trailing '\r' is only dropped at the end
+    limit = max_line_bytes
     carry, dropping = b"", False
     while True:
         block = f.read(block_bytes)
         if not block:
             break
+        block = block.replace(b"\r", b"")
         if dropping:
             end = block.find(b"\n")
             if end < 0:
@@ -129,14 +131,15 @@ def _chunks(f, max_line_bytes: int, block_bytes: int) -> Iterator[tuple[bytes, i
 def _kept(chunk: bytes, max_line_bytes: int, total: Counts) -> bytes:
     """``chunk``'s lines as the reader keeps them; blank ones empty, skipped ones counted.
 
-    Most blocks are valid UTF-8 without '\\r', long lines or lines of spaces, and are
-    kept as they are, checked at C speed; the others go line by line.
+    Most blocks are valid UTF-8 without long lines or lines of spaces, and are kept as
+    they are, checked at C speed; the others go line by line. (``_chunks`` dropped every
+    ``\\r``.)
     """
     lines = chunk[:-1].split(b"\n")
     try:
         chunk.decode("utf-8")
         # A line of spaces only is blank (bytes.strip), and only the slow path empties it.
-        clean = (b"\r" not in chunk and max(map(len, lines)) <= max_line_bytes
+        clean = (max(map(len, lines)) <= max_line_bytes
                  and not any(map(bytes.isspace, lines)))
     except UnicodeDecodeError:
         clean = False
@@ -144,8 +147,6 @@ def _kept(chunk: bytes, max_line_bytes: int, total: Counts) -> bytes:
         return chunk
     kept = []
     for line in lines:
-        if line.endswith(b"\r"):
-            line = line[:-1]
         if len(line) > max_line_bytes:
             total.skipped_long_lines += 1
         elif not line.strip():

@@ -211,10 +211,12 @@ def _gzip_errors(path: str):
 
 
 def iter_lines(path: str, max_line_bytes: int) -> Iterator[bytes | None]:
-    """Yields the file's lines as bytes (without ``\\n`` and one trailing ``\\r``).
+    """Yields the file's lines as bytes, as ``tf.data.TextLineDataset`` reads them: split
+    at ``\\n``, every ``\\r`` dropped (TensorFlow's ``BufferedInputStream.ReadLine``
+    appends none, wherever it stands in the line).
 
-    This mirrors ``tf.data.TextLineDataset``. A line longer than
-    ``max_line_bytes`` is yielded as None and is never held whole in memory.
+    A line longer than ``max_line_bytes`` (without its ``\\r``) is yielded as None and is
+    never held whole in memory.
     """
     with _gzip_errors(path), _open_binary(path) as f:
         yield from iter_stream_lines(f, max_line_bytes)
@@ -222,7 +224,6 @@ def iter_lines(path: str, max_line_bytes: int) -> Iterator[bytes | None]:
 
 def iter_stream_lines(f, max_line_bytes: int) -> Iterator[bytes | None]:
     """:func:`iter_lines` of an open binary stream (a decompressing one included)."""
-    limit = max_line_bytes + 1  # a trailing '\r' is only dropped at the end
     pending: list[bytes] = []
     pending_len = 0
     too_long = False
@@ -230,6 +231,7 @@ def iter_stream_lines(f, max_line_bytes: int) -> Iterator[bytes | None]:
         block = f.read(_READ_BLOCK_BYTES)
         if not block:
             break
+        block = block.replace(b"\r", b"")
         parts = block.split(b"\n")
         # parts[:-1] end lines; parts[-1] starts the line the next block continues.
         for part in parts[:-1]:
@@ -242,7 +244,7 @@ def iter_stream_lines(f, max_line_bytes: int) -> Iterator[bytes | None]:
         tail = parts[-1]
         if not too_long and tail:
             pending_len += len(tail)
-            if pending_len > limit:
+            if pending_len > max_line_bytes:
                 pending, too_long = [], True
             else:
                 pending.append(tail)
@@ -253,8 +255,6 @@ def iter_stream_lines(f, max_line_bytes: int) -> Iterator[bytes | None]:
 
 
 def _finish_line(line: bytes, max_line_bytes: int) -> bytes | None:
-    if line.endswith(b"\r"):
-        line = line[:-1]
     if len(line) > max_line_bytes:
         return None
     return line
@@ -549,8 +549,7 @@ def sample_paragraphs(path: str, n: int, max_line_bytes: int = DEFAULT_MAX_LINE_
                 if not raw or start in seen:
                     break
                 seen.add(start)
-                line = raw.rstrip(b"\n")
-                line = line[:-1] if line.endswith(b"\r") else line
+                line = raw.rstrip(b"\n").replace(b"\r", b"")  # as iter_lines reads it
                 if not line.strip() or len(line) > max_line_bytes:
                     continue
                 try:

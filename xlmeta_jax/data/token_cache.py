@@ -1,11 +1,13 @@
 """seqio's offline token cache of registered tasks, written by an Apache Beam job.
 
-Per task the job reads the source through seqio's own Beam transform
-(``seqio.beam_utils.PreprocessTask``: one work item per source shard, as
-``seqio/scripts/cache_tasks_main.py`` runs it), so the cache holds exactly what the
-task's steps before its ``CacheDatasetPlaceholder`` produce, and writes
-``info.{split}.json`` and ``stats.{split}.json`` with seqio's ``GetInfo``,
-``GetStats`` and ``WriteJson``; ``COMPLETED`` is written last, once the job
+The cache holds exactly what the task's steps before its ``CacheDatasetPlaceholder``
+produce, one work item per source shard. A task of text files tokenized by our step is
+read and tokenized in Python (:func:`python_reading`: the tf.data source and step's own
+rules, held equal to them by tests/test_data_pipeline.py, without their cost per
+token); any other task through seqio's own Beam transform
+(``seqio.beam_utils.PreprocessTask``, as ``seqio/scripts/cache_tasks_main.py`` runs it).
+The job writes ``info.{split}.json`` and ``stats.{split}.json`` with seqio's
+``GetInfo``, ``GetStats`` and ``WriteJson``; ``COMPLETED`` is written last, once the job
 succeeded. seqio reads the cache with ``use_cached=True``.
 
 The TFRecords are written here rather than by seqio's ``WriteExampleTfRecord``,
@@ -107,6 +109,49 @@ def _register(corpora) -> None:
         tasks.register(corpora)
 
 
+def python_reading(task) -> str | None:
+    """The ``</s>`` convention of a task whose cache is read and tokenized in Python, or
+    None for a task read through seqio's ``PreprocessTask``.
+
+    A task of text files (:class:`~xlmeta_jax.data.providers.TextLineDocumentsSource`)
+    whose one step before its ``CacheDatasetPlaceholder`` is our tokenize step is read
+    by :func:`~xlmeta_jax.data.providers.paragraphs` and tokenized by
+    :func:`~xlmeta_jax.data.preprocessors.tokenize_entries`: the same token stream as the
+    tf.data source and step, at a fraction of their and Beam's cost per token (the
+    tokenizer's own calls were 60% of the job's CPU through tf.data;
+    benchmarks/tokenize_speed.py). Any other task, a TFDS source for one, is read as
+    seqio reads it.
+    """
+    import seqio  # noqa: PLC0415
+
+    from xlmeta_jax.data import preprocessors, providers  # noqa: PLC0415 - TensorFlow
+
+    steps = list(task.preprocessors)
+    before = steps[:next(i for i, s in enumerate(steps)
+                         if isinstance(s, seqio.CacheDatasetPlaceholder))]
+    if (isinstance(task.source, providers.TextLineDocumentsSource) and len(before) == 1
+            and isinstance(before[0], functools.partial)
+            and before[0].func is preprocessors.tokenize_documents and not before[0].args):
+        return before[0].keywords.get("eos_after", "line")
+    return None
+
+
+def _tokenized_file(shard, task_name: str, split: str, corpora, eos_after: str):
+    """One text file of a task read and tokenized in Python, as ``_keyed`` elements: the
+    file's index and its runs of the token stream, in order."""
+    import seqio  # noqa: PLC0415
+
+    from xlmeta_jax.data import preprocessors, providers  # noqa: PLC0415
+
+    _register(corpora)
+    task = seqio.get_mixture_or_task(task_name)
+    index, path = shard
+    entries = providers.paragraphs(path, task.source.files_by_split[split].max_line_bytes)
+    vocab = task.output_features["targets"].vocabulary
+    for i, run in enumerate(preprocessors.tokenize_entries(entries, vocab, eos_after)):
+        yield index, (i, run)
+
+
 def _keyed(ex, provenance):
     shard_key, index_key = provenance
     tokens = ex["tokens"]
@@ -196,12 +241,22 @@ def add_task(pipeline, task, out: str, *, split: str, eos_after: str, corpora,
     prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
     label = task.name
     eos_id = special_ids.of(task.output_features["targets"].vocabulary).sep
-    elements = (
-        pipeline
-        | f"{label}_read" >> beam_utils.PreprocessTask(
-            task, split, setup_fn=functools.partial(_register, corpora), add_provenance=True)
-        | f"{label}_key" >> beam.Map(_keyed, provenance=(
-            beam_utils.SOURCE_SHARD_ID_PROVENANCE_KEY, beam_utils.ID_WITHIN_SHARD_PROVENANCE_KEY)))
+    convention = python_reading(task)
+    if convention is not None:  # a work item per file, as PreprocessTask's per source shard
+        elements = (
+            pipeline
+            | f"{label}_files" >> beam.Create(list(enumerate(task.source.list_shards(split))))
+            | f"{label}_read" >> beam.FlatMap(_tokenized_file, task_name=task.name, split=split,
+                                              corpora=corpora, eos_after=convention))
+    else:
+        elements = (
+            pipeline
+            | f"{label}_read" >> beam_utils.PreprocessTask(
+                task, split, setup_fn=functools.partial(_register, corpora),
+                add_provenance=True)
+            | f"{label}_key" >> beam.Map(_keyed, provenance=(
+                beam_utils.SOURCE_SHARD_ID_PROVENANCE_KEY,
+                beam_utils.ID_WITHIN_SHARD_PROVENANCE_KEY)))
     if num_shards is None:  # a file per source shard: written where the shard was read
         docs = elements | f"{label}_write" >> _write_shards_in_place(prefix, files, eos_after,
                                                                      eos_id)
