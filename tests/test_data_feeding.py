@@ -287,10 +287,22 @@ def test_cache_records_are_whole_documents(sizes, record_tokens, records, eos_af
     for r in got:
         assert token_cache.serialized_example({"tokens": r}) == seqio.dict_to_tfexample(
             {"tokens": r}).SerializeToString()
-        # A contrastive row's columns, a scalar index among them (evaluation/pair_task.py).
-        row = {"index": np.int32(3), "query": r, "positive": r[:1]}
-        assert token_cache.serialized_example(row) == seqio.dict_to_tfexample(
-            row).SerializeToString()
+
+
+@pytest.mark.parametrize("values", [[], [0, 127, 128, 2**31 - 1], [2**35, -1]])
+def test_examples_are_serialised_as_seqio_does_and_the_same_in_every_process(values):
+    """seqio's bytes, and for a contrastive row's columns (a scalar among them) the order
+    of the entries that ``deterministic`` fixes: without it the protobuf library's order
+    of a map's entries varies between processes, and so would a cache's bytes."""
+    v = np.array(values, np.int64)
+    assert token_cache.serialized_example({"tokens": v}) == seqio.dict_to_tfexample(
+        {"tokens": v}).SerializeToString()
+    row = {"query": v, "index": np.int32(3), "positive": v[:1], "negative_0": v[::-1]}
+    assert token_cache.serialized_example(row) == seqio.dict_to_tfexample(
+        row).SerializeToString(deterministic=True)
+    keys = [b"index", b"negative_0", b"positive", b"query"]  # in the bytes' order
+    at = [token_cache.serialized_example(row).index(k) for k in keys]
+    assert at == sorted(at)
 
 
 @pytest.mark.parametrize("eos", [vocabulary.EOS_ID, 50282])  # ours; ModernBERT's [SEP]
