@@ -19,10 +19,11 @@ languages (../shared/data), then tokenizes that text ``--repeat`` times, in one 
    ``preprocessors.tokenize_entries``, then writes TFRecords), whole and less the job's
    fixed start-up (the same job on a one-document text: pipeline construction, pickling,
    the tokenizer's load), which a corpus of any size pays once; then its parts without
-   Beam: the reading alone, the reading with the tokenize step, and the step's tokenizer
-   calls alone on paragraphs read beforehand (the token figure of all three is the
-   text's); then the same job reading the task as seqio reads it (``PreprocessTask``: the
-   tf.data source and tokenize step), the job's path before its Python reading;
+   Beam: the reading alone, the reading with the tokenize step, the step's tokenizer
+   calls alone on paragraphs read beforehand, and the records' cutting and serialisation
+   (the token figure of all four is the text's); then the same job reading the task as
+   seqio reads it (``PreprocessTask``: the tf.data source and tokenize step), the job's
+   path before its Python reading;
 4. **our SentencePiece** through the same tf.data step and the same cache job: what the
    job costs whatever the tokenizer.
 
@@ -105,9 +106,17 @@ def _cache_tokens(vocab_path: str, text_dir: str, cache_dir: str) -> int:
 def _job_parts(vocab_path: str, text_dir: str, tokens: int):
     """The cache job's work without Beam, on the same text files: its Python reading alone
     (``providers.paragraphs``), with its tokenize step (``preprocessors.tokenize_entries``),
-    and the step's tokenizer calls alone on the paragraphs read beforehand. Each returns
-    ``tokens``, the text's count."""
-    from xlmeta_jax.data import corpora, preprocessors, providers, tasks, vocabulary
+    the step's tokenizer calls alone on the paragraphs read beforehand, and the records cut
+    from the tokens and serialised (``token_cache.records_of``, ``serialized_example``).
+    Each returns ``tokens``, the text's count."""
+    from xlmeta_jax.data import (
+        corpora,
+        preprocessors,
+        providers,
+        tasks,
+        token_cache,
+        vocabulary,
+    )
 
     tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
         os.path.join(text_dir, "*.txt")], eos_after="document"))
@@ -135,7 +144,15 @@ def _job_parts(vocab_path: str, text_dir: str, tokens: int):
             vocab.encode_batch(texts[i:i + preprocessors._ENTRIES_PER_CALL])
         return tokens
 
-    return reading, tokenizing, calls
+    runs = list(preprocessors.tokenize_entries(entries(), vocab, "document"))
+
+    def writing():
+        records = token_cache.records_of(runs, "document", vocab.specials.sep)
+        for record in records:
+            token_cache.serialized_example({"tokens": record})
+        return tokens
+
+    return reading, tokenizing, calls, writing
 
 
 def _through_seqio(fn):
@@ -181,9 +198,11 @@ def main(argv=None) -> None:
     with open(os.path.join(text_dir, "flores.txt"), "w", encoding="utf-8") as f:
         f.write("".join(f"{line}\n\n" for line in lines * args.repeat))
 
-    def tokenizers_own(method, parallelism=None):
+    def tokenizers_own(method, parallelism):
+        """``method`` with ``TOKENIZERS_PARALLELISM`` as given (None: unset), then set back
+        to ``false``, as our steps set it for every other row."""
         def run():
-            saved = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
             if parallelism is not None:
                 os.environ["TOKENIZERS_PARALLELISM"] = parallelism
             n = 0
@@ -191,9 +210,7 @@ def main(argv=None) -> None:
                 for i in range(0, len(lines), per_call):
                     n += sum(len(e.ids) for e in getattr(vocab.tokenizer, method)(
                         lines[i:i + per_call], add_special_tokens=False))
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            if saved is not None:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
             return n
         return run
 
@@ -205,19 +222,23 @@ def main(argv=None) -> None:
     def cache_job(path, name, text=text_dir):
         return lambda: _cache_tokens(path, text, os.path.join(work, name))
 
-    pool = os.environ.get("TOKENIZERS_PARALLELISM", "unset")
+    # Rows 1 and 3 run as the process got TOKENIZERS_PARALLELISM (the library's thread pool
+    # unless it was set false); the rest with our steps' setting, false.
+    pool = os.environ.get("TOKENIZERS_PARALLELISM")
     # (name, what is measured, the job's fixed start-up where it is a cache job)
-    rows = [(f"encode_batch_fast, thread pool ({pool}) = ceiling",
-             tokenizers_own("encode_batch_fast"), None),
+    rows = [(f"encode_batch_fast, thread pool ({pool or 'unset'}) = ceiling",
+             tokenizers_own("encode_batch_fast", pool), None),
             ("encode_batch_fast, one thread", tokenizers_own("encode_batch_fast", "false"), None),
-            ("encode_batch (with offsets), thread pool", tokenizers_own("encode_batch"), None),
+            ("encode_batch (with offsets), thread pool", tokenizers_own("encode_batch", pool),
+             None),
             ("on the fly: tf.data tokenize step", _tf_tokens(vocab, lines, args.repeat), None),
             ("token cache: Beam DirectRunner, 1 worker", cache_job(folder, "cache"),
              cache_job(folder, "start", one_doc)),
             *((name, fn, None) for name, fn in zip(
                 ("  its reading alone: text files to paragraphs",
                  "  its reading + tokenize step, without Beam",
-                 "  its tokenizer calls alone"),
+                 "  its tokenizer calls alone",
+                 "  its records' cutting + serialisation alone"),
                 _job_parts(folder, text_dir, _ceiling_tokens(vocab, lines, args.repeat)))),
             ("token cache read as seqio reads (tf.data)",
              _through_seqio(cache_job(folder, "cache_tf")),
@@ -229,14 +250,10 @@ def main(argv=None) -> None:
     # Warm-up (the tokenizers' thread pool first, as the process got it; TensorFlow's first
     # graph; Beam's first job) outside the figures.
     vocab.tokenizer.encode_batch_fast(lines[:2000], add_special_tokens=False)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _tf_tokens(vocab, lines[:2000], 1)()
     _tf_tokens(ours, lines[:2000], 1)()
     cache_job(folder, "warm", one_doc)()
-    # The tf.data step set TOKENIZERS_PARALLELISM=false where it was unset: rows 1 and 3
-    # run as the process got it, the rest with the step's setting.
-    os.environ.pop("TOKENIZERS_PARALLELISM", None)
-    if pool != "unset":
-        os.environ["TOKENIZERS_PARALLELISM"] = pool
     # Rounds of every row in turn: this shared machine's speed drifts over minutes, so a
     # row's best round and each round's ratio to that round's ceiling are what compare.
     rounds = {}  # name -> [(tokens, cpu, wall)] per round

@@ -190,8 +190,8 @@ def _write_shards_in_place(prefix: str, num_shards: int, eos_after: str, eos_id:
     """A DoFn writing each source shard's cache file where the shard was read.
 
     With one cache file per source shard no element has to move: every element of a
-    shard comes out of one call of ``PreprocessTask``'s DoFn, so a DoFn fused after it
-    sees them all in the same bundle. It keeps them per shard and writes the shard's
+    shard comes out of one call of the reading DoFn (``_tokenized_file`` or
+    ``PreprocessTask``'s), so a DoFn fused after it sees them all in the same bundle. It keeps them per shard and writes the shard's
     file at the bundle's end, instead of a ``GroupByKey`` that would send every token
     between worker processes (a job's dominant cost on more than one worker).
     """
