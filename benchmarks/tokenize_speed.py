@@ -23,7 +23,7 @@ languages (../shared/data), then tokenizes that text ``--repeat`` times, in one 
    calls alone on paragraphs read beforehand, and the records' cutting and serialisation
    (the token figure of all four is the text's); then the same job reading the task as
    seqio reads it (``PreprocessTask``: the tf.data source and tokenize step), the job's
-   path before its Python reading;
+   path before its Python reading, and its tf.data source alone and with the step;
 4. **our SentencePiece** through the same tf.data step and the same cache job: what the
    job costs whatever the tokenizer.
 
@@ -155,6 +155,30 @@ def _job_parts(vocab_path: str, text_dir: str, tokens: int):
     return reading, tokenizing, calls, writing
 
 
+def _seqio_parts(vocab_path: str, text_dir: str, tokens: int):
+    """The same work as seqio reads it, without Beam: the task's tf.data source alone, and
+    with its tokenize step (``task.preprocess_precache``). Each returns ``tokens``."""
+    import seqio
+
+    from xlmeta_jax.data import corpora, tasks
+    from xlmeta_jax.data import task_names as names
+
+    def part(tokenize: bool):
+        def run():
+            tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
+                os.path.join(text_dir, "*.txt")], eos_after="document"))
+            task = seqio.get_mixture_or_task(names.ENGLISH_TEXT_TASK)
+            ds = task.source.get_dataset(split="train", shuffle=False)
+            if tokenize:
+                ds = task.preprocess_precache(ds)
+            for _ in ds.as_numpy_iterator():
+                pass
+            return tokens
+        return run
+
+    return part(False), part(True)
+
+
 def _through_seqio(fn):
     """``fn`` with every task cached as seqio reads it (``PreprocessTask``: the tf.data
     source and tokenize step), the job's path before its Python reading."""
@@ -243,6 +267,10 @@ def main(argv=None) -> None:
             ("token cache read as seqio reads (tf.data)",
              _through_seqio(cache_job(folder, "cache_tf")),
              _through_seqio(cache_job(folder, "start_tf", one_doc))),
+            *((name, fn, None) for name, fn in zip(
+                ("  its source alone: text files to paragraphs",
+                 "  its source + tokenize step, without Beam"),
+                _seqio_parts(folder, text_dir, _ceiling_tokens(vocab, lines, args.repeat)))),
             ("our SentencePiece: tf.data tokenize step", _tf_tokens(ours, lines, args.repeat),
              None),
             ("our SentencePiece: token cache, 1 worker", cache_job(spm, "cache_spm"),
