@@ -15,7 +15,7 @@ languages (../shared/data), then tokenizes that text ``--repeat`` times, in one 
    in tf.data with the ``TokenizerVocabulary`` (what every host runs without a cache);
 3. **the token cache**: ``token_cache.cache_tasks`` on a registered task of that text, one
    Beam DirectRunner worker in this process (``prepare --tokenize``'s job; it reads the text
-   files and tokenizes them in Python, ``providers.paragraphs`` and
+   files and tokenizes them in Python, ``text_files.iter_entries`` and
    ``preprocessors.tokenize_entries``, then writes TFRecords), whole and less the job's
    fixed start-up (the same job on a one-document text: pipeline construction, pickling,
    the tokenizer's load), which a corpus of any size pays once; then its parts without
@@ -85,14 +85,22 @@ def _ceiling_tokens(vocab, lines, repeat: int) -> int:
     return repeat * sum(len(ids) for ids in vocab.encode_batch(lines))
 
 
-def _cache_tokens(vocab_path: str, text_dir: str, cache_dir: str) -> int:
-    import json
-
-    from xlmeta_jax.data import corpora, tasks, token_cache
-    from xlmeta_jax.data import task_names as names
+def _register_english(vocab_path: str, text_dir: str) -> None:
+    """Registers the English text task on the benchmark's files, as the cache job and the
+    seqio rows read them (one ``</s>`` per document)."""
+    from xlmeta_jax.data import corpora, tasks
 
     tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
         os.path.join(text_dir, "*.txt")], eos_after="document"))
+
+
+def _cache_tokens(vocab_path: str, text_dir: str, cache_dir: str) -> int:
+    import json
+
+    from xlmeta_jax.data import task_names as names
+    from xlmeta_jax.data import token_cache
+
+    _register_english(vocab_path, text_dir)
     token_cache.cache_tasks([names.ENGLISH_TEXT_TASK], cache_dir, overwrite=True,
                             beam_args=["--direct_num_workers=1",
                                        "--direct_running_mode=in_memory"])
@@ -105,27 +113,18 @@ def _cache_tokens(vocab_path: str, text_dir: str, cache_dir: str) -> int:
 
 def _job_parts(vocab_path: str, text_dir: str, tokens: int):
     """The cache job's work without Beam, on the same text files: its Python reading alone
-    (``providers.paragraphs``), with its tokenize step (``preprocessors.tokenize_entries``),
+    (``text_files.iter_entries``), with its tokenize step (``preprocessors.tokenize_entries``),
     the step's tokenizer calls alone on the paragraphs read beforehand, and the records cut
     from the tokens and serialised (``token_cache.records_of``, ``serialized_example``).
     Each returns ``tokens``, the text's count."""
-    from xlmeta_jax.data import (
-        corpora,
-        preprocessors,
-        providers,
-        tasks,
-        token_cache,
-        vocabulary,
-    )
+    from xlmeta_jax.data import preprocessors, text_files, token_cache, vocabulary
 
-    tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
-        os.path.join(text_dir, "*.txt")], eos_after="document"))
     vocab = vocabulary.load_vocabulary(vocab_path)
     paths = sorted(os.path.join(text_dir, n) for n in os.listdir(text_dir))
 
     def entries():
         for path in paths:
-            yield from providers.paragraphs(path, 1 << 20)
+            yield from text_files.iter_entries(path, 1 << 20)
 
     def reading():
         for _ in entries():
@@ -160,13 +159,11 @@ def _seqio_parts(vocab_path: str, text_dir: str, tokens: int):
     with its tokenize step (``task.preprocess_precache``). Each returns ``tokens``."""
     import seqio
 
-    from xlmeta_jax.data import corpora, tasks
     from xlmeta_jax.data import task_names as names
 
     def part(tokenize: bool):
         def run():
-            tasks.register(corpora.Corpora(vocab_path=vocab_path, english_files=[
-                os.path.join(text_dir, "*.txt")], eos_after="document"))
+            _register_english(vocab_path, text_dir)
             task = seqio.get_mixture_or_task(names.ENGLISH_TEXT_TASK)
             ds = task.source.get_dataset(split="train", shuffle=False)
             if tokenize:

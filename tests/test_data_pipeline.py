@@ -166,7 +166,7 @@ def test_reader_agrees_with_counting_pass(tmp_path, monkeypatch, lines_per_eleme
     assert stats.documents == sum(1 for _, end in got if end)
     assert (stats.skipped_invalid_utf8, stats.skipped_long_lines) == (1, 1)
     # The cache job's Python reader yields the same entries (None for a document's end).
-    assert list(providers.paragraphs(str(path), 1000)) == [
+    assert list(text_files.iter_entries(str(path), 1000)) == [
         None if end else text for text, end in got]
 
 
@@ -207,7 +207,7 @@ def test_python_reading_is_the_tf_data_source_and_tokenize_step(toy, tmp_path, k
     if kind == "sentencepiece":
         vocab = vocabulary.load_vocabulary(toy["vocab"])
     else:
-        lines = [t for t in providers.paragraphs(paths[0], 64) if t] * 20
+        lines = [t for t in text_files.iter_entries(paths[0], 64) if t] * 20
         lines += [t for d in toy["docs"]["de"] for t in d][:200]
         vocab = vocabulary.load_vocabulary(str(hf_toy.tokenizer_folder(
             tmp_path / "tok", "gemma", lines, vocab_size=500)))
@@ -218,7 +218,7 @@ def test_python_reading_is_the_tf_data_source_and_tokenize_step(toy, tmp_path, k
         tf_entries = [None if end else text.decode()
                       for ex in source.get_dataset(shuffle=False).as_numpy_iterator()
                       for text, end in zip(ex["text"], ex["ends_document"])]
-        entries = list(providers.paragraphs(path, 64))
+        entries = list(text_files.iter_entries(path, 64))
         assert entries == tf_entries, path
         stats = text_files.scan_text_file(path, max_line_bytes=64)  # the counting pass
         assert (stats.lines, stats.documents, stats.text_bytes) == (
@@ -233,12 +233,12 @@ def test_python_reading_is_the_tf_data_source_and_tokenize_step(toy, tmp_path, k
                 assert all(r.dtype == np.int32 and r.size for r in runs)
                 got = [int(t) for r in runs for t in r]
                 assert got == want, (path, eos_after, batch)
-    odd = list(providers.paragraphs(paths[0], 64))
+    odd = list(text_files.iter_entries(paths[0], 64))
     assert odd[:6] == ["\ufeffbom first", None, "nul \x00 inside", "\x85", "\u3000", None]
     # Every '\r' is dropped, as TextLineDataset drops it, before the length is measured.
     assert {"two cr", "inside", "d" * 64, "a" * 64, "c" * 64} <= set(odd)
     assert "b" * 65 not in odd
-    assert list(providers.paragraphs(paths[2], 64)) == []
+    assert list(text_files.iter_entries(paths[2], 64)) == []
 
 
 def test_documents_are_sharded_whole(toy):
@@ -665,8 +665,6 @@ def test_tfds_documents_get_eos_per_line_or_per_document(toy, eos_after):
     else:
         want = enc(docs[0]) + [eos] + enc(docs[1]) + [eos]
     assert got == want
-    with pytest.raises(ValueError, match="eos_after"):
-        preprocessors.tokenize_documents(ds, features, eos_after="paragraph")
     with pytest.raises(text_files.CorpusError, match="eos_after"):
         _register_toy(toy, eos_after="sentence")
 

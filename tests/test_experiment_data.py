@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -168,3 +170,41 @@ def test_built_whole_replaces_a_folder_only_on_success(tmp_path):
     assert (tmp_path / "link").is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "link"]
     assert [p.name for p in folder.iterdir()] == ["newer.txt"]
+
+
+def test_built_whole_keeps_the_old_folder_until_the_new_one_is_in_place(tmp_path,
+                                                                        monkeypatch):
+    """The old folder is renamed aside, not deleted, before the new one moves in: a
+    failure of that move puts it back, and it is deleted only once the new one is there."""
+    from xlmeta_jax import files
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "old.txt").write_text("old")
+    rename, seen = os.rename, []
+
+    def failing_second(src, dst):
+        seen.append(os.path.basename(dst))
+        if len(seen) == 2:  # the new folder into place, after the old one moved aside
+            assert not folder.exists()
+            raise KeyboardInterrupt
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", failing_second)
+    with pytest.raises(KeyboardInterrupt):
+        with files.built_whole(str(folder)) as tmp:
+            (pathlib.Path(tmp) / "new.txt").write_text("new")
+    monkeypatch.setattr(os, "rename", rename)
+    assert seen[1] == "corpus" and seen[2] == "corpus"  # aside, in (failed), back
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    assert [p.name for p in folder.iterdir()] == ["old.txt"]
+
+    removed, rmtree = [], shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda path, **kw: (
+        removed.append((path, sorted(os.listdir(folder)))), rmtree(path, **kw)))
+    with files.built_whole(str(folder)) as tmp:
+        (pathlib.Path(tmp) / "new.txt").write_text("new")
+    # The old folder went only when the new one was in place.
+    assert removed[0][1] == ["new.txt"] and removed[0][0].endswith(".old")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    assert [p.name for p in folder.iterdir()] == ["new.txt"]

@@ -70,16 +70,27 @@ def built_whole(folder: str) -> Iterator[str]:
 
     An interrupted or failed build removes the temporary folder and leaves ``folder`` as
     it was, so a rerun never mistakes half-written files for a prepared folder; a
-    successful one replaces ``folder`` whole (the rename is atomic on one file system).
+    successful one replaces ``folder`` whole. An old ``folder`` is renamed aside, the new
+    one renamed into its place and only then the old one removed: ``folder`` is missing
+    only between two renames on one file system (an exception there puts the old one
+    back), never while a large old folder is deleted.
 
     Args:
       folder: the folder to create, e.g. ``MODEL_DIR/corpus``.
     """
     with _beside(folder) as (folder, tmp):
         yield tmp
-        if os.path.exists(folder):
-            shutil.rmtree(folder)
-        os.rename(tmp, folder)
+        if not os.path.exists(folder):
+            os.rename(tmp, folder)
+            return
+        old = f"{tmp}.old"  # tmp's name is this build's own: so is this one
+        os.rename(folder, old)
+        try:
+            os.rename(tmp, folder)
+        except BaseException:
+            os.rename(old, folder)
+            raise
+        shutil.rmtree(old)
 
 
 @contextlib.contextmanager

@@ -53,7 +53,6 @@ import seqio
 import tensorflow as tf
 
 from xlmeta_jax.data import seqio_vocabularies, special_ids
-from xlmeta_jax.data.corpora import EOS_AFTER
 from xlmeta_jax.data.special_ids import SpecialIds
 from xlmeta_jax.model import mlm
 
@@ -102,10 +101,9 @@ def tokenize_documents(
         an entry ``("", True)`` marks the end of a document).
       output_features: the task's features (the ``targets`` vocabulary encodes).
       eos_after: ``'line'`` (fairseq): ``eos`` after every entry, so after each line and
-        once more at each document's end; ``'document'``: only after each document.
+        once more at each document's end; ``'document'``: only after each document
+        (checked where the task's config is built: ``Corpora``).
     """
-    if eos_after not in EOS_AFTER:
-        raise ValueError(f"eos_after must be one of {EOS_AFTER}, got {eos_after!r}")
     vocab = output_features["targets"].vocabulary
     sep = special_ids.of(vocab).sep
     if dataset.element_spec["text"].shape.rank == 0:
@@ -138,7 +136,7 @@ def tokenize_entries(entries: Iterable[str | None], vocab, eos_after: str = "lin
     """:func:`tokenize_documents` of a text-file source's entries, in Python.
 
     The token cache job's tokenize step for text files (:mod:`xlmeta_jax.data.token_cache`,
-    with :func:`xlmeta_jax.data.providers.paragraphs`): the same token stream, ids and
+    with :func:`xlmeta_jax.data.text_files.iter_entries`): the same token stream, ids and
     ``eos`` where the tf.data step puts them, cut into runs at other places (one run per
     ``batch`` entries; the cache joins a file's runs). tests/test_data_pipeline.py holds it
     to the tf.data step in both conventions and both kinds of vocabulary.
@@ -152,8 +150,6 @@ def tokenize_entries(entries: Iterable[str | None], vocab, eos_after: str = "lin
     Yields:
       int32 runs of the token stream, none empty.
     """
-    if eos_after not in EOS_AFTER:
-        raise ValueError(f"eos_after must be one of {EOS_AFTER}, got {eos_after!r}")
     seqio_vocabularies.one_tokenizer_thread()
     sep = special_ids.of(vocab).sep
     entries = iter(entries)

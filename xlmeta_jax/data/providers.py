@@ -15,8 +15,7 @@ Text files are read LINES_PER_ELEMENT lines per element (``text`` and
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import seqio
 import tensorflow as tf
@@ -88,36 +87,6 @@ def _read_paragraphs(
     initial = (tf.constant(0, tf.int64), tf.constant(True))
     out = lines.scan(initial, step)
     return out.filter(lambda ex: tf.size(ex["text"]) > 0)
-
-
-def paragraphs(path: str, max_line_bytes: int) -> Iterator[str | None]:
-    """One whole file's entries as :func:`_read_paragraphs` yields them, read in Python:
-    each paragraph's text, and None where a document ends (the reader's ``("", True)``).
-
-    The token cache job reads text files this way (:mod:`xlmeta_jax.data.token_cache`):
-    without tf.data its CPU per token is a fraction of the reader's. The rules are the
-    reader's: lines split as ``TextLineDataset`` splits them
-    (:func:`text_files.iter_lines`); lines that are not UTF-8 or longer than
-    ``max_line_bytes`` dropped before anything else; a blank line (ASCII whitespace only)
-    ends a document unless it follows the start of the file or another end; the end of
-    the file ends its last document. tests/test_data_pipeline.py holds the two readers
-    equal on a table of files.
-    """
-    after_end = True
-    for line in itertools.chain(text_files.iter_lines(path, max_line_bytes), [b""]):
-        if line is None:
-            continue
-        if not line.strip():
-            if not after_end:
-                yield None
-            after_end = True
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        after_end = False
-        yield text
 
 
 # Files of a task read side by side when shuffling (tf.data interleave cycle length).

@@ -28,6 +28,7 @@ import errno
 import glob
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -260,15 +261,43 @@ def _finish_line(line: bytes, max_line_bytes: int) -> bytes | None:
     return line
 
 
-def iter_paragraphs(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
-    """Yields the lines the pipeline keeps (non-blank, valid UTF-8, not too long)."""
-    for line in iter_lines(path, max_line_bytes):
-        if line is None or not line.strip():
+def iter_entries(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+                 ) -> Iterator[str | None]:
+    """One whole file's entries as the tf.data reader (``providers._read_paragraphs``)
+    yields them: each kept paragraph's text, and None where a document ends (the
+    reader's ``("", True)``).
+
+    The rules are the reader's: lines split as ``TextLineDataset`` splits them
+    (:func:`iter_lines`); lines that are not UTF-8 or longer than ``max_line_bytes``
+    dropped before anything else; a blank line (ASCII whitespace only) ends a document
+    unless it follows the start of the file or another end; the end of the file ends its
+    last document. The token cache job reads text files this way, without tf.data
+    (:mod:`xlmeta_jax.data.token_cache`); tests/test_data_pipeline.py holds the two
+    readers equal on a table of files.
+    """
+    after_end = True
+    for line in itertools.chain(iter_lines(path, max_line_bytes), [b""]):
+        if line is None:
+            continue
+        if not line.strip():
+            if not after_end:
+                yield None
+            after_end = True
             continue
         try:
-            yield line.decode("utf-8")
+            text = line.decode("utf-8")
         except UnicodeDecodeError:
             continue
+        after_end = False
+        yield text
+
+
+def iter_paragraphs(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+    """Yields the lines the pipeline keeps (non-blank, valid UTF-8, not too long): the
+    paragraphs of :func:`iter_entries`, without its document ends."""
+    for entry in iter_entries(path, max_line_bytes):
+        if entry is not None:
+            yield entry
 
 
 def check_utf8_encoding(path: str) -> None:
