@@ -8,9 +8,11 @@ stays as it was. Tiny model, toy CC-100 folder, 8 fake CPU devices.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -85,7 +87,20 @@ def _phases(**stage2):
     ]
 
 
-def test_three_stages_train_log_their_data_and_resume(toy_cc100, tmp_path, caplog):
+def test_three_stages_train_log_their_data_and_resume(toy_cc100, tmp_path, caplog,
+                                                     monkeypatch):
+    # Every stage's pipeline is built before the first trains (a bad input fails early);
+    # each is released when its stage ends, not held until the run ends.
+    started, held = [], []
+    train_phase = trainer._train_phase
+
+    def watched(cfg, mesh, stop, index, phase, iterator, **kwargs):
+        gc.collect()
+        held.append([ref() is not None for ref in started])
+        started.append(weakref.ref(iterator))
+        return train_phase(cfg, mesh, stop, index, phase, iterator, **kwargs)
+
+    monkeypatch.setattr(trainer, "_train_phase", watched)
     run = dict(model_dir=os.fspath(tmp_path), model=network.get_config("tiny", pad_token_id=0,
                                                                         vocab_size=2000),
                mesh_shape=(8, 1, 1), checkpoint_every=3, log_every=3,
@@ -98,6 +113,7 @@ def test_three_stages_train_log_their_data_and_resume(toy_cc100, tmp_path, caplo
            "alpha 0.7, mask rate 0.3" in lines
     assert "xlmeta_cc100.stage3, 10 languages, alpha 0.3, mask rate 0.05" in lines
     assert [p["steps_run_now"] for p in summary["phases"]] == [3, 3, 3]
+    assert held == [[], [False], [False, False]]
     metas = [checkpoints.read_meta(tmp_path / f"stage{i}" / "3") for i in (1, 2, 3)]
     assert [m["mask_rate"] for m in metas] == [0.3, 0.15, 0.05]
     assert [m["alpha"] for m in metas] == [0.7, 0.5, 0.3]

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from xlmeta_jax.data import rates, text_files
+from xlmeta_jax.data import line_sample, rates, text_files
 
 seqio = pytest.importorskip("seqio")
 from xlmeta_jax.data import task_names as names  # noqa: E402
@@ -44,9 +44,9 @@ def test_token_estimate_matches_the_exact_count_even_when_lengths_drift(
     path = _write(tmp_path / "de.txt", drifting)
     stats = text_files.corpus_stats([path], cache_dir=str(tmp_path / "cache"))
     exact = _exact_tokens(vocab, path)
-    estimate = text_files.estimate_tokens(stats, vocab.tokenizer.encode, sample_lines=100)
+    estimate = line_sample.estimate_tokens(stats, vocab.tokenizer.encode, sample_lines=100)
     assert estimate == pytest.approx(exact, rel=0.05)
-    sample = text_files.sample_paragraphs(path, 50)
+    sample = line_sample.sample_paragraphs(path, 50)
     assert len(sample) == 50 and len(set(sample)) == 50
     assert any(len(s.split()) <= 3 for s in sample) and any(len(s.split()) > 20 for s in sample)
 

@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from xlmeta_jax import errors, files
-from xlmeta_jax.data import prepared, rates, text_files
+from xlmeta_jax.data import line_sample, prepared, rates, text_files
 from xlmeta_jax.data.languages import XLMR_LANGUAGES, language_problem, mc4_split_name
 from xlmeta_jax.model import mlm
 
@@ -314,9 +314,9 @@ def language_count(corpora: Corpora, stats: Sequence[text_files.FileStats], enco
         sample = folder and prepared.token_sample(
             folder, lang, int(corpora.token_sample_lines), int(corpora.max_line_bytes))
         if sample:
-            return text_files.tokens_from_sample(sum(s.text_bytes for s in stats), sample[0],
+            return line_sample.tokens_from_sample(sum(s.text_bytes for s in stats), sample[0],
                                                  encode, what=f"{folder} ({lang})")
-        return text_files.estimate_tokens(stats, encode,
+        return line_sample.estimate_tokens(stats, encode,
                                         sample_lines=int(corpora.token_sample_lines))
     return text_files.count(stats, corpora.count_unit)
 

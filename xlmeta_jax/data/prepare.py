@@ -310,7 +310,7 @@ def _finalize(item, plan: Plan):
             **counts}
         listing.append((final, offset, counts["lines"]))
         offset += counts["lines"]
-    per_file = text_files.sample_lines_per_file(plan.token_sample_lines, len(pieces))
+    per_file = line_sample.sample_lines_per_file(plan.token_sample_lines, len(pieces))
     sample = [line for _, _, head in pieces for line in head[:per_file]]
     sample_path = folders.join(plan.output, prepared.TOKEN_SAMPLE_DIR, f"{lang}.json")
     folders.write_text(sample_path, json.dumps({

@@ -147,7 +147,7 @@ def read_stats(folder: str) -> dict | None:
 
 def token_sample(folder: str, lang: str, sample_lines: int,
                  max_line_bytes: int) -> tuple[list[str]] | None:
-    """The paragraphs :func:`text_files.estimate_tokens` would read of ``lang``'s shards.
+    """The paragraphs :func:`line_sample.estimate_tokens` would read of ``lang``'s shards.
 
     Returns:
       (the paragraphs,), or None where the folder has no complete sample for these

@@ -8,8 +8,8 @@ caches the result next to the data (``xlmeta_corpus_stats.json`` in the files'
 folder; in the user's cache folder where that folder is read-only). In tokens (the
 default; fairseq's XLM-R counts token blocks), n_l is the language's text bytes times
 the tokens per byte the vocabulary gives a sample of its lines
-(:func:`estimate_tokens`): line lengths differ widely between languages, so counting
-lines would misstate how much text a language has.
+(:func:`xlmeta_jax.data.line_sample.estimate_tokens`): line lengths differ widely between
+languages, so counting lines would misstate how much text a language has.
 
 The same pass validates the text: it counts the lines the pipeline skips —
 lines that are not valid UTF-8 and lines longer than ``max_line_bytes`` — with
@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import json
 import logging
-import math
 import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -539,89 +538,9 @@ def read_text(path: str) -> str:
 def count(stats: Iterable[FileStats], unit: str) -> int:
     """n for a set of files in ``unit`` ("lines" = paragraphs, or "bytes").
 
-    Tokens need the vocabulary: :func:`estimate_tokens`.
+    Tokens need the vocabulary: :func:`xlmeta_jax.data.line_sample.estimate_tokens`.
     """
     if unit not in ("lines", "bytes"):
         raise CorpusError(f"count unit {unit!r} is not one of ('lines', 'bytes')")
     stats = list(stats)
     return sum(s.lines for s in stats) if unit == "lines" else sum(s.text_bytes for s in stats)
-
-
-def sample_paragraphs(path: str, n: int, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-                      ) -> list[str]:
-    """About ``n`` kept paragraphs spread evenly over a file.
-
-    A plain local file is sampled at ``n`` evenly spaced byte offsets (the line that
-    starts after each offset), so that a file whose line lengths drift is sampled
-    throughout; a compressed or remote file gives its first ``n`` paragraphs.
-    """
-    if n <= 0:
-        return []
-    if path.endswith(".gz") or _is_remote(path):
-        out = []
-        for line in iter_paragraphs(path, max_line_bytes):
-            out.append(line)
-            if len(out) == n:
-                break
-        return out
-    size = os.path.getsize(path)
-    out, seen = [], set()
-    with open(path, "rb") as f:
-        for i in range(n):
-            offset = size * i // n
-            f.seek(offset)
-            if offset:
-                f.readline()  # the rest of the line the offset fell into
-            while True:
-                start = f.tell()
-                raw = f.readline()
-                if not raw or start in seen:
-                    break
-                seen.add(start)
-                line = raw.rstrip(b"\n").replace(b"\r", b"")  # as iter_lines reads it
-                if not line.strip() or len(line) > max_line_bytes:
-                    continue
-                try:
-                    out.append(line.decode("utf-8"))
-                    break
-                except UnicodeDecodeError:
-                    continue
-    return out
-
-
-def estimate_tokens(
-    stats: Sequence[FileStats],
-    encode,
-    *,
-    sample_lines: int = 2000,
-) -> float:
-    """n in tokens of a set of files: text bytes x tokens per byte of a sample.
-
-    Args:
-      stats: the files' :func:`corpus_stats` (their ``text_bytes`` are exact).
-      encode: a list of strings -> a list of token-id lists (the run's vocabulary).
-      sample_lines: paragraphs sampled over all files (spread over and within them).
-
-    Raises:
-      CorpusError: if the sample holds no text.
-    """
-    stats = list(stats)
-    per_file = sample_lines_per_file(sample_lines, len(stats))
-    sample = [line for s in stats
-              for line in sample_paragraphs(s.path, per_file, s.max_line_bytes)]
-    return tokens_from_sample(sum(s.text_bytes for s in stats), sample, encode,
-                              what=str([s.path for s in stats]))
-
-
-def sample_lines_per_file(sample_lines: int, num_files: int) -> int:
-    """Paragraphs :func:`estimate_tokens` reads from each of ``num_files`` files."""
-    return max(1, math.ceil(sample_lines / max(1, num_files)))
-
-
-def tokens_from_sample(text_bytes: int, sample: Sequence[str], encode, *, what: str) -> float:
-    """``text_bytes`` in tokens, at the tokens per byte ``encode`` gives ``sample``."""
-    sample_bytes = sum(len(line.encode("utf-8")) for line in sample)
-    if not sample_bytes:
-        raise CorpusError(f"no text to sample tokens from in {what}")
-    sample_tokens = sum(len(ids) for ids in encode(list(sample)))
-    return text_bytes * sample_tokens / sample_bytes

@@ -147,7 +147,7 @@ def _tokenized_file(shard, task_name: str, split: str, corpora, eos_after: str):
     file's index and its runs of the token stream, in order."""
     import seqio  # noqa: PLC0415
 
-    from xlmeta_jax.data import preprocessors, text_files  # noqa: PLC0415
+    from xlmeta_jax.data import preprocessors  # noqa: PLC0415 - TensorFlow
 
     _register(corpora)
     task = seqio.get_mixture_or_task(task_name)
