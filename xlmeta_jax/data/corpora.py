@@ -315,9 +315,9 @@ def language_count(corpora: Corpora, stats: Sequence[text_files.FileStats], enco
             folder, lang, int(corpora.token_sample_lines), int(corpora.max_line_bytes))
         if sample:
             return line_sample.tokens_from_sample(sum(s.text_bytes for s in stats), sample[0],
-                                                 encode, what=f"{folder} ({lang})")
+                                                  encode, what=f"{folder} ({lang})")
         return line_sample.estimate_tokens(stats, encode,
-                                        sample_lines=int(corpora.token_sample_lines))
+                                           sample_lines=int(corpora.token_sample_lines))
     return text_files.count(stats, corpora.count_unit)
 
 
